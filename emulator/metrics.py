@@ -1,0 +1,141 @@
+"""The emulator's Prometheus metrics, under vLLM's own names, types, labels and buckets, so a
+dashboard or an admission controller cannot tell it from vLLM."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from emulator.engine import EngineConfig, Sequence, StepModel, StepResult
+
+# vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
+                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+STEP_LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+
+
+def one_two_five_buckets(maximum: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``maximum``, as vLLM's token-count histograms."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for m in (1, 2, 5):
+            value = m * 10**exponent
+            if value > maximum:
+                return tuple(out)
+            out.append(float(value))
+        exponent += 1
+
+
+class EngineMetrics:
+    def __init__(self, model: StepModel, model_name: str, engine: str = "0") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        config: EngineConfig = model.config
+        labels = ("model_name", "engine")
+        values = (model_name, engine)
+        r = self.registry
+
+        def gauge(name: str, doc: str, fn: Callable[[], float]) -> None:
+            Gauge(name, doc, labels, registry=r).labels(*values).set_function(fn)
+
+        gauge("vllm:num_requests_running", "Number of requests in model execution batches.",
+              lambda: model.num_running)
+        gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+              lambda: model.num_waiting)
+        gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+              lambda: model.kv_cache_usage)
+        info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                     ("block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"),
+                     registry=r)
+        info.labels(str(config.block_size), str(config.num_kv_blocks), "False", engine).set(1)
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=r)
+
+        self.preemptions = counter("vllm:num_preemptions",
+                                   "Cumulative number of preemption from the engine.")
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = counter("vllm:generation_tokens",
+                                         "Number of generation tokens processed.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          (*labels, "finished_reason"), registry=r)
+        self.success = {reason: success.labels(*values, reason)
+                        for reason in ("stop", "length", "abort")}
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=r)
+
+        token_buckets = one_two_five_buckets(config.max_model_len)
+        self.ttft = histogram("vllm:time_to_first_token_seconds",
+                              "Histogram of time to first token in seconds.", TTFT_BUCKETS)
+        self.itl = histogram("vllm:inter_token_latency_seconds",
+                             "Histogram of inter-token latency in seconds.", ITL_BUCKETS)
+        self.e2e = histogram("vllm:e2e_request_latency_seconds",
+                             "Histogram of e2e request latency in seconds.",
+                             REQUEST_LATENCY_BUCKETS)
+        self.queue_time = histogram("vllm:request_queue_time_seconds",
+                                    "Histogram of time spent in WAITING phase for request.",
+                                    REQUEST_LATENCY_BUCKETS)
+        self.request_prompt_tokens = histogram("vllm:request_prompt_tokens",
+                                               "Number of prefill tokens processed.",
+                                               token_buckets)
+        self.request_generation_tokens = histogram("vllm:request_generation_tokens",
+                                                   "Number of generation tokens processed.",
+                                                   token_buckets)
+        self.iteration_tokens = histogram("vllm:iteration_tokens_total",
+                                          "Histogram of number of tokens per engine_step.",
+                                          tuple(float(b) for b in ITERATION_TOKEN_BUCKETS))
+        # The emulator's own health: how far the wall-clock step runs behind the model's.
+        self.step_lag = Histogram(
+            "weighbridge_emulator_step_lag_seconds",
+            "Wall-clock step duration minus the step model's duration.",
+            labels, buckets=STEP_LAG_BUCKETS, registry=r)
+        self._values = values
+        self._bind(values)
+
+    def _bind(self, values: tuple[str, str]) -> None:
+        self._preemptions = self.preemptions.labels(*values)
+        self._prompt = self.prompt_tokens.labels(*values)
+        self._generation = self.generation_tokens.labels(*values)
+        self._ttft = self.ttft.labels(*values)
+        self._itl = self.itl.labels(*values)
+        self._e2e = self.e2e.labels(*values)
+        self._queue = self.queue_time.labels(*values)
+        self._req_prompt = self.request_prompt_tokens.labels(*values)
+        self._req_gen = self.request_generation_tokens.labels(*values)
+        self._iteration = self.iteration_tokens.labels(*values)
+        self._lag = self.step_lag.labels(*values)
+
+    def on_step(self, result: StepResult, lag_s: float) -> None:
+        batch, emitted = result.batch, result.emitted
+        self._iteration.observe(batch.num_tokens)
+        if batch.preempted:
+            self._preemptions.inc(len(batch.preempted))
+        self._lag.observe(max(lag_s, 0.0))
+        if emitted:
+            self._generation.inc(len(emitted))
+        for seq in emitted:
+            if seq.output_tokens == 1:
+                self._prompt.inc(seq.prompt_tokens)
+                if seq.first_token_s is not None:
+                    self._ttft.observe(seq.first_token_s - seq.arrival_s)
+        for gap in result.token_gaps:
+            self._itl.observe(gap)
+
+    def on_finish(self, seq: Sequence) -> None:
+        reason = seq.finish_reason or "abort"
+        self.success[reason].inc()
+        if reason == "abort":
+            return
+        if seq.finished_s is not None:
+            self._e2e.observe(seq.finished_s - seq.arrival_s)
+        if seq.first_scheduled_s is not None:
+            self._queue.observe(seq.first_scheduled_s - seq.arrival_s)
+        self._req_prompt.observe(seq.prompt_tokens)
+        self._req_gen.observe(seq.output_tokens)

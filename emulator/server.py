@@ -1,0 +1,271 @@
+"""The emulator's HTTP face: vLLM's OpenAI-compatible server over the step model.
+
+One task owns the engine loop (:class:`EngineRunner`); request handlers only submit sequences
+and relay the tokens the loop hands them. aiohttp serves it (chosen by measurement, see
+benchmarks/RESULTS.md), orjson encodes the chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from emulator import text
+from emulator.api import ApiError, Endpoint, GenerationRequest, ResponseShape, \
+    new_request_id, parse_generation_request
+from emulator.engine import EngineConfig, Sequence, StepModel
+from emulator.eos import EosModel
+from emulator.metrics import EngineMetrics
+from emulator.profiles import StepTimeProfile
+
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class TokenStream:
+    """Tokens the engine produced for one request that its handler has not sent yet."""
+
+    seq: Sequence
+    seed: int
+    pending: int = 0
+    finished: bool = False
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class EngineRunner:
+    """Owns the step model and drives it with the wall clock."""
+
+    def __init__(self, model: StepModel, metrics: EngineMetrics,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.model = model
+        self.metrics = metrics
+        self.clock = clock
+        self._streams: dict[str, TokenStream] = {}
+        self._work = asyncio.Event()
+        self._seeds = 0
+
+    def submit(self, seq: Sequence) -> TokenStream:
+        self.model.add(seq)
+        self._seeds += 1
+        stream = TokenStream(seq=seq, seed=self._seeds)
+        self._streams[seq.request_id] = stream
+        self._work.set()
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        seq = self.model.abort(request_id, self.clock())
+        if seq is not None:
+            self.metrics.on_finish(seq)
+        if stream is not None:
+            stream.finished = True
+            stream.wakeup.set()
+
+    async def run(self) -> None:
+        model = self.model
+        while True:
+            if not model.has_work:
+                self._work.clear()
+                await self._work.wait()
+                continue
+            start = self.clock()
+            batch = model.schedule(start)
+            if batch is None:
+                # Waiting work that cannot be admitted yet cannot exist without running work,
+                # so this only happens between an abort and the loop noticing it.
+                await asyncio.sleep(0)
+                continue
+            target_end = start + batch.duration_s
+            delay = target_end - self.clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let handlers run even when the loop is behind
+            end = self.clock()
+            result = model.complete(batch, end)
+            self.metrics.on_step(result, lag_s=end - target_end)
+            for seq in result.emitted:
+                stream = self._streams.get(seq.request_id)
+                if stream is not None:
+                    stream.pending += 1
+                    stream.wakeup.set()
+            for seq in result.finished:
+                self.metrics.on_finish(seq)
+                stream = self._streams.pop(seq.request_id, None)
+                if stream is not None:
+                    stream.finished = True
+                    stream.wakeup.set()
+
+
+@dataclass(frozen=True, slots=True)
+class EmulatorSettings:
+    model_name: str = "weighbridge-emulator"
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    profile_name: str = "cpu-tiny"
+    seed: int = 0
+    mean_output_tokens: float = 128.0
+    vocab_size: int = 32000
+
+
+class Emulator:
+    """The aiohttp application around one :class:`EngineRunner`."""
+
+    def __init__(self, settings: EmulatorSettings, profile: StepTimeProfile) -> None:
+        self.settings = settings
+        self.model = StepModel(settings.engine, profile)
+        self.metrics = EngineMetrics(self.model, settings.model_name)
+        self.runner = EngineRunner(self.model, self.metrics)
+        self.eos = EosModel(settings.mean_output_tokens, settings.seed)
+        self.app = web.Application(client_max_size=MAX_BODY_BYTES,
+                                   middlewares=[self._errors])
+        self.app.router.add_post("/v1/completions", self.completions)
+        self.app.router.add_post("/v1/chat/completions", self.chat_completions)
+        self.app.router.add_get("/v1/models", self.models)
+        self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/metrics", self.metrics_endpoint)
+        self.app.cleanup_ctx.append(self._engine_task)
+
+    async def _engine_task(self, _app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(self.runner.run(), name="engine-loop")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return _json_response(e.body(), status=e.status)
+        except web.HTTPRequestEntityTooLarge as e:
+            return _json_response(ApiError(413, e.text or "request body too large").body(), 413)
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            err = ApiError(e.status, e.reason, "NotFoundError" if e.status == 404 else
+                           "BadRequestError")
+            return _json_response(err.body(), status=e.status)
+
+    # -- endpoints --------------------------------------------------------------------------
+
+    async def health(self, _request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def models(self, _request: web.Request) -> web.Response:
+        s = self.settings
+        card = {"id": s.model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "vllm", "root": s.model_name, "parent": None,
+                "max_model_len": s.engine.max_model_len}
+        return _json_response({"object": "list", "data": [card]})
+
+    async def metrics_endpoint(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate("completions", request)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate("chat", request)
+
+    async def _generate(self, endpoint: Endpoint, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ApiError(400, f"malformed JSON body: {e}") from None
+        s = self.settings
+        req = parse_generation_request(endpoint, body, served_model=s.model_name,
+                                       max_model_len=s.engine.max_model_len,
+                                       vocab_size=s.vocab_size)
+        request_id = new_request_id(endpoint)
+        seq = Sequence(
+            request_id=request_id,
+            prompt_tokens=req.prompt_tokens,
+            target_output_tokens=self.eos.output_tokens(req.max_tokens, req.ignore_eos),
+            max_tokens=req.max_tokens,
+            arrival_s=self.runner.clock(),
+            priority=req.priority if s.engine.scheduling_policy == "priority" else 0,
+        )
+        try:
+            stream = self.runner.submit(seq)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        shape = ResponseShape.for_request(req, request_id)
+        try:
+            if req.stream:
+                return await self._stream(request, req, shape, stream)
+            return await self._whole(shape, stream)
+        finally:
+            if not seq.is_finished:
+                # The client went away (handler cancelled or a write failed): free the slot.
+                self.runner.abort(request_id)
+
+    async def _whole(self, shape: ResponseShape, stream: TokenStream) -> web.Response:
+        while not stream.finished:
+            await stream.wakeup.wait()
+            stream.wakeup.clear()
+        seq = stream.seq
+        output = text.generated_text(stream.seed, 0, seq.output_tokens)
+        body = shape.full_response(output, seq.finish_reason or "abort", seq.output_tokens)
+        return _json_response(body)
+
+    async def _stream(self, request: web.Request, req: GenerationRequest, shape: ResponseShape,
+                      stream: TokenStream) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        if req.endpoint == "chat":
+            await response.write(_sse(shape.role_chunk()))
+        sent = 0
+        seq = stream.seq
+        while True:
+            await stream.wakeup.wait()
+            stream.wakeup.clear()
+            count = stream.pending
+            stream.pending = 0
+            done = stream.finished
+            if count:
+                # A slow reader gets the tokens it missed merged into one chunk, as vLLM does.
+                delta = text.generated_text(stream.seed, sent, count)
+                sent += count
+                reason = seq.finish_reason if done and seq.finish_reason != "abort" else None
+                await response.write(_sse(shape.delta_chunk(delta, reason, sent)))
+            if done:
+                break
+        if req.include_usage:
+            await response.write(_sse(shape.usage_chunk(sent)))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+
+def _sse(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _json_response(obj: object, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(obj), status=status, content_type="application/json")
+
+
+def run_emulator(settings: EmulatorSettings, profile: StepTimeProfile, host: str,
+                 port: int) -> None:
+    """Serve until interrupted (the CLI's entry point)."""
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux/macOS
+        pass
+    emulator = Emulator(settings, profile)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the
+    # sequence and frees its KV blocks at once, as vLLM does.
+    web.run_app(emulator.app, host=host, port=port, print=None, access_log=None,
+                handler_cancellation=True)
