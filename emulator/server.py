@@ -18,8 +18,14 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from emulator import text
-from emulator.api import ApiError, Endpoint, GenerationRequest, ResponseShape, \
-    new_request_id, parse_generation_request
+from emulator.api import (
+    ApiError,
+    Endpoint,
+    GenerationRequest,
+    ResponseShape,
+    new_request_id,
+    parse_generation_request,
+)
 from emulator.engine import EngineConfig, Sequence, StepModel
 from emulator.eos import EosModel
 from emulator.metrics import EngineMetrics
