@@ -1,0 +1,329 @@
+"""What weighbridge relies on from a vLLM server, checked against the emulator and real vLLM.
+Where they differ, the emulator is wrong (or the difference is in docs/emulator.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conformance.conftest import Backend
+
+pytestmark = pytest.mark.integration
+
+PROMPT_IDS = [(7 * i + 3) % 97 + 3 for i in range(37)]
+
+
+def completion_body(backend: Backend, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": backend.model, "prompt": PROMPT_IDS, "max_tokens": 8,
+                            "ignore_eos": True, "temperature": 0}
+    body.update(overrides)
+    return body
+
+
+def chat_body(backend: Backend, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": backend.model, "max_tokens": 8, "ignore_eos": True,
+                            "messages": [{"role": "user", "content": "Say something short."}],
+                            "temperature": 0}
+    body.update(overrides)
+    return body
+
+
+def sse_events(raw: bytes) -> list[str]:
+    """Split an SSE body into its ``data:`` payloads, checking the framing on the way."""
+    text = raw.decode()
+    assert text.endswith("\n\n"), "every event ends with a blank line"
+    events = text[:-2].split("\n\n")
+    payloads = []
+    for event in events:
+        assert event.startswith("data: "), event
+        assert "\n" not in event, "one data line per event"
+        payloads.append(event[len("data: "):])
+    return payloads
+
+
+async def post_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> bytes:
+    async with client.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return b"".join([chunk async for chunk in response.aiter_raw()])
+
+
+def scrape(backend: Backend) -> dict[str, Any]:
+    """Family name -> (type, {sample name + sorted labels: value})."""
+    text = httpx.get(f"{backend.url}/metrics", timeout=10).text
+    out: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}
+        out[family.name] = (family.type, samples)
+    return out
+
+
+def sample(metrics: dict[str, Any], family: str, name: str | None = None,
+           **labels: str) -> float:
+    """Sum of the samples of ``name`` in ``family`` whose labels include ``labels``."""
+    _, samples = metrics[family]
+    name = name or family
+    total = 0.0
+    for (sample_name, sample_labels), value in samples.items():
+        label_map = dict(sample_labels)
+        if sample_name == name and all(label_map.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float,
+                     what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+# -- the streaming wire format ----------------------------------------------------------------
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+async def test_sse_framing_usage_chunk_and_done(backend: Backend, endpoint: str) -> None:
+    body = (completion_body if endpoint == "completions" else chat_body)(
+        backend, stream=True, stream_options={"include_usage": True})
+    path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+    async with httpx.AsyncClient(timeout=60) as client:
+        raw = await post_stream(client, backend.url + path, body)
+    payloads = sse_events(raw)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    assert len({c["id"] for c in chunks}) == 1
+    expected_object = "text_completion" if endpoint == "completions" else "chat.completion.chunk"
+    assert all(c["object"] == expected_object for c in chunks)
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == []
+    assert usage_chunk["usage"]["completion_tokens"] == 8
+    assert usage_chunk["usage"]["total_tokens"] == (
+        usage_chunk["usage"]["prompt_tokens"] + 8)
+    content = [c for c in chunks[:-1] if c["choices"]]
+    finish = [c["choices"][0]["finish_reason"] for c in content]
+    assert finish[-1] == "length" and all(f is None for f in finish[:-1])
+    if endpoint == "chat":
+        assert content[0]["choices"][0]["delta"].get("role") == "assistant"
+
+
+async def test_stream_without_usage_option_has_no_usage_chunk(backend: Backend) -> None:
+    async with httpx.AsyncClient(timeout=60) as client:
+        raw = await post_stream(client, backend.url + "/v1/completions",
+                                completion_body(backend, stream=True))
+    chunks = [json.loads(p) for p in sse_events(raw)[:-1]]
+    assert all(c["choices"] for c in chunks)
+    assert all(c.get("usage") is None for c in chunks)
+
+
+# -- token accounting --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_tokens", [1, 17, 64])
+def test_exact_output_length_with_ignore_eos(backend: Backend, max_tokens: int) -> None:
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, max_tokens=max_tokens), timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == max_tokens
+    assert body["choices"][0]["finish_reason"] == "length"
+
+
+def test_prompt_tokens_equal_token_id_prompt_length(backend: Backend) -> None:
+    for n in (1, 37, 300):
+        prompt = [(i * 13) % 90 + 5 for i in range(n)]
+        r = httpx.post(backend.url + "/v1/completions",
+                       json=completion_body(backend, prompt=prompt, max_tokens=2), timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["usage"]["prompt_tokens"] == n
+
+
+def test_chat_non_stream_shape(backend: Backend) -> None:
+    r = httpx.post(backend.url + "/v1/chat/completions", json=chat_body(backend), timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    message = body["choices"][0]["message"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+    assert body["usage"]["completion_tokens"] == 8
+    assert body["usage"]["prompt_tokens"] > 0
+
+
+def test_models_lists_the_served_model(backend: Backend) -> None:
+    r = httpx.get(backend.url + "/v1/models", timeout=10)
+    assert r.status_code == 200
+    assert [m["id"] for m in r.json()["data"]] == [backend.model]
+    assert httpx.get(backend.url + "/health", timeout=10).status_code == 200
+
+
+# -- metrics ------------------------------------------------------------------------------------
+
+EXPECTED_FAMILIES = {
+    "vllm:num_requests_running": "gauge",
+    "vllm:num_requests_waiting": "gauge",
+    "vllm:kv_cache_usage_perc": "gauge",
+    "vllm:cache_config_info": "gauge",
+    "vllm:num_preemptions": "counter",
+    "vllm:prompt_tokens": "counter",
+    "vllm:generation_tokens": "counter",
+    "vllm:request_success": "counter",
+    "vllm:time_to_first_token_seconds": "histogram",
+    "vllm:inter_token_latency_seconds": "histogram",
+    "vllm:e2e_request_latency_seconds": "histogram",
+    "vllm:request_queue_time_seconds": "histogram",
+    "vllm:request_prompt_tokens": "histogram",
+    "vllm:request_generation_tokens": "histogram",
+    "vllm:iteration_tokens_total": "histogram",
+}
+
+
+def test_metric_names_types_and_labels(backend: Backend) -> None:
+    metrics = scrape(backend)
+    for family, kind in EXPECTED_FAMILIES.items():
+        assert family in metrics, f"{family} missing"
+        assert metrics[family][0] == kind, f"{family} is {metrics[family][0]}, not {kind}"
+    _, running = metrics["vllm:num_requests_running"]
+    ((_, labels), _), = running.items()
+    assert dict(labels) == {"model_name": backend.model, "engine": "0"}
+    _, info = metrics["vllm:cache_config_info"]
+    ((_, labels), _), = info.items()
+    assert dict(labels)["block_size"] == "32"
+    assert dict(labels)["num_gpu_blocks"] == "64"
+
+
+async def test_counters_rise_and_histogram_counts_match_requests(backend: Backend) -> None:
+    # Settle anything a previous test left in flight before taking the baseline.
+    await eventually(lambda: sample(scrape(backend), "vllm:num_requests_running") == 0
+                     and sample(scrape(backend), "vllm:num_requests_waiting") == 0,
+                     30, "an idle engine")
+    before = scrape(backend)
+    sizes = [(5, 3), (40, 9), (120, 16)]
+    async with httpx.AsyncClient(timeout=60) as client:
+        responses = await asyncio.gather(*[
+            client.post(backend.url + "/v1/completions", json=completion_body(
+                backend, prompt=[(i * 11) % 80 + 4 for i in range(p)], max_tokens=o))
+            for p, o in sizes])
+    assert all(r.status_code == 200 for r in responses)
+    n = len(sizes)
+    prompt_sum = sum(p for p, _ in sizes)
+    output_sum = sum(o for _, o in sizes)
+
+    def delta(family: str, name: str | None = None, **labels: str) -> float:
+        return (sample(scrape(backend), family, name, **labels)
+                - sample(before, family, name, **labels))
+
+    def settled() -> bool:
+        return delta("vllm:e2e_request_latency_seconds",
+                     "vllm:e2e_request_latency_seconds_count") == n
+
+    await eventually(settled, 10, "e2e histogram to count the requests")
+    for family in ("vllm:time_to_first_token_seconds", "vllm:e2e_request_latency_seconds",
+                   "vllm:request_queue_time_seconds", "vllm:request_prompt_tokens",
+                   "vllm:request_generation_tokens"):
+        assert delta(family, f"{family}_count") == n, family
+    assert delta("vllm:request_prompt_tokens", "vllm:request_prompt_tokens_sum") == prompt_sum
+    assert delta("vllm:request_generation_tokens",
+                 "vllm:request_generation_tokens_sum") == output_sum
+    assert delta("vllm:prompt_tokens", "vllm:prompt_tokens_total") == prompt_sum
+    assert delta("vllm:generation_tokens", "vllm:generation_tokens_total") == output_sum
+    assert delta("vllm:request_success", "vllm:request_success_total",
+                 finished_reason="length") == n
+    # Each request's tokens after its first are inter-token gaps.
+    assert delta("vllm:inter_token_latency_seconds",
+                 "vllm:inter_token_latency_seconds_count") == output_sum - n
+    assert delta("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_sum") >= (
+        prompt_sum + output_sum - n)
+
+
+# -- queueing and disconnects -------------------------------------------------------------------
+
+async def _open_streams(client: httpx.AsyncClient, backend: Backend, count: int,
+                        max_tokens: int) -> list[httpx.Response]:
+    responses = []
+    for i in range(count):
+        request = client.build_request(
+            "POST", backend.url + "/v1/completions",
+            json=completion_body(backend, prompt=PROMPT_IDS[: 10 + i], max_tokens=max_tokens,
+                                 stream=True))
+        responses.append(await client.send(request, stream=True))
+    return responses
+
+
+async def test_waiting_queue_fills_beyond_max_num_seqs_and_drains_on_disconnect(
+    backend: Backend,
+) -> None:
+    count = backend.max_num_seqs * 2 + 2
+    limits = httpx.Limits(max_connections=count + 4)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+        streams = await _open_streams(client, backend, count, max_tokens=600)
+        try:
+            seen_waiting: list[float] = []
+
+            def waiting_and_running() -> bool:
+                m = scrape(backend)
+                seen_waiting.append(sample(m, "vllm:num_requests_waiting"))
+                return (sample(m, "vllm:num_requests_running") == backend.max_num_seqs
+                        and seen_waiting[-1] > 0)
+
+            await eventually(waiting_and_running, 30, "a full batch and a waiting queue")
+            assert max(seen_waiting) <= count - backend.max_num_seqs
+            # Read a little of each running stream, then hang up on all of them.
+            first = streams[0].aiter_raw()
+            assert (await first.__anext__()).startswith(b"data: ")
+        finally:
+            for response in streams:
+                await response.aclose()
+
+    def idle() -> bool:
+        m = scrape(backend)
+        return (sample(m, "vllm:num_requests_running") == 0
+                and sample(m, "vllm:num_requests_waiting") == 0
+                and sample(m, "vllm:kv_cache_usage_perc") == 0)
+
+    await eventually(idle, 30, "running and waiting back to 0 after the clients hung up")
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+def assert_error_body(r: httpx.Response, status: int) -> None:
+    assert r.status_code == status, (r.status_code, r.text)
+    error = r.json()["error"]
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str)
+    assert error["code"] == status
+
+
+def test_malformed_json_is_400(backend: Backend) -> None:
+    r = httpx.post(backend.url + "/v1/completions", content=b'{"model": "x", "prompt": ',
+                   headers={"content-type": "application/json"}, timeout=10)
+    assert_error_body(r, 400)
+
+
+def test_unknown_model_is_404(backend: Backend) -> None:
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, model="no-such-model"), timeout=10)
+    assert_error_body(r, 404)
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+def test_negative_max_tokens_is_400(backend: Backend, endpoint: str) -> None:
+    body = (completion_body if endpoint == "/v1/completions" else chat_body)(
+        backend, max_tokens=-5)
+    r = httpx.post(backend.url + endpoint, json=body, timeout=10)
+    assert_error_body(r, 400)
+
+
+def test_context_overflow_is_400(backend: Backend) -> None:
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, max_tokens=backend.max_model_len), timeout=10)
+    assert_error_body(r, 400)

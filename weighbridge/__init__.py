@@ -1,0 +1,3 @@
+"""weighbridge: token-aware multi-tenant fair scheduling, load generation and measurement
+for vLLM serving. The shared core lives in submodules (``config``, ``records``).
+"""

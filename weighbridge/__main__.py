@@ -1,0 +1,3 @@
+from weighbridge.cli import main
+
+main()

@@ -1,0 +1,574 @@
+"""The configuration schema shared by every weighbridge part, loaded from YAML.
+
+The YAML layout is the contract of issue 3: extend it, never rename a field. Models are
+strict (YAML already carries types, so a quoted number is a mistake, not a conversion) and
+forbid unknown keys so that a typo fails loudly instead of silently using a default.
+
+Every problem is reported by ``load_config`` / ``parse_config`` as one ``ConfigError`` whose
+message lists each error as ``dotted.path: message``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PlainSerializer,
+    PlainValidator,
+    PositiveInt,
+    PrivateAttr,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pydantic import HttpUrl as _HttpUrl
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "Admission",
+    "ApiKey",
+    "Backend",
+    "Config",
+    "ConfigError",
+    "Endpoint",
+    "HealthProbe",
+    "Limits",
+    "Scheduler",
+    "Tenant",
+    "Tier",
+    "hash_api_key",
+    "load_config",
+    "parse_config",
+]
+
+CostModel = Literal["tokens", "requests"]
+Policy = Literal["drr", "rr", "fcfs", "passthrough"]
+Routing = Literal["least_tokens", "least_requests", "round_robin"]
+KeySource = Literal["sha256", "env", "plain"]
+
+DEFAULT_TOKEN_QUANTUM = 2048
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+_ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Tenant, tier and backend names end up in HTTP headers and Prometheus label values.
+_NAME = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9_.:\[\]-]{0,63}")
+_CONFLICTS = "config_conflicts"
+
+PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+# --------------------------------------------------------------------------- API keys
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def hash_api_key(key: str) -> str:
+    """The form to store in the config for a raw API key: ``sha256:<64 hex>``."""
+    return "sha256:" + _digest(key)
+
+
+@dataclass(frozen=True, slots=True)
+class ApiKey:
+    """A configured key, reduced to its digest at load time so the secret is not kept."""
+
+    source: KeySource
+    digest: str  # lowercase sha256 hex of the raw key
+    label: str  # safe to print or log; never contains the key
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def _key_error(message: str) -> PydanticCustomError:
+    return PydanticCustomError("api_key", message)
+
+
+def _parse_api_key(value: Any, info: ValidationInfo) -> ApiKey:
+    if isinstance(value, ApiKey):
+        return value
+    if not isinstance(value, str):
+        raise _key_error("API key must be a string: 'sha256:<64 hex>', 'env:VAR' or 'plain:<key>'")
+    scheme, _, rest = value.partition(":")
+    if scheme == "sha256":
+        if not _HEX64.fullmatch(rest):
+            raise _key_error("sha256 key must be 'sha256:' followed by 64 hex digits")
+        digest = rest.lower()
+        return ApiKey("sha256", digest, f"sha256:{digest[:8]}…")
+    if scheme == "env":
+        if not _ENV_VAR.fullmatch(rest):
+            raise _key_error("env key must name an environment variable, e.g. 'env:ACME_KEY'")
+        # The variable holds the raw key (e.g. from a Kubernetes secret), read once at load.
+        environ: Mapping[str, str] = (info.context or {}).get("environ", os.environ)
+        secret = environ.get(rest)
+        if not secret:
+            raise PydanticCustomError(
+                "api_key_env", "environment variable {var} is not set or empty", {"var": rest}
+            )
+        return ApiKey("env", _digest(secret), f"env:{rest}")
+    if scheme == "plain":
+        if not rest:
+            raise _key_error("plain key must not be empty")
+        return ApiKey("plain", _digest(rest), "plain:<redacted>")
+    # Never echo the value: a raw key pasted without a prefix would end up in logs.
+    raise _key_error("API key must start with 'sha256:', 'env:' or 'plain:'")
+
+
+def _serialize_api_key(key: ApiKey) -> str:
+    # Dumping a config must not write secrets back out: plain keys become their digest.
+    return key.label if key.source == "env" else f"sha256:{key.digest}"
+
+
+ApiKeyField = Annotated[
+    ApiKey,
+    PlainValidator(_parse_api_key, json_schema_input_type=str),
+    PlainSerializer(_serialize_api_key, return_type=str),
+]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise PydanticCustomError(
+            "name",
+            "name must be 1-64 characters of letters, digits and _ . : - [ ], "
+            "starting with a letter or digit",
+        )
+    return value
+
+
+def _expect_str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise PydanticCustomError("string_type", "Input should be a valid string")
+    return value
+
+
+Name = Annotated[
+    str, PlainValidator(lambda v: _check_name(_expect_str(v)), json_schema_input_type=str)
+]
+
+
+_http_url = TypeAdapter(_HttpUrl)
+
+
+def _parse_http_url(value: Any) -> _HttpUrl:
+    url = _expect_str(value)
+    try:
+        parsed = _http_url.validate_python(url)
+    except ValidationError as exc:
+        raise PydanticCustomError(
+            "url", "must be an http(s) URL: {reason}", {"reason": exc.errors()[0]["msg"]}
+        ) from None
+    if parsed.query is not None or parsed.fragment is not None:
+        raise PydanticCustomError("url", "base URL must not have a query or fragment")
+    return parsed
+
+
+def _check_base_url(value: Any) -> str:
+    # Normalised (so a lenient parse like "http:/h" cannot mean different things to us and
+    # to the HTTP client) but without the trailing slash, so callers append "/v1/..." as is.
+    return str(_parse_http_url(value)).rstrip("/")
+
+
+BaseUrl = Annotated[str, PlainValidator(_check_base_url, json_schema_input_type=str)]
+
+
+def _check_path(value: Any) -> str:
+    path = _expect_str(value)
+    if not path.startswith("/") or any(c.isspace() for c in path):
+        raise PydanticCustomError("path", "endpoint must be a URL path such as /v1/completions")
+    return path
+
+
+EndpointPath = Annotated[str, PlainValidator(_check_path, json_schema_input_type=str)]
+
+Issue = tuple[tuple[str | int, ...], str]
+
+
+def _conflicts(issues: Sequence[Issue]) -> PydanticCustomError:
+    """One error carrying several cross-field problems, each with its own relative path.
+
+    A model validator only gets the model's own location; ``ConfigError`` unpacks the
+    ``issues`` so every problem is still reported at its own dotted path.
+    """
+    return PydanticCustomError(
+        _CONFLICTS, "{count} conflicting settings", {"count": len(issues), "issues": tuple(issues)}
+    )
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    return ".".join(str(part) for part in loc) or "(top level)"
+
+
+# --------------------------------------------------------------------------- schema
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
+
+
+class Tier(_Model):
+    rank: int  # lower rank is served first, strictly
+    vllm_priority: int = 0  # sent as the request's `priority` to backends with priority_scheduling
+    ttft_slo_ms: PositiveFloat | None = None  # default deadline for time to first token
+    e2e_slo_ms: PositiveFloat | None = None  # default deadline for the whole request
+
+
+def default_tiers() -> dict[str, Tier]:
+    return {
+        "interactive": Tier(rank=1, ttft_slo_ms=500, vllm_priority=0),
+        "standard": Tier(rank=2, e2e_slo_ms=10_000, vllm_priority=5),
+        "batch": Tier(rank=3, vllm_priority=10),
+    }
+
+
+class Limits(_Model):
+    """Per-tenant limits; ``None`` means unlimited. Token limits count prompt + output."""
+
+    requests_per_minute: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None
+    tokens_per_month: PositiveInt | None = None
+    # Queues are bounded by default: an unbounded queue only converts overload into latency.
+    max_queued: PositiveInt = 1000
+    max_queued_tokens: PositiveInt | None = None
+
+
+class Tenant(_Model):
+    tier: Name  # the highest tier this tenant may use, and its default
+    weight: PositiveFloat = 1.0  # share within its tier
+    api_keys: list[ApiKeyField] = Field(min_length=1)
+    limits: Limits = Field(default_factory=Limits)
+
+
+class Endpoint(_Model):
+    cost: CostModel = "tokens"
+    # Deficit added per DRR round, in the unit of `cost`. Defaults to 2048 tokens, or one
+    # request when cost is `requests`.
+    quantum: PositiveInt = DEFAULT_TOKEN_QUANTUM
+    # Output estimate before any output has been observed for a tenant on this endpoint.
+    initial_output_estimate: PositiveInt = 256
+
+    @model_validator(mode="before")
+    @classmethod
+    def _quantum_follows_cost(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "quantum" not in data and data.get("cost") == "requests":
+            return {**data, "quantum": 1}
+        return data
+
+
+def default_endpoints() -> dict[str, Endpoint]:
+    return {
+        "/v1/chat/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
+        "/v1/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
+    }
+
+
+class Backend(_Model):
+    url: BaseUrl
+    name: Name  # defaults to the URL's host:port; used in headers and metric labels
+    priority_scheduling: bool = False  # the backend runs vLLM --scheduling-policy priority
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_from_url(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "name" not in data and "url" in data:
+            try:
+                url = _parse_http_url(data["url"])
+            except PydanticCustomError:
+                # The url field reports the problem; a placeholder avoids a second,
+                # misleading "name: Field required".
+                return {**data, "name": "invalid"}
+            # host and port, not the netloc: a netloc may carry user:password.
+            return {**data, "name": f"{url.host}:{url.port}"}
+        return data
+
+
+class HealthProbe(_Model):
+    path: EndpointPath = "/health"
+    interval_ms: PositiveInt = 1000
+    timeout_ms: PositiveInt = 1000
+
+
+class Scheduler(_Model):
+    policy: Policy = "drr"  # rr, fcfs and passthrough are baselines for comparison
+    # Fraction of dispatches offered to lower tiers while a higher tier is backlogged;
+    # None keeps tiers strict.
+    anti_starvation_weight: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
+    charge_streamed_tokens: bool = True  # VTC-style: charge output tokens as they stream
+    repeat_demotion: bool = False  # a user's 2nd, 3rd... concurrent request gets priority 1, 2...
+    output_estimate_alpha: float = Field(default=0.2, gt=0, le=1, allow_inf_nan=False)
+
+
+class Admission(_Model):
+    max_backend_waiting: NonNegativeInt = 2
+    min_decode_tokens_per_s: NonNegativeFloat = 7.0
+    metrics_poll_ms: PositiveInt = 250
+    # Metrics older than this are stale: fall back to max_inflight_per_backend.
+    metrics_stale_ms: PositiveInt = 1000
+    max_inflight_per_backend: PositiveInt = 64
+
+    @model_validator(mode="after")
+    def _stale_after_poll(self) -> Admission:
+        if self.metrics_stale_ms < self.metrics_poll_ms:
+            raise _conflicts([(("metrics_stale_ms",), "must be at least metrics_poll_ms")])
+        return self
+
+
+class Config(_Model):
+    tiers: dict[Name, Tier] = Field(default_factory=default_tiers, min_length=1)
+    tenants: dict[Name, Tenant] = Field(default_factory=dict)
+    # Merged over the defaults: every served endpoint always has a cost model.
+    endpoints: dict[EndpointPath, Endpoint] = Field(default_factory=default_endpoints)
+    backends: list[Backend] = Field(min_length=1)
+    scheduler: Scheduler = Field(default_factory=Scheduler)
+    admission: Admission = Field(default_factory=Admission)
+    routing: Routing = "least_tokens"
+    health_probe: HealthProbe = Field(default_factory=HealthProbe)
+    admin_api_keys: list[ApiKeyField] = Field(default_factory=list)
+    max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
+    max_tokens_limit: PositiveInt | None = None  # requests asking for more are rejected
+
+    _warnings: list[str] = PrivateAttr(default_factory=list)
+    _tenant_by_digest: dict[str, str] = PrivateAttr(default_factory=dict)
+    _admin_digests: frozenset[str] = PrivateAttr(default_factory=frozenset)
+
+    @field_validator("endpoints", mode="after")
+    @classmethod
+    def _merge_default_endpoints(cls, value: dict[str, Endpoint]) -> dict[str, Endpoint]:
+        return {**default_endpoints(), **value}
+
+    @model_validator(mode="after")
+    def _cross_check(self) -> Config:
+        issues: list[Issue] = []
+
+        rank_owner: dict[int, str] = {}
+        for name, tier in self.tiers.items():
+            if tier.rank in rank_owner:
+                issues.append(
+                    (
+                        ("tiers", name, "rank"),
+                        f"rank {tier.rank} is also used by tier "
+                        f"'{rank_owner[tier.rank]}'; ranks must be unique",
+                    )
+                )
+            rank_owner.setdefault(tier.rank, name)
+
+        for name, tenant in self.tenants.items():
+            if tenant.tier not in self.tiers:
+                issues.append(
+                    (
+                        ("tenants", name, "tier"),
+                        f"unknown tier '{tenant.tier}'; defined tiers: " + ", ".join(self.tiers),
+                    )
+                )
+
+        # Keys are compared by digest, so 'plain:k' and 'sha256:<sha of k>' are one key.
+        key_owner: dict[str, tuple[str | int, ...]] = {}
+        by_digest: dict[str, str] = {}
+        owners: list[tuple[tuple[str | int, ...], ApiKey, str | None]] = [
+            (("tenants", name, "api_keys", i), key, name)
+            for name, tenant in self.tenants.items()
+            for i, key in enumerate(tenant.api_keys)
+        ]
+        owners += [(("admin_api_keys", i), key, None) for i, key in enumerate(self.admin_api_keys)]
+        for loc, key, tenant_name in owners:
+            if key.digest in key_owner:
+                issues.append(
+                    (
+                        loc,
+                        f"same key as {_dotted(key_owner[key.digest])}; "
+                        "a key may belong to one tenant (or admin) only",
+                    )
+                )
+                continue
+            key_owner[key.digest] = loc
+            if tenant_name is not None:
+                by_digest[key.digest] = tenant_name
+            if key.source == "plain":
+                self._warnings.append(
+                    f"{_dotted(loc)}: plain-text API key; store its sha256 digest "
+                    "(or use env:VAR) outside tests and demos"
+                )
+
+        first_with: dict[str, int] = {}
+        for i, backend in enumerate(self.backends):
+            for attr in ("name", "url"):
+                value = getattr(backend, attr)
+                seen = first_with.setdefault(f"{attr}={value}", i)
+                if seen != i:
+                    issues.append(
+                        (
+                            ("backends", i, attr),
+                            f"duplicate backend {attr} '{value}' (also backends.{seen}.{attr})",
+                        )
+                    )
+
+        if issues:
+            raise _conflicts(issues)
+        if not self.tenants:
+            self._warnings.append("tenants: no tenants defined; every request will get 401")
+        self._tenant_by_digest = by_digest
+        self._admin_digests = frozenset(d for d, loc in key_owner.items() if loc[0] != "tenants")
+        return self
+
+    # ----------------------------------------------------------------- lookups
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Non-fatal problems found at load time, as ``dotted.path: message``."""
+        return tuple(self._warnings)
+
+    def resolve_key_digests(self) -> dict[str, str]:
+        """sha256 hex digest of every tenant key → tenant name."""
+        return dict(self._tenant_by_digest)
+
+    def tenant_for_digest(self, digest: str) -> str | None:
+        """The tenant owning a key, given its digest (hex, or ``sha256:<hex>``)."""
+        digest = digest.removeprefix("sha256:").lower()
+        # The dict lookup is on a SHA-256 digest, so its timing reveals nothing usable
+        # about a stored key; the final comparison is constant time all the same. A linear
+        # scan with compare_digest would cost O(tenants) on every request.
+        tenant = self._tenant_by_digest.get(digest)
+        if tenant is None:
+            return None
+        for stored in self.tenants[tenant].api_keys:
+            if hmac.compare_digest(stored.digest, digest):
+                return tenant
+        return None  # pragma: no cover - the index is built from these keys
+
+    def tenant_for_key(self, key: str) -> str | None:
+        """The tenant owning a raw bearer key, or None."""
+        return self.tenant_for_digest(_digest(key))
+
+    def is_admin_key(self, key: str) -> bool:
+        digest = _digest(key)
+        # Few admin keys: a full constant-time scan is affordable and leaks nothing.
+        found = False
+        for stored in self._admin_digests:
+            found |= hmac.compare_digest(stored, digest)
+        return found
+
+    def tiers_by_rank(self) -> list[tuple[str, Tier]]:
+        """(name, tier) pairs, highest priority (lowest rank) first."""
+        return sorted(self.tiers.items(), key=lambda item: item[1].rank)
+
+    def tier_allowed(self, tenant: str, tier: str) -> bool:
+        """Whether ``tenant`` may send at ``tier``: its own tier or any lower one."""
+        own = self.tiers[self.tenants[tenant].tier]
+        wanted = self.tiers.get(tier)
+        return wanted is not None and wanted.rank >= own.rank
+
+
+# --------------------------------------------------------------------------- loading
+
+
+class ConfigError(Exception):
+    """Every problem with a configuration, each as ``(dotted.path, message)``."""
+
+    def __init__(self, source: str, errors: Sequence[tuple[str, str]]) -> None:
+        self.source = source
+        self.errors: list[tuple[str, str]] = list(errors)
+        count = len(self.errors)
+        lines = [f"{source}: cannot load configuration ({count} error{'s' * (count != 1)})"]
+        lines += [f"  {path}: {message}" for path, message in self.errors]
+        super().__init__("\n".join(lines))
+
+
+def _flatten(exc: ValidationError) -> list[tuple[str, str]]:
+    errors: list[tuple[str, str]] = []
+    for err in exc.errors(include_url=False, include_input=False):
+        loc = tuple(err["loc"])
+        if err["type"] == _CONFLICTS:
+            issues: tuple[Issue, ...] = err["ctx"]["issues"]
+            errors += [(_dotted(loc + rel), message) for rel, message in issues]
+        else:
+            errors.append((_dotted(loc), err["msg"]))
+    return errors
+
+
+def parse_config(
+    data: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+    source: str = "<config>",
+) -> Config:
+    """Validate a parsed mapping; ``environ`` (default ``os.environ``) resolves env: keys."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(source, [("(top level)", "must be a mapping of settings")])
+    context = {"environ": os.environ if environ is None else environ}
+    try:
+        return Config.model_validate(dict(data), context=context)
+    except ValidationError as exc:
+        raise ConfigError(source, _flatten(exc)) from None
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate mapping keys: a repeated tenant would silently win."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            duplicate = key in seen
+        except TypeError:  # unhashable key: construct_mapping reports it properly
+            break
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping",
+                node.start_mark,
+                f"duplicate key {key!r}",
+                key_node.start_mark,
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=True)
+
+
+_UniqueKeyLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
+)
+
+
+def load_config(
+    path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
+) -> Config:
+    """Load and validate a YAML config file; raises ``ConfigError`` naming the file."""
+    source = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(source, [(source, reason)]) from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as exc:
+        where = source
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None:
+            where = f"{source}:{mark.line + 1}:{mark.column + 1}"
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(source, [(where, problem)]) from None
+    if data is None:
+        raise ConfigError(source, [(source, "file is empty")])
+    return parse_config(data, environ=environ, source=source)

@@ -1,0 +1,165 @@
+"""Child server processes on loopback: start, wait until healthy, stop, whatever happens.
+
+Every process started here has an owner (a ``with`` block or an explicit ``stop()``), runs in
+its own process group so that its children die with it, and is killed at interpreter exit
+if its owner forgot. Used by the test fixtures, the real-vLLM harness and the local stack.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+
+class LaunchError(RuntimeError):
+    """A child server could not be started, or died before it became healthy."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def log_tail(path: Path | None, lines: int = 60) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+_LIVE: set[ServerProcess] = set()
+
+
+@atexit.register
+def _stop_all() -> None:  # pragma: no cover - safety net for crashed sessions
+    for proc in list(_LIVE):
+        with contextlib.suppress(Exception):
+            proc.stop()
+
+
+@dataclass(eq=False)
+class ServerProcess:
+    """One child HTTP server. ``health_url`` answering 200 means it is ready."""
+
+    name: str
+    argv: Sequence[str]
+    url: str  # the server's base URL
+    health_path: str = "/health"
+    env: Mapping[str, str] | None = None
+    cwd: Path | None = None
+    log_path: Path | None = None  # default: a temporary file, kept for post-mortems
+    startup_timeout_s: float = 60.0
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def health_url(self) -> str:
+        return self.url.rstrip("/") + self.health_path
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def is_running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> ServerProcess:
+        if self._proc is not None:
+            raise LaunchError(f"{self.name} already started")
+        if self.log_path is None:
+            fd, path = tempfile.mkstemp(prefix=f"weighbridge-{self.name}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(path)
+        env = {**os.environ, **(self.env or {})}
+        with open(self.log_path, "wb") as log:
+            self._proc = subprocess.Popen(
+                list(self.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, cwd=self.cwd, start_new_session=True,
+            )
+        _LIVE.add(self)
+        try:
+            self._wait_healthy()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while time.monotonic() < deadline:
+                assert self._proc is not None
+                if self._proc.poll() is not None:
+                    raise LaunchError(
+                        f"{self.name} exited with status {self._proc.returncode} before it "
+                        f"became healthy; log {self.log_path}:\n{log_tail(self.log_path)}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(self.health_url).status_code == 200:
+                        return
+                time.sleep(0.1)
+        raise LaunchError(
+            f"{self.name} not healthy at {self.health_url} after {self.startup_timeout_s:.0f} s;"
+            f" log {self.log_path}:\n{log_tail(self.log_path)}")
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the whole process group (chaos tests use SIGKILL/SIGSTOP)."""
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, sig)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                proc.wait(timeout=timeout_s)
+        # Children that ignored SIGTERM with their parent gone.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        _LIVE.discard(self)
+        self._proc = None
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def weighbridge_argv(*args: str) -> list[str]:
+    """The command line that runs ``weighbridge ARGS`` with this interpreter."""
+    return [sys.executable, "-m", "weighbridge", *args]
+
+
+def emulator_process(name: str = "emulator", host: str = "127.0.0.1", port: int | None = None,
+                     **flags: object) -> ServerProcess:
+    """A ``weighbridge emulator`` child; ``flags`` are its options in Python spelling
+    (``max_num_seqs=4``, ``no_chunked_prefill=True``)."""
+    port = port or free_port(host)
+    argv = weighbridge_argv("emulator", "--host", host, "--port", str(port))
+    for key, value in flags.items():
+        option = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(option)
+        elif value not in (False, None):
+            argv += [option, str(value)]
+    return ServerProcess(name=name, argv=argv, url=f"http://{host}:{port}")

@@ -1,0 +1,295 @@
+"""The request record: one row per request, JSONL while a run is going, Parquet at the end.
+
+Field names and order are the DESIGN.md contract shared by the load generator, the
+exporters and the analysis. Times are seconds since run start. Derived quantities
+(``ttft_s``, ``e2e_s``, ``decode_tps``) are properties, never stored, so they cannot
+disagree with the fields they come from.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import types
+import typing
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import IO, Any, Literal, Self
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+__all__ = [
+    "FIELD_NAMES",
+    "RECORD_SCHEMA",
+    "STATUSES",
+    "RecordAppender",
+    "RequestRecord",
+    "Status",
+    "iter_jsonl",
+    "jsonl_to_parquet",
+    "read_jsonl",
+    "read_parquet",
+    "records_to_table",
+    "write_parquet",
+]
+
+Status = Literal["ok", "rejected", "error", "cancelled", "timeout"]
+STATUSES: frozenset[str] = frozenset(typing.get_args(Status))
+
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRecord:
+    run_id: str
+    scenario: str
+    phase: str
+    request_id: str
+    tenant: str
+    tier: str
+    user: str | None = None
+    endpoint: str
+    stream: bool
+    max_tokens: int | None = None
+    scheduled_s: float  # when the request was due to be sent: latencies start here
+    sent_s: float | None = None  # None when it was never sent (e.g. the run ended first)
+    first_token_s: float | None = None  # first chunk carrying generated content
+    last_token_s: float | None = None
+    end_s: float
+    prompt_tokens: int | None = None  # from the server's usage, not counted from chunks
+    output_tokens: int | None = None
+    chunks: int = 0
+    itl_p50_s: float | None = None
+    itl_p99_s: float | None = None
+    itl_max_s: float | None = None
+    status: Status
+    http_status: int | None = None  # None when no HTTP response arrived
+    reason: str | None = None  # rejection or failure reason, e.g. rate_limited
+    backend: str | None = None
+    queue_s: float | None = None  # time spent queued in the sidecar, from its header
+
+    def __post_init__(self) -> None:
+        # Validation happens here so that JSONL, Parquet and direct construction all hold
+        # the same invariants; a record that cannot roundtrip is refused at creation.
+        for name, kind, optional in _FIELD_SPECS:
+            value = getattr(self, name)
+            checked = _check_value(name, kind, optional, value)
+            if checked is not value:
+                object.__setattr__(self, name, checked)
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token, from the scheduled send time (no coordinated omission)."""
+        if self.first_token_s is None:
+            return None
+        return self.first_token_s - self.scheduled_s
+
+    @property
+    def e2e_s(self) -> float:
+        """End-to-end latency from the scheduled send time."""
+        return self.end_s - self.scheduled_s
+
+    @property
+    def decode_tps(self) -> float | None:
+        """Per-sequence decode speed: tokens after the first over the time they took."""
+        if (
+            self.output_tokens is None
+            or self.output_tokens < 2
+            or self.first_token_s is None
+            or self.last_token_s is None
+        ):
+            return None
+        span = self.last_token_s - self.first_token_s
+        if span <= 0:
+            return None
+        return (self.output_tokens - 1) / span
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in FIELD_NAMES}
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> Self:
+        """Build from a mapping with exactly the record's fields (optional ones may be absent)."""
+        unknown = row.keys() - _FIELD_SET
+        if unknown:
+            raise ValueError(f"unknown field(s): {', '.join(sorted(unknown))}")
+        try:
+            return cls(**row)
+        except TypeError as exc:  # missing required fields
+            raise ValueError(str(exc).removeprefix("RequestRecord.__init__() ")) from None
+
+
+def _check_value(name: str, kind: type, optional: bool, value: Any) -> Any:
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{name}: must not be null")
+    if kind is float:
+        # bool is an int subclass; True as a time is always a bug.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{name}: expected a number, got {type(value).__name__}")
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: must be finite, got {value}")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name}: expected an integer, got {type(value).__name__}")
+        if not 0 <= value <= _INT64_MAX:
+            raise ValueError(f"{name}: must be a non-negative 64-bit integer, got {value}")
+        return value
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name}: expected a boolean, got {type(value).__name__}")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(f"{name}: expected a string, got {type(value).__name__}")
+    if name == "status" and value not in STATUSES:
+        raise ValueError(f"status: unknown status {value!r}; expected one of {sorted(STATUSES)}")
+    return value
+
+
+def _field_specs() -> tuple[tuple[str, type, bool], ...]:
+    """(name, base type, optional) per field, derived from the annotations."""
+    hints = typing.get_type_hints(RequestRecord)
+    specs = []
+    for f in fields(RequestRecord):
+        hint = hints[f.name]
+        args = typing.get_args(hint)
+        optional = isinstance(hint, types.UnionType) and type(None) in args
+        base = next(a for a in args if a is not type(None)) if optional else hint
+        if typing.get_origin(base) is Literal:
+            base = str
+        specs.append((f.name, base, optional))
+    return tuple(specs)
+
+
+_FIELD_SPECS = _field_specs()
+FIELD_NAMES: tuple[str, ...] = tuple(name for name, _, _ in _FIELD_SPECS)
+_FIELD_SET = frozenset(FIELD_NAMES)
+
+_ARROW_TYPES: dict[type, pa.DataType] = {
+    str: pa.string(),
+    bool: pa.bool_(),
+    int: pa.int64(),
+    float: pa.float64(),
+}
+
+RECORD_SCHEMA: pa.Schema = pa.schema(
+    [
+        pa.field(name, _ARROW_TYPES[kind], nullable=optional)
+        for name, kind, optional in _FIELD_SPECS
+    ],
+    metadata={"weighbridge.record_schema": "1"},
+)
+
+
+# --------------------------------------------------------------------------- JSONL
+
+
+class RecordAppender:
+    """Appends records to a JSONL file, one line each, flushed so a crash loses at most one."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file: IO[bytes] | None = self.path.open("ab")
+
+    def append(self, record: RequestRecord) -> None:
+        if self._file is None:
+            raise ValueError(f"{self.path}: appender is closed")
+        self._file.write(orjson.dumps(record.to_dict(), option=orjson.OPT_APPEND_NEWLINE))
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[RequestRecord]:
+    """Records of a JSONL file; blank lines are skipped, any bad line is a ValueError."""
+    with Path(path).open("rb") as file:
+        for lineno, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: invalid JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{lineno}: expected a JSON object")
+            try:
+                yield RequestRecord.from_dict(row)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[RequestRecord]:
+    return list(iter_jsonl(path))
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def records_to_table(records: Iterable[RequestRecord]) -> pa.Table:
+    rows = list(records)
+    columns = {name: [getattr(r, name) for r in rows] for name in FIELD_NAMES}
+    return pa.Table.from_pydict(columns, schema=RECORD_SCHEMA)
+
+
+def _conform(table: pa.Table) -> pa.Table:
+    """The table's columns in schema order and types; missing or extra columns are errors."""
+    names = set(table.column_names)
+    missing = [n for n in FIELD_NAMES if n not in names]
+    extra = sorted(names - _FIELD_SET)
+    if missing or extra:
+        raise ValueError(f"table does not match RECORD_SCHEMA: missing {missing}, extra {extra}")
+    return table.select(list(FIELD_NAMES)).cast(RECORD_SCHEMA)
+
+
+def write_parquet(
+    records_or_table: Iterable[RequestRecord] | pa.Table, path: str | os.PathLike[str]
+) -> None:
+    if isinstance(records_or_table, pa.Table):
+        table = _conform(records_or_table)
+    else:
+        table = records_to_table(records_or_table)
+    pq.write_table(table, path, compression="zstd")
+
+
+def read_parquet(path: str | os.PathLike[str]) -> list[RequestRecord]:
+    table = _conform(pq.read_table(path))
+    return [RequestRecord(**row) for row in table.to_pylist()]
+
+
+def jsonl_to_parquet(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, batch_size: int = 50_000
+) -> int:
+    """Convert a run's JSONL to Parquet in bounded memory; returns the number of records."""
+    count = 0
+    batch: list[RequestRecord] = []
+    try:
+        with pq.ParquetWriter(dst, RECORD_SCHEMA, compression="zstd") as writer:
+            for record in iter_jsonl(src):
+                batch.append(record)
+                if len(batch) >= batch_size:
+                    writer.write_table(records_to_table(batch))
+                    count += len(batch)
+                    batch.clear()
+            # Always write, so an empty run still yields a file with the schema.
+            writer.write_table(records_to_table(batch))
+            count += len(batch)
+    except BaseException:
+        # A half-written Parquet file would look like a complete, shorter run.
+        Path(dst).unlink(missing_ok=True)
+        raise
+    return count
