@@ -13,6 +13,9 @@ from emulator import text
 
 Endpoint = Literal["completions", "chat"]
 
+# What vLLM 0.32 puts in the field; clients that parse it see a plausible value.
+SYSTEM_FINGERPRINT = "vllm-0.32.0-weighbridge-emulator"
+
 
 class ApiError(Exception):
     """An error answered with an OpenAI error body; never a 500 for bad input."""
@@ -71,13 +74,19 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) ->
         if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            if any(t < 0 or t >= vocab_size for t in prompt):
-                raise ApiError(400, f"token ids must be in [0, {vocab_size})", param="prompt")
+            bad = next((t for t in prompt if t < 0 or t >= vocab_size), None)
+            if bad is not None:
+                raise ApiError(400, f"Token id {bad} is out of vocabulary")
             return len(prompt)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             return _prompt_tokens(endpoint, {"prompt": prompt[0]}, vocab_size)
         if isinstance(prompt, list) and len(prompt) > 1:
             raise ApiError(400, "the emulator serves one prompt per request", param="prompt")
+        if prompt is None or prompt == "":
+            raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty."
+                           " (parameter=prompt)", param="prompt")
+        if prompt == []:
+            raise ApiError(400, "You must pass at least one prompt")
         raise ApiError(400, "prompt must be a string or a non-empty list of token ids",
                        param="prompt")
     messages = body.get("messages")
@@ -122,7 +131,8 @@ def parse_generation_request(
     if model is None:
         model = served_model
     if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: "
+                       f"{served_model}.", "NotFoundError", "model")
     n = _int_field(body, "n", 1)
     if n != 1:
         raise ApiError(400, "the emulator supports n=1 only", param="n")
@@ -131,20 +141,21 @@ def parse_generation_request(
     max_tokens = _int_field(body, "max_tokens", None)
     if max_tokens is None and endpoint == "chat":
         max_tokens = _int_field(body, "max_completion_tokens", None)
-    if max_tokens is None:
-        max_tokens = max_model_len - prompt_tokens
-    if max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.",
-                       param="max_tokens")
-    if prompt_tokens + max_tokens > max_model_len:
+    if prompt_tokens >= max_model_len:
         raise ApiError(
             400,
-            f"This model's maximum context length is {max_model_len} tokens. However, you "
-            f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-            f"{max_tokens} in the completion). Please reduce the length of the messages or "
-            "completion.",
-            param="max_tokens",
+            f"This model's maximum context length is {max_model_len} tokens. However, your "
+            f"prompt contains at least {prompt_tokens} input tokens, which exceeds this limit "
+            "even without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={prompt_tokens})",
+            param="input_tokens",
         )
+    if max_tokens is not None and max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}. "
+                       f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
+    # vLLM 0.32 clamps an oversized max_tokens to the context left rather than refusing it.
+    room = max_model_len - prompt_tokens
+    max_tokens = room if max_tokens is None else min(max_tokens, room)
     stream = _bool_field(body, "stream", False)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
@@ -173,7 +184,7 @@ def parse_generation_request(
 
 def new_request_id(endpoint: Endpoint) -> str:
     prefix = "cmpl" if endpoint == "completions" else "chatcmpl"
-    return f"{prefix}-{uuid.uuid4().hex}"
+    return f"{prefix}-{uuid.uuid4().hex[:16]}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -201,24 +212,29 @@ class ResponseShape:
                 "model": self.request.model, "choices": choices}
 
     def role_chunk(self) -> dict[str, Any]:
-        return self._envelope("chat.completion.chunk", [
+        chunk = self._envelope("chat.completion.chunk", [
             {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
              "finish_reason": None}
         ])
+        chunk["prompt_token_ids"] = None
+        chunk["prompt_text"] = None
+        return chunk
 
     def delta_chunk(self, delta_text: str, finish_reason: str | None,
                     completion_tokens: int) -> dict[str, Any]:
         if self.request.endpoint == "completions":
             chunk = self._envelope("text_completion", [
                 {"index": 0, "text": delta_text, "logprobs": None,
-                 "finish_reason": finish_reason, "stop_reason": None}
+                 "finish_reason": finish_reason, "stop_reason": None,
+                 "prompt_token_ids": None, "token_ids": None}
             ])
         else:
-            chunk = self._envelope("chat.completion.chunk", [
-                {"index": 0, "delta": {"content": delta_text}, "logprobs": None,
-                 "finish_reason": finish_reason, **({"stop_reason": None}
-                                                     if finish_reason else {})}
-            ])
+            choice: dict[str, Any] = {"index": 0, "delta": {"content": delta_text},
+                                      "logprobs": None, "finish_reason": finish_reason}
+            if finish_reason:
+                choice["stop_reason"] = None
+            choice["token_ids"] = None
+            chunk = self._envelope("chat.completion.chunk", [choice])
         if self.request.include_usage and self.request.continuous_usage:
             chunk["usage"] = usage(self.request.prompt_tokens, completion_tokens)
         return chunk
@@ -228,6 +244,7 @@ class ResponseShape:
             "chat.completion.chunk")
         chunk = self._envelope(obj, [])
         chunk["usage"] = usage(self.request.prompt_tokens, completion_tokens)
+        chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
         return chunk
 
     def full_response(self, output_text: str, finish_reason: str,
@@ -235,13 +252,20 @@ class ResponseShape:
         if self.request.endpoint == "completions":
             body = self._envelope("text_completion", [
                 {"index": 0, "text": output_text, "logprobs": None,
-                 "finish_reason": finish_reason, "stop_reason": None}
+                 "finish_reason": finish_reason, "stop_reason": None, "token_ids": None,
+                 "prompt_logprobs": None, "prompt_token_ids": None}
             ])
         else:
             body = self._envelope("chat.completion", [
                 {"index": 0,
-                 "message": {"role": "assistant", "content": output_text, "tool_calls": []},
-                 "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+                 "message": {"role": "assistant", "content": output_text, "refusal": None,
+                             "annotations": None, "audio": None, "function_call": None,
+                             "reasoning": None},
+                 "logprobs": None, "finish_reason": finish_reason, "stop_reason": None,
+                 "token_ids": None}
             ])
-        body["usage"] = usage(self.request.prompt_tokens, completion_tokens)
+        body["service_tier"] = None
+        body["system_fingerprint"] = SYSTEM_FINGERPRINT
+        body["usage"] = {**usage(self.request.prompt_tokens, completion_tokens),
+                         "prompt_tokens_details": None, "completion_tokens_details": None}
         return body

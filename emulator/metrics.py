@@ -17,6 +17,7 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
                            40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 STEP_LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
@@ -82,6 +83,22 @@ class EngineMetrics:
         self.queue_time = histogram("vllm:request_queue_time_seconds",
                                     "Histogram of time spent in WAITING phase for request.",
                                     REQUEST_LATENCY_BUCKETS)
+        self.prefill_time = histogram("vllm:request_prefill_time_seconds",
+                                      "Histogram of time spent in PREFILL phase for request.",
+                                      REQUEST_LATENCY_BUCKETS)
+        self.decode_time = histogram("vllm:request_decode_time_seconds",
+                                     "Histogram of time spent in DECODE phase for request.",
+                                     REQUEST_LATENCY_BUCKETS)
+        self.inference_time = histogram("vllm:request_inference_time_seconds",
+                                        "Histogram of time spent in RUNNING phase for request.",
+                                        REQUEST_LATENCY_BUCKETS)
+        self.tpot = histogram("vllm:request_time_per_output_token_seconds",
+                              "Histogram of time_per_output_token_seconds per request.",
+                              ITL_BUCKETS)
+        self.request_preemptions = histogram(
+            "vllm:request_num_preemptions",
+            "Histogram of the number of times a request was preempted.",
+            tuple(float(b) for b in PREEMPTION_BUCKETS))
         self.request_prompt_tokens = histogram("vllm:request_prompt_tokens",
                                                "Number of prefill tokens processed.",
                                                token_buckets)
@@ -111,6 +128,11 @@ class EngineMetrics:
         self._req_gen = self.request_generation_tokens.labels(*values)
         self._iteration = self.iteration_tokens.labels(*values)
         self._lag = self.step_lag.labels(*values)
+        self._prefill = self.prefill_time.labels(*values)
+        self._decode = self.decode_time.labels(*values)
+        self._inference = self.inference_time.labels(*values)
+        self._tpot = self.tpot.labels(*values)
+        self._req_preemptions = self.request_preemptions.labels(*values)
 
     def on_step(self, result: StepResult, lag_s: float) -> None:
         batch, emitted = result.batch, result.emitted
@@ -137,5 +159,14 @@ class EngineMetrics:
             self._e2e.observe(seq.finished_s - seq.arrival_s)
         if seq.first_scheduled_s is not None:
             self._queue.observe(seq.first_scheduled_s - seq.arrival_s)
+        if (seq.first_scheduled_s is not None and seq.first_token_s is not None
+                and seq.last_token_s is not None):
+            self._prefill.observe(seq.first_token_s - seq.first_scheduled_s)
+            decode = seq.last_token_s - seq.first_token_s
+            self._decode.observe(decode)
+            self._inference.observe(seq.last_token_s - seq.first_scheduled_s)
+            if seq.output_tokens > 1:
+                self._tpot.observe(decode / (seq.output_tokens - 1))
+        self._req_preemptions.observe(seq.num_preemptions)
         self._req_prompt.observe(seq.prompt_tokens)
         self._req_gen.observe(seq.output_tokens)

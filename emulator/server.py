@@ -135,6 +135,7 @@ class Emulator:
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
+        self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/metrics", self.metrics_endpoint)
         self.app.cleanup_ctx.append(self._engine_task)
 
@@ -165,11 +166,21 @@ class Emulator:
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def version(self, _request: web.Request) -> web.Response:
+        return _json_response({"version": "0.32.0"})
+
     async def models(self, _request: web.Request) -> web.Response:
         s = self.settings
-        card = {"id": s.model_name, "object": "model", "created": int(time.time()),
+        now = int(time.time())
+        card = {"id": s.model_name, "object": "model", "created": now,
                 "owned_by": "vllm", "root": s.model_name, "parent": None,
-                "max_model_len": s.engine.max_model_len}
+                "max_model_len": s.engine.max_model_len,
+                "permission": [{
+                    "id": "modelperm-weighbridge", "object": "model_permission",
+                    "created": now, "allow_create_engine": False, "allow_sampling": True,
+                    "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                    "allow_fine_tuning": False, "organization": "*", "group": None,
+                    "is_blocking": False}]}
         return _json_response({"object": "list", "data": [card]})
 
     async def metrics_endpoint(self, _request: web.Request) -> web.Response:
@@ -183,11 +194,14 @@ class Emulator:
         return await self._generate("chat", request)
 
     async def _generate(self, endpoint: Endpoint, request: web.Request) -> web.StreamResponse:
+        if request.content_type != "application/json":
+            raise ApiError(400, "1 validation error:\n  Unsupported Media Type: Only "
+                           "'application/json' is allowed", "Bad Request")
         raw = await request.read()
         try:
             body = orjson.loads(raw)
         except orjson.JSONDecodeError as e:
-            raise ApiError(400, f"malformed JSON body: {e}") from None
+            raise ApiError(400, f"JSON decode error: {e}", "Bad Request") from None
         s = self.settings
         req = parse_generation_request(endpoint, body, served_model=s.model_name,
                                        max_model_len=s.engine.max_model_len,

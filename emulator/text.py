@@ -24,7 +24,7 @@ _WORDS = (
     " the", " a", " of", " to", " and", " in", " is", " it", " that", " for", " on", " with",
     " as", " was", " at", " by", " this", " from", " or", " but", " not", " are", " have",
     " one", " all", " we", " can", " more", " time", " when", " data", " will", " each",
-    " load", " fair", " queue", " token", " tier", " wait", " fast", " slow", " long",
+    " load", " fair", " cue", " word", " tier", " wait", " fast", " slow", " long",
 )
 
 

@@ -323,7 +323,24 @@ def test_negative_max_tokens_is_400(backend: Backend, endpoint: str) -> None:
     assert_error_body(r, 400)
 
 
-def test_context_overflow_is_400(backend: Backend) -> None:
+def test_prompt_longer_than_the_context_is_400(backend: Backend) -> None:
+    prompt = [(i * 7) % 90 + 5 for i in range(backend.max_model_len + 1)]
     r = httpx.post(backend.url + "/v1/completions",
-                   json=completion_body(backend, max_tokens=backend.max_model_len), timeout=10)
+                   json=completion_body(backend, prompt=prompt, max_tokens=4), timeout=10)
+    assert_error_body(r, 400)
+
+
+def test_oversized_max_tokens_is_clamped_to_the_context_left(backend: Backend) -> None:
+    """vLLM 0.32 shortens the output to fit instead of refusing the request."""
+    prompt = [(i * 7) % 90 + 5 for i in range(backend.max_model_len - 12)]
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, prompt=prompt, max_tokens=10_000), timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 12
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_non_json_content_type_is_400(backend: Backend) -> None:
+    r = httpx.post(backend.url + "/v1/completions", content=b"{}",
+                   headers={"content-type": "text/plain"}, timeout=10)
     assert_error_body(r, 400)
