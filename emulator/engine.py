@@ -366,6 +366,10 @@ class StepModel:
                 seq = self.waiting.peek()
                 if seq is None:
                     break
+                # vLLM 0.32 (scheduler_reserve_full_isl, on by default) admits a request only
+                # when its whole prompt fits in the free blocks, not just the first chunk.
+                if self._blocks_for(seq.num_tokens) > self.free_blocks:
+                    break
                 n = min(seq.num_tokens - seq.num_computed_tokens, budget)
                 if not self._try_allocate(seq, n):
                     break
@@ -377,8 +381,10 @@ class StepModel:
         return scheduled, preempted
 
     def _schedule_split(self) -> tuple[dict[Sequence, int], list[Sequence]]:
-        """Without chunked prefill (vLLM V0's default): a step prefills whole prompts of
-        waiting requests if any can be admitted, otherwise it decodes every running one."""
+        """Without chunked prefill, as vLLM V0 did it: a step prefills whole prompts of waiting
+        requests if any can be admitted, otherwise it decodes every running one. (vLLM V1
+        with chunked prefill off still mixes decodes with whole prompts; this mode models the
+        split behaviour the seed article compares against. See docs/emulator.md.)"""
         budget = self.config.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         while len(self.running) < self.config.max_num_seqs:

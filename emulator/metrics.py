@@ -151,10 +151,11 @@ class EngineMetrics:
             self._itl.observe(gap)
 
     def on_finish(self, seq: Sequence) -> None:
-        reason = seq.finish_reason or "abort"
-        self.success[reason].inc()
-        if reason == "abort":
+        # vLLM counts only requests the engine finished; a client's abort is not a success
+        # of any reason (its "abort" series exists but stays at 0 for client aborts).
+        if seq.finish_reason in (None, "abort"):
             return
+        self.success[seq.finish_reason].inc()
         if seq.finished_s is not None:
             self._e2e.observe(seq.finished_s - seq.arrival_s)
         if seq.first_scheduled_s is not None:
