@@ -1,0 +1,384 @@
+"""The whole scheduling core behind one object: what the HTTP shell calls, and nothing else.
+
+``SchedulingCore`` wires the rate limiter, output estimator, wait predictor, scheduler,
+admission gates, router and ledger in the order the design fixes, so that the shell cannot
+get the order or the accounting wrong: every request that ``arrive`` accepts ends exactly
+once, through ``cancel``, ``on_completed``, ``on_failed`` or ``on_client_gone``.
+
+Shell contract (all methods take ``now``: one monotonic clock, seconds)
+---------------------------------------------------------------------
+Ingress, per authenticated request::
+
+    result = core.arrive(request_id=..., tenant=..., tier=..., endpoint=..., now=...,
+                         prompt_tokens=..., max_tokens=..., user=..., priority=...,
+                         deadline_s=core.deadline_for(tier, now, header_ms))
+    if isinstance(result, Reject): respond 429/503 with result.reason / retry_after_s
+    else: wait for the request's dispatch (keep `result`, the QueuedRequest)
+
+  Requests turned away before they have a tenant (401, 400, 413) are counted with
+  ``core.rejected_on_arrival(reason, tenant, tier)``.
+
+Egress: after *any* event that can free capacity or add work (an arrival, a completion,
+failure or cancellation, a metrics scrape or a failed scrape, a backend turning healthy) and
+on a periodic tick (``metrics_poll_ms``; staleness is time-driven), run
+``for d in core.dispatch_ready(now): start_proxying(d)``. Each ``Dispatch`` names the request,
+the backend, and the ``priority`` to put in the body (None: remove the field).
+
+While a request is in flight::
+
+    core.on_first_token(req, now)            # first content chunk (prefill done)
+    core.on_tokens_streamed(req, n, now)     # n output tokens passed to the client
+    # then exactly one of:
+    core.on_completed(req, usage.prompt_tokens, usage.completion_tokens, now)
+    core.on_client_gone(req, prompt_tokens, output_tokens_so_far, now)  # after aborting upstream
+    core.on_failed(req, prompt_tokens, output_tokens_so_far, now)       # backend error
+    core.dispatch_failed(req, now)  # the backend never got it (connect refused): requeued
+
+  A client that disconnects while its request is still queued: ``core.cancel(id, now)``.
+  A backend that fails: ``core.mark_backend_unhealthy(name)`` (then ``on_failed`` for its
+  streams, or ``dispatch_failed`` for requests it refused); ``mark_backend_healthy`` when the
+  probe succeeds. Scrapes: ``core.on_backend_metrics(name, sample)`` (any object with
+  ``ScrapedMetrics``' fields, e.g. ``scrape.BackendSample``); a failed
+  scrape needs no call (the last sample goes stale and the fallback cap applies).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sidecar.admission import (
+    AdmissionGate,
+    GateLimits,
+    GateVerdict,
+    ScrapedMetrics,
+    vllm_priority,
+)
+from sidecar.estimator import OutputEstimator
+from sidecar.ledger import Ledger, Outcome
+from sidecar.predictor import ThroughputMeter, WaitPredictor
+from sidecar.ratelimit import Admit, TenantRateLimiter
+from sidecar.rejection import DEADLINE_UNMEETABLE, Reject
+from sidecar.request import QueuedRequest, RequestState
+from sidecar.router import Router
+from sidecar.scheduler import Scheduler
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from weighbridge.config import Config
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    request: QueuedRequest
+    backend: str
+    # The `priority` body field for this backend; None when the backend does not run
+    # --scheduling-policy priority (the shell removes the field then).
+    vllm_priority: int | None
+    over_share: bool  # the tenant now holds more than its weighted share of slots
+
+
+class SchedulingCore:
+    def __init__(self, config: Config, *, gate_limits: GateLimits | None = None) -> None:
+        """``gate_limits`` overrides the admission limits derived from ``config.admission``
+        (tests, and headroom settings until the schema carries them)."""
+        self.config = config
+        self.scheduler = Scheduler.from_config(config)
+        self.estimator = OutputEstimator(
+            {path: e.initial_output_estimate for path, e in config.endpoints.items()},
+            config.scheduler.output_estimate_alpha,
+        )
+        endpoint_limits = {
+            (tenant, path): limits
+            for tenant, t in config.tenants.items()
+            # Proposed schema field (Tenant.endpoint_limits); absent until it is added.
+            for path, limits in getattr(t, "endpoint_limits", {}).items()
+        }
+        self.rate_limiter = TenantRateLimiter(
+            {name: t.limits for name, t in config.tenants.items()}, endpoint_limits
+        )
+        self.meter = ThroughputMeter()
+        self.predictor = WaitPredictor(self.scheduler, self.meter)
+        gate_limits = gate_limits or GateLimits.from_config(config.admission)
+        self.gates = {b.name: AdmissionGate(gate_limits) for b in config.backends}
+        self.router = Router([b.name for b in config.backends], config.routing)
+        self.ledger = Ledger()
+        self._priority_backends = {b.name for b in config.backends if b.priority_scheduling}
+        self._tier_priority = {name: t.vllm_priority for name, t in config.tiers.items()}
+        self._demotion: int = getattr(config.admission, "over_share_priority_demotion", 1)
+        self._reported: dict[str, int] = {}  # tokens of each in-flight request fed to the meter
+        self._prefilled: set[str] = set()  # in-flight requests whose prompt was reported
+        # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
+        self.holds: Counter[tuple[str, str]] = Counter()
+
+    # ------------------------------------------------------------------ ingress
+
+    def deadline_for(
+        self, tier: str, now: float, requested_ms: float | None = None
+    ) -> float | None:
+        """The absolute deadline of a request: the client's relative one if given, else the
+        tier's TTFT SLO, else its end-to-end SLO, else none."""
+        if requested_ms is not None:
+            return now + requested_ms / 1000
+        t = self.config.tiers[tier]
+        slo = t.ttft_slo_ms if t.ttft_slo_ms is not None else t.e2e_slo_ms
+        return None if slo is None else now + slo / 1000
+
+    def rejected_on_arrival(self, reason: str, tenant: str = "", tier: str = "") -> None:
+        """Count an arrival rejected before admission (unauthorized, bad input)."""
+        self.ledger.rejected_on_arrival(tenant, tier, reason)
+
+    def arrive(
+        self,
+        *,
+        request_id: str,
+        tenant: str,
+        tier: str,
+        endpoint: str,
+        prompt_tokens: int,
+        max_tokens: int | None,
+        now: float,
+        user: str | None = None,
+        priority: int = 0,
+        deadline_s: float | None = None,
+    ) -> QueuedRequest | Reject:
+        """Rate limit, early rejection, bounded queue, in that order; a request that passes
+        all three is queued and returned."""
+        if tenant not in self.config.tenants:
+            raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
+        if tier not in self.config.tiers:
+            raise ValueError(f"unknown tier {tier!r}")
+        self.ledger.arrive(request_id, tenant, tier)
+        self._observe_served(0, now)
+        request = QueuedRequest(
+            id=request_id,
+            tenant=tenant,
+            tier=tier,
+            endpoint=endpoint,
+            prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
+            estimated_output_tokens=self.estimator.estimate(tenant, endpoint, max_tokens),
+            arrival_s=now,
+            user=user,
+            priority=priority,
+            deadline_s=deadline_s,
+        )
+        admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now)
+        if not isinstance(admitted, Admit):
+            self.ledger.end(request_id, Outcome.REJECTED, admitted.reason)
+            return admitted
+        request.admitted_tokens = admitted.tokens
+        if self.scheduler.holds_requests and self.predictor.deadline_unmeetable(request, now):
+            wait = self.predictor.predicted_wait_s(request)
+            return self._turn_away(
+                request,
+                Reject(DEADLINE_UNMEETABLE, wait, f"predicted wait {wait or 0:.3f}s"),
+                now,
+            )
+        rejected = self.scheduler.enqueue(request, now)
+        if rejected is not None:
+            return self._turn_away(request, rejected, now)
+        return request
+
+    def _turn_away(self, request: QueuedRequest, reject: Reject, now: float) -> Reject:
+        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now)
+        self.ledger.end(request.id, Outcome.REJECTED, reject.reason)
+        return reject
+
+    def cancel(self, request_id: str, now: float) -> bool:
+        """The client of a *queued* request went away: it leaves at once. False if it is not
+        queued (then it is in flight: abort upstream and call ``on_client_gone``)."""
+        request = self.scheduler.cancel(request_id)
+        if request is None:
+            return False
+        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now)
+        self.ledger.end(request_id, Outcome.CANCELLED)
+        return True
+
+    # ------------------------------------------------------------------ egress
+
+    def share_slots(self, now: float) -> int:
+        """In-flight slots that weighted shares are computed over: the healthy backends'
+        caps without their headroom."""
+        return sum(
+            gate.share_slots(now)
+            for name, gate in self.gates.items()
+            if self.router.is_healthy(name)
+        )
+
+    def next_dispatch(self, now: float) -> Dispatch | None:
+        """One dispatch decision (request and backend together), or None: nothing queued, or
+        no backend may take anything now (counted in ``holds``)."""
+        scheduler = self.scheduler
+        if scheduler.queued_requests == 0:
+            return None
+        if not scheduler.holds_requests:  # passthrough: no gate, any healthy backend
+            backend = self.router.pick()
+            if backend is None:
+                self.holds[("", "no_healthy_backend")] += 1
+                return None
+            request = scheduler.next(now)
+            assert request is not None
+            return self._dispatch(request, backend, now, self.share_slots(now))
+
+        verdicts: dict[str, GateVerdict] = {}
+        slots = 0
+        for name, gate in self.gates.items():
+            if self.router.is_healthy(name):
+                verdict = verdicts[name] = gate.verdict(now)
+                slots += verdict.share_slots
+        if not verdicts:
+            self.holds[("", "no_healthy_backend")] += 1
+            return None
+        # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
+        # capacity for them.
+        usable = ("open",) if scheduler.uses_headroom else ("open", "headroom")
+        backend = self.router.pick(lambda name: verdicts[name].mode in usable)
+        if backend is not None:
+            request = scheduler.next(now)
+            assert request is not None
+            return self._dispatch(request, backend, now, slots)
+        if scheduler.uses_headroom:
+            backend = self.router.pick(lambda name: verdicts[name].mode == "headroom")
+            if backend is not None:
+                request = scheduler.next(now, lambda tenant: scheduler.under_share(tenant, slots))
+                if request is not None:
+                    return self._dispatch(request, backend, now, slots)
+        for name, verdict in verdicts.items():
+            self.holds[(name, verdict.reason)] += 1
+            self.gates[name].holds[verdict.reason] += 1
+        return None
+
+    def dispatch_ready(self, now: float) -> Iterator[Dispatch]:
+        """Every dispatch possible now (the selector chain repeated until a gate closes or
+        the queue empties)."""
+        while (dispatch := self.next_dispatch(now)) is not None:
+            yield dispatch
+
+    def _dispatch(
+        self, request: QueuedRequest, backend: str, now: float, slots: int
+    ) -> Dispatch:
+        request.backend = backend
+        self.gates[backend].on_dispatched(now)
+        self.router.on_dispatched(
+            request.id, backend, request.prompt_tokens, request.estimated_output_tokens
+        )
+        self.ledger.dispatch(request.id)
+        self._reported[request.id] = 0
+        over = self.scheduler.uses_headroom and self.scheduler.over_share(request.tenant, slots)
+        priority = None
+        if backend in self._priority_backends:
+            priority = vllm_priority(self._tier_priority[request.tier], over, self._demotion)
+        return Dispatch(request, backend, priority, over)
+
+    def dispatch_failed(self, request: QueuedRequest, now: float) -> None:
+        """The backend never received the request (connection refused, reset before the
+        request was written): it goes back to its place in the queue, its charges refunded.
+        Mark the backend unhealthy first if it is down, or the retry may pick it again."""
+        if request.state is not RequestState.DISPATCHED:
+            raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
+        self._release_backend(request, now)
+        self.scheduler.requeue(request)
+        self.ledger.requeue(request.id)
+
+    # ------------------------------------------------------------------ in flight
+
+    def on_first_token(self, request: QueuedRequest, now: float) -> None:
+        self.on_tokens_streamed(request, 0, now)
+
+    def on_tokens_streamed(self, request: QueuedRequest, tokens: int, now: float) -> None:
+        if request.state is not RequestState.DISPATCHED:
+            return
+        self.scheduler.on_tokens_streamed(request, tokens)
+        self.router.on_tokens(request.id, tokens)
+        served = max(0, tokens)
+        if request.id not in self._prefilled:
+            self._prefilled.add(request.id)  # the first token says the prompt was served
+            served += request.prompt_tokens
+        self._reported[request.id] += served
+        self._observe_served(served, now)
+
+    def on_completed(
+        self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
+    ) -> None:
+        self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now)
+        self.estimator.observe(request.tenant, request.endpoint, output_tokens)
+
+    def on_failed(
+        self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
+    ) -> None:
+        """A backend error ended the request. Pass what it consumed (0, 0 if nothing is
+        known): DRR and rate limits are settled to that, so failures are not charged."""
+        self._end(request, Outcome.FAILED, prompt_tokens, output_tokens, now)
+
+    def on_client_gone(
+        self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
+    ) -> None:
+        """The client went away: queued -> cancelled at once; streaming -> call after
+        aborting the backend request, with what was produced so far."""
+        self._end(request, Outcome.CANCELLED, prompt_tokens, output_tokens, now)
+
+    def _end(
+        self,
+        request: QueuedRequest,
+        outcome: Outcome,
+        prompt_tokens: int,
+        output_tokens: int,
+        now: float,
+    ) -> None:
+        if request.state is RequestState.QUEUED:
+            # Ended before dispatch (client gone, shutdown): leaves the queue, refunded.
+            self.scheduler.cancel(request.id)
+            self.rate_limiter.refund(
+                request.tenant, request.endpoint, request.admitted_tokens, now
+            )
+            self.ledger.end(request.id, outcome)
+            return
+        self.ledger.end(request.id, outcome)  # raises on a second end, before any change
+        self.scheduler.on_finished(request, prompt_tokens, output_tokens)
+        actual = prompt_tokens + output_tokens
+        self.rate_limiter.settle(
+            request.tenant, request.endpoint, request.admitted_tokens, actual, now
+        )
+        reported = self._release_backend(request, now)
+        self._observe_served(max(0, actual - reported), now)
+
+    def _release_backend(self, request: QueuedRequest, now: float) -> int:
+        assert request.backend is not None
+        self.gates[request.backend].on_finished(now)
+        self.router.on_finished(request.id)
+        self._prefilled.discard(request.id)
+        return self._reported.pop(request.id, 0)
+
+    def _observe_served(self, tokens: int, now: float) -> None:
+        self.meter.observe(tokens, now, saturated=self.scheduler.queued_requests > 0)
+
+    # ------------------------------------------------------------------ backends
+
+    def on_backend_metrics(self, backend: str, sample: ScrapedMetrics) -> None:
+        self.gates[backend].observe(sample)
+        self.router.observe_kv(backend, sample.kv_cache_usage)
+
+    def mark_backend_unhealthy(self, backend: str) -> None:
+        self.router.mark_unhealthy(backend)
+
+    def mark_backend_healthy(self, backend: str) -> None:
+        self.router.mark_healthy(backend)
+
+    # ------------------------------------------------------------------ admin
+
+    def snapshot(self, now: float, max_tenants: int | None = 100) -> dict[str, Any]:
+        """Everything /admin/state shows, as plain dicts."""
+        routing = self.router.snapshot()
+        return {
+            "scheduler": self.scheduler.snapshot(max_tenants),
+            "rate_limits": self.rate_limiter.snapshot(now),
+            "backends": {
+                name: {**routing[name], "gate": gate.snapshot(now)}
+                for name, gate in self.gates.items()
+            },
+            "throughput_tokens_per_s": self.meter.tokens_per_s,
+            "ledger": self.ledger.snapshot(),
+        }

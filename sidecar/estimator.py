@@ -1,0 +1,48 @@
+"""Expected output length per (tenant, endpoint), learned from what the backends produced.
+
+DRR charges prompt + *estimated* output at dispatch, because the real output is only known
+at the end. A per-tenant estimate (not a global one) matters for fairness: a tenant whose
+answers are long must be charged as long from its first request on, or it is served ahead
+of its share until settlement catches up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+DEFAULT_INITIAL_ESTIMATE = 256  # weighbridge.config.Endpoint.initial_output_estimate default
+
+
+class OutputEstimator:
+    """EMA of observed output tokens, seeded with the endpoint's ``initial_output_estimate``
+    and always capped by the request's ``max_tokens``."""
+
+    def __init__(self, initial: Mapping[str, int], alpha: float = 0.2) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self._initial = dict(initial)
+        self._alpha = alpha
+        self._ema: dict[tuple[str, str], float] = {}
+
+    def expected(self, tenant: str, endpoint: str) -> float:
+        """The learned mean, before the per-request max_tokens cap."""
+        ema = self._ema.get((tenant, endpoint))
+        if ema is None:
+            return float(self._initial.get(endpoint, DEFAULT_INITIAL_ESTIMATE))
+        return ema
+
+    def estimate(self, tenant: str, endpoint: str, max_tokens: int | None) -> int:
+        value = round(self.expected(tenant, endpoint))
+        return value if max_tokens is None else max(0, min(value, max_tokens))
+
+    def observe(self, tenant: str, endpoint: str, output_tokens: int) -> None:
+        """Feed the real output of a *completed* request. Cancelled or failed requests are
+        truncated and would bias the estimate low, so the caller leaves them out."""
+        key = (tenant, endpoint)
+        previous = self._ema.get(key)
+        if previous is None:
+            # The first observation replaces the seed outright rather than being averaged
+            # with it: the seed is a guess about no one in particular.
+            self._ema[key] = float(output_tokens)
+        else:
+            self._ema[key] = previous + self._alpha * (output_tokens - previous)

@@ -1,0 +1,175 @@
+"""Relaying one request to a backend and its answer to the client, byte-faithfully.
+
+The only bytes the sidecar changes on the way back are the usage chunk it asked the backend
+for on the client's behalf (``stream_options.include_usage`` is forced on so the sidecar
+learns the real token counts; the chunk is dropped again if the client did not ask for it).
+Everything else — chunk boundaries, field order, unknown fields — passes through as sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+# Response headers that describe the backend's connection, not the content.
+_HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "transfer-encoding", "content-length", "content-encoding",
+    "date", "server", "proxy-authenticate", "proxy-authorization", "te", "trailer", "upgrade",
+})
+
+_DONE = b"data: [DONE]"
+
+
+class BackendUnavailable(Exception):
+    """The backend could not be reached or failed before sending a response."""
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(slots=True)
+class RelayOutcome:
+    status: int  # the backend's HTTP status
+    usage: Usage | None
+    first_token_s: float | None  # monotonic time the first content chunk reached the client
+    content_chunks: int
+    broken: bool = False  # the backend failed after the response started
+    error: str | None = None
+
+
+def _usage_of(obj: object) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(p, int) and isinstance(c, int):
+        return Usage(p, c)
+    return None
+
+
+def _carries_content(event: bytes) -> bool:
+    """Whether an SSE chunk carries generated content (text, reasoning or tool-call delta),
+    as opposed to a role-only chunk, an empty delta or the usage chunk."""
+    if b'"choices":[]' in event:
+        return False
+    try:
+        obj = orjson.loads(event[len(b"data: "):])
+    except orjson.JSONDecodeError:
+        return False
+    for choice in obj.get("choices") or ():
+        if choice.get("text"):
+            return True
+        delta = choice.get("delta") or {}
+        if delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") \
+                or delta.get("tool_calls"):
+            return True
+    return False
+
+
+def error_event(message: str, code: int = 502) -> bytes:
+    body = {"error": {"message": message, "type": "BackendError", "code": code}}
+    return b"data: " + orjson.dumps(body) + b"\n\n"
+
+
+async def relay(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: bytes,
+    request: web.Request,
+    extra_headers: Mapping[str, str],
+    *,
+    stream: bool,
+    strip_usage_chunk: bool,
+    on_content: Callable[[int], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    timeout_s: float | None = None,
+) -> tuple[web.StreamResponse, RelayOutcome]:
+    """POST ``body`` to ``url`` and relay the answer to ``request``'s client.
+
+    Raises :class:`BackendUnavailable` if nothing was sent to the client yet (the caller may
+    answer 502 or retry elsewhere). Once the client has the response headers, a backend
+    failure ends the stream with an error event instead.
+    """
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5.0)
+    try:
+        upstream = await session.post(url, data=body, timeout=timeout,
+                                      headers={"content-type": "application/json"})
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
+    try:
+        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers.update(extra_headers)
+        is_sse = upstream.content_type == "text/event-stream"
+        if not (stream and is_sse and upstream.status == 200):
+            try:
+                payload = await upstream.read()
+            except (TimeoutError, aiohttp.ClientError) as e:
+                raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
+            usage = None
+            if upstream.status == 200:
+                try:
+                    usage = _usage_of(orjson.loads(payload))
+                except orjson.JSONDecodeError:
+                    usage = None
+            response = web.Response(body=payload, status=upstream.status, headers=headers)
+            return response, RelayOutcome(upstream.status, usage,
+                                          clock() if usage else None, 0)
+        response = web.StreamResponse(status=200, headers=headers)
+        await response.prepare(request)
+        outcome = RelayOutcome(200, None, None, 0)
+        buffer = b""
+        try:
+            async for data in upstream.content.iter_any():
+                buffer += data
+                while True:
+                    end = buffer.find(b"\n\n")
+                    if end < 0:
+                        break
+                    event, buffer = buffer[: end + 2], buffer[end + 2:]
+                    await _forward(event, response, outcome, strip_usage_chunk, on_content,
+                                   clock)
+            if buffer.strip():
+                await _forward(buffer, response, outcome, strip_usage_chunk, on_content, clock)
+        except (TimeoutError, aiohttp.ClientError) as e:
+            outcome.broken = True
+            outcome.error = f"{type(e).__name__}: {e}"
+        if outcome.broken or (outcome.usage is None and not outcome.content_chunks):
+            outcome.broken = True
+            outcome.error = outcome.error or "backend ended the stream early"
+            await response.write(error_event(f"backend failed mid-stream: {outcome.error}"))
+            await response.write(_DONE + b"\n\n")
+        await response.write_eof()
+        return response, outcome
+    finally:
+        upstream.release()
+
+
+async def _forward(event: bytes, response: web.StreamResponse, outcome: RelayOutcome,
+                   strip_usage_chunk: bool, on_content: Callable[[int], None] | None,
+                   clock: Callable[[], float]) -> None:
+    if event.startswith(b"data: {") and b'"usage":{' in event and b'"choices":[]' in event:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            outcome.usage = _usage_of(orjson.loads(event[len(b"data: "):]))
+        if strip_usage_chunk:
+            return
+    elif event.startswith(b"data: {") and (
+        # Parse only until the first content chunk; after it every data chunk is content.
+        outcome.first_token_s is not None or _carries_content(event)
+    ):
+        outcome.content_chunks += 1
+        if outcome.first_token_s is None:
+            outcome.first_token_s = clock()
+        if on_content is not None:
+            on_content(1)
+    await response.write(event)

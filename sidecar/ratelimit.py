@@ -1,0 +1,216 @@
+"""Per-tenant (and per tenant-and-endpoint) rate limits as continuously refilling token buckets.
+
+Every window is a bucket of ``capacity = limit`` refilled at ``limit / window`` per second, so a
+tenant may burst one window's worth and then proceeds at the average rate. The long windows
+(day, month = 30 days) are buckets too rather than calendar windows: the core has no calendar
+(``now`` is a monotonic clock), buckets need no reset job, and both schemes admit at most two
+windows' worth in the worst window (a calendar window at its boundary, a bucket after a
+full-bucket burst), so neither is tighter. A tenant that exhausts its month recovers it
+gradually (1/30 per day) instead of all at once at midnight of the 1st.
+
+Token limits charge the *estimate* (prompt + expected output) at admission and are settled
+with the real count at the end. Settlement may drive a bucket negative: that debt is how a
+tenant that under-estimated pays, by waiting longer for its next admission.
+
+Refund policy (``refund``): a request that passed the limiter but is then turned away before it
+reaches a backend (queue full, deadline unmeetable) or cancelled while queued gets its tokens
+back, since no tokens were produced; its *request* charge is kept, so ``requests_per_minute``
+still bounds how fast a tenant may hit the sidecar. A request that reached a backend is
+settled with what was actually consumed instead (see ``settle``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sidecar.rejection import RATE_LIMITED, Reject
+
+MINUTE_S = 60.0
+DAY_S = 86_400.0
+MONTH_S = 30 * DAY_S
+
+# Refill is float arithmetic: waiting exactly the Retry-After we returned may leave the level a
+# few ulps short of the amount, and that must not produce a second, microscopic Retry-After.
+_TOLERANCE = 1e-9
+
+
+class RateLimits(Protocol):
+    """The rate fields of ``weighbridge.config.Limits`` (None = unlimited)."""
+
+    requests_per_minute: int | None
+    tokens_per_minute: int | None
+    tokens_per_day: int | None
+    tokens_per_month: int | None
+
+
+# (Limits field, window seconds, charged in requests rather than tokens)
+_WINDOWS: tuple[tuple[str, float, bool], ...] = (
+    ("requests_per_minute", MINUTE_S, True),
+    ("tokens_per_minute", MINUTE_S, False),
+    ("tokens_per_day", DAY_S, False),
+    ("tokens_per_month", MONTH_S, False),
+)
+
+
+@dataclass(slots=True)
+class TokenBucket:
+    capacity: float
+    rate: float  # refill per second
+    level: float
+    updated_s: float
+
+    @classmethod
+    def full(cls, limit: float, window_s: float, now: float) -> TokenBucket:
+        return cls(capacity=float(limit), rate=limit / window_s, level=float(limit), updated_s=now)
+
+    def refill(self, now: float) -> None:
+        # A clock that steps backwards (it should not: callers pass a monotonic clock) must
+        # not drain the bucket; time simply stands still until it catches up.
+        if now > self.updated_s:
+            self.level = min(self.capacity, self.level + (now - self.updated_s) * self.rate)
+            self.updated_s = now
+
+    def wait_s(self, amount: float, now: float) -> float | None:
+        """Seconds until ``amount`` fits, 0 if it fits now, None if it never fits."""
+        self.refill(now)
+        if amount > self.capacity * (1 + _TOLERANCE):
+            return None
+        missing = amount - self.level
+        if missing <= _TOLERANCE * max(1.0, amount):
+            return 0.0
+        return missing / self.rate
+
+    def take(self, amount: float, now: float) -> None:
+        """Charge unconditionally; the level may go negative (debt)."""
+        self.refill(now)
+        self.level -= amount
+
+    def give(self, amount: float, now: float) -> None:
+        """Return a charge; never above capacity, so refunds cannot bank a bigger burst."""
+        self.refill(now)
+        self.level = min(self.capacity, self.level + amount)
+
+    def snapshot(self, now: float) -> dict[str, float]:
+        self.refill(now)
+        return {"level": self.level, "capacity": self.capacity, "rate_per_s": self.rate}
+
+
+@dataclass(slots=True)
+class _Scope:
+    """The buckets of one scope: a tenant, or a tenant on one endpoint."""
+
+    requests: list[tuple[str, TokenBucket]] = field(default_factory=list)
+    tokens: list[tuple[str, TokenBucket]] = field(default_factory=list)
+
+    @classmethod
+    def from_limits(cls, limits: RateLimits, now: float) -> _Scope:
+        scope = cls()
+        for name, window_s, per_request in _WINDOWS:
+            limit = getattr(limits, name)
+            if limit is None:
+                continue
+            bucket = TokenBucket.full(limit, window_s, now)
+            (scope.requests if per_request else scope.tokens).append((name, bucket))
+        return scope
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    tokens: int  # the token estimate charged; pass it back to settle() or refund()
+
+
+class TenantRateLimiter:
+    """Admission against every limit that applies to a (tenant, endpoint) pair, atomically:
+    either all buckets are charged or none is."""
+
+    def __init__(
+        self,
+        limits: Mapping[str, RateLimits],
+        endpoint_limits: Mapping[tuple[str, str], RateLimits] | None = None,
+    ) -> None:
+        self._limits = dict(limits)
+        self._endpoint_limits = dict(endpoint_limits or {})
+        # Buckets are created on first use: 10,000 configured tenants cost nothing until
+        # they send. A new bucket starts full, which is what a bucket created at startup
+        # would have refilled to anyway.
+        self._tenant_scopes: dict[str, _Scope] = {}
+        self._endpoint_scopes: dict[tuple[str, str], _Scope] = {}
+
+    def _scopes(self, tenant: str, endpoint: str, now: float) -> list[_Scope]:
+        scopes = []
+        scope = self._tenant_scopes.get(tenant)
+        if scope is None and tenant in self._limits:
+            scope = self._tenant_scopes[tenant] = _Scope.from_limits(self._limits[tenant], now)
+        if scope is not None:
+            scopes.append(scope)
+        key = (tenant, endpoint)
+        scope = self._endpoint_scopes.get(key)
+        if scope is None and key in self._endpoint_limits:
+            scope = self._endpoint_scopes[key] = _Scope.from_limits(
+                self._endpoint_limits[key], now
+            )
+        if scope is not None:
+            scopes.append(scope)
+        return scopes
+
+    def admit(self, tenant: str, endpoint: str, tokens: int, now: float) -> Admit | Reject:
+        """Charge one request and ``tokens`` (the estimate) or say how long to wait."""
+        scopes = self._scopes(tenant, endpoint, now)
+        wait = 0.0
+        binding = ""
+        for scope in scopes:
+            for amount, buckets in ((1, scope.requests), (tokens, scope.tokens)):
+                for name, bucket in buckets:
+                    needed = bucket.wait_s(amount, now)
+                    if needed is None:
+                        return Reject(
+                            RATE_LIMITED,
+                            None,
+                            f"request needs {amount} against {name} {bucket.capacity:g}; "
+                            "it can never fit",
+                        )
+                    if needed > wait:
+                        wait, binding = needed, name
+        if wait > 0:
+            # Each bucket refills independently, so after the longest wait every bucket holds
+            # enough: the binding bucket's wait is the exact Retry-After.
+            return Reject(RATE_LIMITED, wait, f"{binding} exhausted")
+        for scope in scopes:
+            for _, bucket in scope.requests:
+                bucket.take(1, now)
+            for _, bucket in scope.tokens:
+                bucket.take(tokens, now)
+        return Admit(tokens)
+
+    def settle(self, tenant: str, endpoint: str, estimated: int, actual: int, now: float) -> None:
+        """Correct the token charge to the real count: extra charge (possibly into debt) when
+        the estimate was low, a refund when it was high."""
+        delta = actual - estimated
+        if delta == 0:
+            return
+        for scope in self._scopes(tenant, endpoint, now):
+            for _, bucket in scope.tokens:
+                if delta > 0:
+                    bucket.take(delta, now)
+                else:
+                    bucket.give(-delta, now)
+
+    def refund(self, tenant: str, endpoint: str, tokens: int, now: float) -> None:
+        """Give back the token charge of a request that produced nothing (see module doc)."""
+        for scope in self._scopes(tenant, endpoint, now):
+            for _, bucket in scope.tokens:
+                bucket.give(tokens, now)
+
+    def snapshot(self, now: float) -> dict[str, Any]:
+        def dump(scope: _Scope) -> dict[str, dict[str, float]]:
+            return {name: b.snapshot(now) for name, b in (*scope.requests, *scope.tokens)}
+
+        endpoints: dict[str, dict[str, Any]] = {}
+        for (tenant, endpoint), scope in self._endpoint_scopes.items():
+            endpoints.setdefault(tenant, {})[endpoint] = dump(scope)
+        return {
+            "tenants": {t: dump(s) for t, s in self._tenant_scopes.items()},
+            "endpoints": endpoints,
+        }

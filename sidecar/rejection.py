@@ -1,0 +1,24 @@
+"""Why a request was turned away: the value every ingress check returns instead of raising.
+
+Rejections are ordinary outcomes under load, not errors, so checks return a ``Reject`` and the
+shell maps ``reason`` to the ``x-weighbridge-reject-reason`` header and an HTTP status.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+# The reasons the core produces; the shell adds its own (unauthorized, bad_request, ...).
+RATE_LIMITED: Final = "rate_limited"
+QUEUE_FULL: Final = "queue_full"
+DEADLINE_UNMEETABLE: Final = "deadline_unmeetable"
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    reason: str
+    # Seconds until the same request would pass (HTTP Retry-After). None when waiting cannot
+    # help: the request is larger than the limit's whole capacity, or the cause is not timed.
+    retry_after_s: float | None = None
+    detail: str = ""  # human-readable, safe for the error body (no prompt, no key)

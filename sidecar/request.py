@@ -1,0 +1,74 @@
+"""A request as the scheduling core sees it: who sent it, what it costs, where it is.
+
+The shell builds one per accepted HTTP request (through ``SchedulingCore.arrive`` or directly)
+and hands the same object back on every later event, so per-request accounting (what was
+charged, what was streamed) lives on it rather than in side tables keyed by id.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Literal
+
+CostModel = Literal["tokens", "requests"]
+
+
+class RequestState(Enum):
+    NEW = "new"  # built, not yet accepted by a scheduler
+    QUEUED = "queued"
+    DISPATCHED = "dispatched"  # handed to a backend; its tokens are being produced
+    ENDED = "ended"  # completed, cancelled or failed after it was queued
+
+
+def request_cost(model: CostModel, prompt_tokens: int, output_tokens: int) -> int:
+    """Cost of a request in its endpoint's unit: one request, or its tokens.
+
+    Never below 1: a zero-cost request would let its tenant be served forever inside one DRR
+    turn without ever spending credit.
+    """
+    if model == "requests":
+        return 1
+    return max(1, prompt_tokens + output_tokens)
+
+
+@dataclass(slots=True, eq=False)
+class QueuedRequest:
+    id: str
+    tenant: str
+    tier: str
+    endpoint: str
+    prompt_tokens: int  # the shell's count or estimate at ingress; `usage` settles it later
+    max_tokens: int | None  # None: unbounded by the client (the estimate is then unbounded)
+    estimated_output_tokens: int
+    arrival_s: float
+    user: str | None = None  # the OpenAI `user` field: repeat demotion counts per user
+    priority: int = 0  # the client's own ordering among its requests, lower first (as vLLM)
+    deadline_s: float | None = None  # absolute, same clock as arrival_s
+
+    # ---- set by the scheduler -----------------------------------------------------------
+    seq: int = -1  # arrival order within the scheduler: the stable FIFO tie-break
+    demotion: int = 0  # repeat demotion: the user's other requests active at enqueue
+    cost: int = 0  # DRR charge at dispatch, in the endpoint's unit (tokens or 1)
+    charged: int = 0  # charged so far: cost plus streamed tokens beyond the estimate
+    streamed_output_tokens: int = 0
+    state: RequestState = RequestState.NEW
+    dispatched_s: float | None = None
+    backend: str | None = None
+    # ---- set by the rate limiter --------------------------------------------------------
+    admitted_tokens: int = 0  # the token estimate charged at admission, settled at the end
+
+    @property
+    def estimated_tokens(self) -> int:
+        """Prompt plus expected output: the unit of backlog, throughput and rate limits."""
+        return self.prompt_tokens + self.estimated_output_tokens
+
+    @property
+    def effective_priority(self) -> int:
+        return self.priority + self.demotion
+
+    def order_key(self) -> tuple[int, float, float, int]:
+        """A tenant's own dispatch order: priority, then deadline (none last), then arrival."""
+        deadline = math.inf if self.deadline_s is None else self.deadline_s
+        return (self.effective_priority, deadline, self.arrival_s, self.seq)

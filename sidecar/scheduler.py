@@ -1,0 +1,564 @@
+"""The egress selector chain: tier, then tenant (weighted DRR), then the tenant's own queue.
+
+``Scheduler`` owns every queued request and the in-flight ones it handed out, and keeps the
+aggregates that other parts read in O(1): queued requests/tokens per tier and tenant, the
+backlogged weight of each tier (for the wait predictor) and each tenant's in-flight count
+against its weighted share (for the admission headroom).
+
+Policies
+--------
+``drr``          tiers strict by rank; weighted DRR over tenants with the endpoint's cost model
+                 (cost / endpoint quantum = *turns*, each tenant gets ``weight`` turns a round);
+                 settlement and (optionally) live charging of streamed tokens.
+``rr``           same tiers; plain round robin by request count (weights and costs ignored).
+``fcfs``         one global FIFO by arrival, ignoring tiers, tenants and priorities.
+``passthrough``  FIFO as ``fcfs``; ``holds_requests`` is False: the shell dispatches at once
+                 without waiting on the admission gate (the no-sidecar baseline).
+
+Request lifecycle (the shell's side is in ``SchedulingCore``)
+-------------------------------------------------------------
+``enqueue`` -> QUEUED -> ``next`` -> DISPATCHED -> ``on_finished`` -> ENDED, or QUEUED ->
+``cancel`` -> ENDED, or DISPATCHED -> ``requeue`` -> QUEUED (the backend never got it).
+``next`` *is* the dispatch: it charges DRR and counts the request in flight, so there is no
+separate ``on_dispatched`` here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from sidecar.drr import DeficitRoundRobin
+from sidecar.queues import QueueLimits, TenantQueue
+from sidecar.rejection import Reject
+from sidecar.request import CostModel, QueuedRequest, RequestState, request_cost
+from sidecar.tiers import TierSelector
+
+if TYPE_CHECKING:
+    from weighbridge.config import Config
+
+Policy = Literal["drr", "rr", "fcfs", "passthrough"]
+_FIFO_POLICIES = ("fcfs", "passthrough")
+
+
+@dataclass(frozen=True, slots=True)
+class TenantSpec:
+    tier: str  # the tenant's own (highest) tier; its requests may ask for lower ones
+    weight: float = 1.0
+    limits: QueueLimits = field(default_factory=QueueLimits)
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSpec:
+    cost: CostModel = "tokens"
+    quantum: int = 2048  # endpoint units (tokens, or requests) per turn
+
+
+_DEFAULT_ENDPOINT = EndpointSpec()
+
+
+@dataclass(frozen=True, slots=True)
+class BacklogView:
+    """What is queued ahead of a new request, for the wait predictor (all O(1) aggregates)."""
+
+    fifo: bool  # fcfs/passthrough: everything queued is ahead, whoever sent it
+    total_tokens: int  # everything queued, all tiers
+    higher_tiers_tokens: int  # queued in tiers of lower rank number (served first)
+    tier_tokens: int  # queued in the request's tier, all tenants
+    tier_weight: float  # sum of weights of the tenants backlogged in that tier
+    tenant_tokens: int  # the tenant's own queued tokens in that tier
+    tenant_weight: float
+    tenant_backlogged: bool  # whether tier_weight already includes tenant_weight
+
+
+@dataclass(slots=True)
+class _Tenant:
+    name: str
+    spec: TenantSpec
+    weight: float  # spec.weight under drr; 1 under the weight-blind baselines
+    queues: dict[str, TenantQueue] = field(default_factory=dict)  # by tier
+    queued: int = 0
+    queued_tokens: int = 0
+    inflight: int = 0
+    users: dict[str, int] = field(default_factory=dict)  # queued + in-flight per user
+    active: bool = False  # queued or in flight: counts toward the active weight
+
+
+@dataclass(slots=True)
+class _Tier:
+    name: str
+    rank: int
+    drr: DeficitRoundRobin = field(default_factory=DeficitRoundRobin)
+    queued: int = 0
+    queued_tokens: int = 0
+    backlogged_tenants: int = 0
+    backlogged_weight: float = 0.0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        tiers: Mapping[str, int],
+        tenants: Mapping[str, TenantSpec],
+        endpoints: Mapping[str, EndpointSpec] | None = None,
+        *,
+        policy: Policy = "drr",
+        anti_starvation_weight: float | None = None,
+        repeat_demotion: bool = False,
+        charge_streamed_tokens: bool = True,
+    ) -> None:
+        if policy not in ("drr", "rr", "fcfs", "passthrough"):
+            raise ValueError(f"unknown policy {policy!r}")
+        self._policy: Policy = policy
+        self._selector = TierSelector(tiers, anti_starvation_weight)
+        self._tiers = {name: _Tier(name, rank) for name, rank in tiers.items()}
+        weight_blind = policy != "drr"
+        self._tenants: dict[str, _Tenant] = {}
+        for name, spec in tenants.items():
+            if spec.tier not in self._tiers:
+                raise ValueError(f"tenant {name!r}: unknown tier {spec.tier!r}")
+            if not spec.weight > 0:
+                raise ValueError(f"tenant {name!r}: weight must be positive")
+            self._tenants[name] = _Tenant(name, spec, 1.0 if weight_blind else spec.weight)
+        self._endpoints = dict(endpoints or {})
+        self._repeat_demotion = repeat_demotion
+        self._charge_streamed = charge_streamed_tokens and policy == "drr"
+        self._seq = itertools.count()
+        self._queued_index: dict[str, QueuedRequest] = {}
+        self._dispatched: dict[str, QueuedRequest] = {}
+        # fcfs/passthrough: (seq, request), a heap so a requeued request regains its place.
+        self._fifo: list[tuple[int, QueuedRequest]] = []
+        self._queued_tokens = 0
+        self._active_weight = 0.0
+        self._active_tenants = 0
+
+    @classmethod
+    def from_config(cls, config: Config) -> Scheduler:
+        tenants = {
+            name: TenantSpec(
+                tier=t.tier,
+                weight=t.weight,
+                limits=QueueLimits(t.limits.max_queued, t.limits.max_queued_tokens),
+            )
+            for name, t in config.tenants.items()
+        }
+        endpoints = {
+            path: EndpointSpec(cost=e.cost, quantum=e.quantum)
+            for path, e in config.endpoints.items()
+        }
+        return cls(
+            {name: tier.rank for name, tier in config.tiers.items()},
+            tenants,
+            endpoints,
+            policy=config.scheduler.policy,
+            anti_starvation_weight=config.scheduler.anti_starvation_weight,
+            repeat_demotion=config.scheduler.repeat_demotion,
+            charge_streamed_tokens=config.scheduler.charge_streamed_tokens,
+        )
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    @property
+    def holds_requests(self) -> bool:
+        """False for passthrough: the shell forwards at once, ignoring the admission gate."""
+        return self._policy != "passthrough"
+
+    @property
+    def uses_headroom(self) -> bool:
+        """Whether admission headroom applies: only the tenant-aware policies can pick an
+        under-share tenant; the FIFO baselines use the whole capacity as one pool."""
+        return self._policy in ("drr", "rr")
+
+    @property
+    def queued_requests(self) -> int:
+        return len(self._queued_index)
+
+    @property
+    def queued_tokens(self) -> int:
+        return self._queued_tokens
+
+    @property
+    def inflight_requests(self) -> int:
+        return len(self._dispatched)
+
+    def tenant_queued(self, tenant: str) -> tuple[int, int]:
+        """(requests, estimated tokens) queued by a tenant, all tiers."""
+        t = self._tenants[tenant]
+        return t.queued, t.queued_tokens
+
+    def tenant_inflight(self, tenant: str) -> int:
+        return self._tenants[tenant].inflight
+
+    def tier_queued(self, tier: str) -> tuple[int, int]:
+        t = self._tiers[tier]
+        return t.queued, t.queued_tokens
+
+    def endpoint(self, path: str) -> EndpointSpec:
+        return self._endpoints.get(path, _DEFAULT_ENDPOINT)
+
+    def deficit(self, tier: str, tenant: str) -> float:
+        """A tenant's DRR credit in a tier, in turns (0 if it never queued there)."""
+        drr = self._tiers[tier].drr
+        return drr.credit(tenant) if tenant in drr else 0.0
+
+    def queued(self, request_id: str) -> QueuedRequest | None:
+        return self._queued_index.get(request_id)
+
+    def dispatched(self, request_id: str) -> QueuedRequest | None:
+        return self._dispatched.get(request_id)
+
+    # ------------------------------------------------------------------ ingress
+
+    def enqueue(self, request: QueuedRequest, now: float) -> Reject | None:
+        """Queue a request, or say why not (``queue_full``). ``now`` is unused today: the
+        order key uses the request's own ``arrival_s``; it is taken for API symmetry."""
+        del now
+        if request.state is not RequestState.NEW:
+            raise ValueError(f"request {request.id!r} is {request.state.value}, not new")
+        if request.id in self._queued_index or request.id in self._dispatched:
+            raise ValueError(f"request id {request.id!r} is already in the scheduler")
+        tenant = self._tenant(request.tenant)
+        if request.tier not in self._tiers:
+            raise ValueError(f"unknown tier {request.tier!r}")
+        reject = tenant.spec.limits.check(
+            tenant.queued, tenant.queued_tokens, request.estimated_tokens
+        )
+        if reject is not None:
+            return reject
+        if self._repeat_demotion and request.user is not None:
+            request.demotion = tenant.users.get(request.user, 0)
+        request.seq = next(self._seq)
+        request.cost = request_cost(
+            self.endpoint(request.endpoint).cost,
+            request.prompt_tokens,
+            request.estimated_output_tokens,
+        )
+        request.charged = 0
+        self._insert(tenant, request)
+        if request.user is not None:
+            tenant.users[request.user] = tenant.users.get(request.user, 0) + 1
+        if self._policy in _FIFO_POLICIES:
+            heapq.heappush(self._fifo, (request.seq, request))
+        self._touch_active(tenant)
+        return None
+
+    def cancel(self, request_id: str) -> QueuedRequest | None:
+        """Remove a *queued* request at once (its client went away). Returns it, or None if
+        it is not queued (unknown, already dispatched or ended). Nothing was charged to DRR
+        for a queued request, so nothing is refunded there."""
+        request = self._queued_index.get(request_id)
+        if request is None:
+            return None
+        tenant = self._tenants[request.tenant]
+        self._remove(tenant, request)
+        self._forget_user(tenant, request)
+        request.state = RequestState.ENDED
+        self._touch_active(tenant)
+        if len(self._fifo) > 2 * len(self._queued_index) + 64:
+            self._fifo = [e for e in self._fifo if e[1].state is RequestState.QUEUED]
+            heapq.heapify(self._fifo)
+        return request
+
+    # ------------------------------------------------------------------ egress
+
+    def next(
+        self, now: float, eligible: Callable[[str], bool] | None = None
+    ) -> QueuedRequest | None:
+        """One dispatch decision: the request to send now, already counted in flight.
+
+        ``eligible(tenant)`` restricts the choice (admission headroom: only under-share
+        tenants); the FIFO policies ignore it.
+        """
+        if not self._queued_index:
+            return None
+        fifo = self._policy in _FIFO_POLICIES
+        request = self._next_fifo() if fifo else self._next_fair(eligible)
+        if request is None:
+            return None
+        tenant = self._tenants[request.tenant]
+        request.state = RequestState.DISPATCHED
+        request.dispatched_s = now
+        request.charged = request.cost
+        self._dispatched[request.id] = request
+        tenant.inflight += 1
+        return request
+
+    def _next_fifo(self) -> QueuedRequest | None:
+        while self._fifo:
+            _, request = heapq.heappop(self._fifo)
+            if request.state is RequestState.QUEUED:
+                self._remove(self._tenants[request.tenant], request)
+                return request
+        return None  # pragma: no cover - the index said something is queued
+
+    def _next_fair(self, eligible: Callable[[str], bool] | None) -> QueuedRequest | None:
+        tiers = self._tiers
+        for tier_name in self._selector.order(lambda name: tiers[name].queued > 0):
+            tier = tiers[tier_name]
+            flow = tier.drr.pick(eligible)
+            if flow is None:
+                continue
+            tenant = self._tenants[flow]
+            queue = tenant.queues[tier_name]
+            request = queue.pop()
+            del self._queued_index[request.id]
+            self._account_removed(tenant, tier, request, queue)
+            tier.drr.consume(flow, self._turns(request, request.cost), backlogged=bool(queue))
+            return request
+        return None
+
+    def requeue(self, request: QueuedRequest) -> None:
+        """Undo a dispatch the backend never received (connection refused before any byte):
+        the request returns to its place in its tenant's order and its DRR charge is
+        refunded, so the retry costs the tenant nothing. Queue bounds do not apply: the
+        request was admitted already, and turning it away now would lose it."""
+        if request.state is not RequestState.DISPATCHED:
+            raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
+        tenant = self._tenants[request.tenant]
+        del self._dispatched[request.id]
+        tenant.inflight -= 1
+        charged = request.charged
+        request.state = RequestState.QUEUED
+        request.charged = 0
+        request.streamed_output_tokens = 0
+        request.dispatched_s = None
+        request.backend = None
+        self._insert(tenant, request)
+        if self._policy in _FIFO_POLICIES:
+            heapq.heappush(self._fifo, (request.seq, request))
+        else:
+            # After _insert: re-activation first, so the refund restores credit instead of
+            # being clamped away on an idle flow.
+            self._tiers[request.tier].drr.adjust(request.tenant, -self._turns(request, charged))
+        self._touch_active(tenant)
+
+    # ------------------------------------------------------------------ in flight
+
+    def on_tokens_streamed(self, request: QueuedRequest, tokens: int) -> None:
+        """Output tokens passed through the sidecar. With ``charge_streamed_tokens`` (drr,
+        token-cost endpoints), tokens beyond what was charged at dispatch are charged now,
+        VTC-style, so a long generation pays while it runs rather than at its end."""
+        if request.state is not RequestState.DISPATCHED or tokens <= 0:
+            return
+        request.streamed_output_tokens += tokens
+        if not self._charge_streamed or self.endpoint(request.endpoint).cost != "tokens":
+            return
+        excess = request.prompt_tokens + request.streamed_output_tokens - request.charged
+        if excess > 0:
+            self._tiers[request.tier].drr.adjust(request.tenant, self._turns(request, excess))
+            request.charged += excess
+
+    def on_finished(self, request: QueuedRequest, prompt_tokens: int, output_tokens: int) -> None:
+        """A dispatched request ended (completed, failed or cancelled mid-stream): settle
+        its DRR charge with the real counts (``usage``, or what was produced before it
+        failed) and release its in-flight slot."""
+        if request.state is not RequestState.DISPATCHED:
+            raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
+        tenant = self._tenants[request.tenant]
+        actual = request_cost(self.endpoint(request.endpoint).cost, prompt_tokens, output_tokens)
+        if self._policy == "drr":
+            self._tiers[request.tier].drr.adjust(
+                request.tenant, self._turns(request, actual - request.charged)
+            )
+        request.charged = actual
+        del self._dispatched[request.id]
+        tenant.inflight -= 1
+        self._forget_user(tenant, request)
+        request.state = RequestState.ENDED
+        self._touch_active(tenant)
+
+    # ------------------------------------------------------------------ shares
+
+    def under_share(self, tenant: str, slots: float) -> bool:
+        """Whether ``tenant`` holds fewer in-flight requests than its weighted share of
+        ``slots`` among the active tenants (those with queued or in-flight work). Only such
+        tenants may use the admission headroom."""
+        t = self._tenants[tenant]
+        if self._active_weight <= 0:
+            return True
+        return t.inflight < slots * t.weight / self._active_weight
+
+    def over_share(self, tenant: str, slots: float) -> bool:
+        """Whether ``tenant`` holds more in-flight requests than its weighted share (checked
+        after a dispatch: its latest request is the one over the share)."""
+        t = self._tenants[tenant]
+        if self._active_weight <= 0:
+            return False
+        return t.inflight > slots * t.weight / self._active_weight
+
+    def backlog_view(self, tier: str, tenant: str) -> BacklogView:
+        t = self._tenant(tenant)
+        tier_state = self._tiers[tier]
+        queue = t.queues.get(tier)
+        higher = sum(
+            other.queued_tokens
+            for other in self._tiers.values()
+            if other.rank < tier_state.rank
+        )
+        return BacklogView(
+            fifo=self._policy in _FIFO_POLICIES,
+            total_tokens=self._queued_tokens,
+            higher_tiers_tokens=higher,
+            tier_tokens=tier_state.queued_tokens,
+            tier_weight=tier_state.backlogged_weight,
+            tenant_tokens=queue.tokens if queue else 0,
+            tenant_weight=t.weight,
+            tenant_backlogged=bool(queue),
+        )
+
+    def backlog_tokens(self, tier: str, tenant: str | None = None) -> int:
+        """Queued estimated tokens in a tier, or of one tenant in it."""
+        if tenant is None:
+            return self._tiers[tier].queued_tokens
+        queue = self._tenant(tenant).queues.get(tier)
+        return queue.tokens if queue else 0
+
+    # ------------------------------------------------------------------ internals
+
+    def _tenant(self, name: str) -> _Tenant:
+        tenant = self._tenants.get(name)
+        if tenant is None:
+            raise ValueError(f"unknown tenant {name!r}")
+        return tenant
+
+    def _turns(self, request: QueuedRequest, amount: float) -> float:
+        """A cost in DRR units: turns of the endpoint's quantum; 1 per request under rr."""
+        if self._policy == "rr":
+            return 1.0
+        return amount / self.endpoint(request.endpoint).quantum
+
+    def _insert(self, tenant: _Tenant, request: QueuedRequest) -> None:
+        tier = self._tiers[request.tier]
+        queue = tenant.queues.get(request.tier)
+        if queue is None:
+            queue = tenant.queues[request.tier] = TenantQueue()
+        was_empty = not queue
+        queue.push(request)
+        request.state = RequestState.QUEUED
+        self._queued_index[request.id] = request
+        tokens = request.estimated_tokens
+        tier.queued += 1
+        tier.queued_tokens += tokens
+        tenant.queued += 1
+        tenant.queued_tokens += tokens
+        self._queued_tokens += tokens
+        if was_empty:
+            tier.backlogged_tenants += 1
+            tier.backlogged_weight += tenant.weight
+            if self._policy in ("drr", "rr"):
+                if tenant.name not in tier.drr:
+                    tier.drr.add(tenant.name, tenant.weight)
+                tier.drr.activate(tenant.name)
+
+    def _remove(self, tenant: _Tenant, request: QueuedRequest) -> None:
+        """Take a queued request out of its queue (cancel, or FIFO dispatch)."""
+        queue = tenant.queues[request.tier]
+        queue.remove(request.id)
+        del self._queued_index[request.id]
+        tier = self._tiers[request.tier]
+        self._account_removed(tenant, tier, request, queue)
+        if not queue and self._policy in ("drr", "rr"):
+            tier.drr.deactivate(tenant.name)
+
+    def _account_removed(
+        self, tenant: _Tenant, tier: _Tier, request: QueuedRequest, queue: TenantQueue
+    ) -> None:
+        tokens = request.estimated_tokens
+        tier.queued -= 1
+        tier.queued_tokens -= tokens
+        tenant.queued -= 1
+        tenant.queued_tokens -= tokens
+        self._queued_tokens -= tokens
+        if not queue:
+            tier.backlogged_tenants -= 1
+            # Sums of float weights drift; an empty tier is exactly zero again.
+            tier.backlogged_weight = (
+                tier.backlogged_weight - tenant.weight if tier.backlogged_tenants else 0.0
+            )
+
+    def _forget_user(self, tenant: _Tenant, request: QueuedRequest) -> None:
+        if request.user is None:
+            return
+        left = tenant.users[request.user] - 1
+        if left:
+            tenant.users[request.user] = left
+        else:
+            del tenant.users[request.user]
+
+    def _touch_active(self, tenant: _Tenant) -> None:
+        active = tenant.queued > 0 or tenant.inflight > 0
+        if active == tenant.active:
+            return
+        tenant.active = active
+        self._active_tenants += 1 if active else -1
+        if self._active_tenants == 0:
+            self._active_weight = 0.0
+        else:
+            self._active_weight += tenant.weight if active else -tenant.weight
+
+    # ------------------------------------------------------------------ admin
+
+    def snapshot(self, max_tenants: int | None = 100, max_requests: int = 10) -> dict[str, Any]:
+        """Plain dicts for /admin/state: tiers, and the busiest tenants' queues and deficits."""
+        busy = sorted(
+            (t for t in self._tenants.values() if t.active),
+            key=lambda t: (-t.queued, -t.inflight, t.name),
+        )
+        if max_tenants is not None:
+            busy = busy[:max_tenants]
+        tenants: dict[str, Any] = {}
+        for t in busy:
+            tenants[t.name] = {
+                "tier": t.spec.tier,
+                "weight": t.spec.weight,
+                "queued": t.queued,
+                "queued_tokens": t.queued_tokens,
+                "inflight": t.inflight,
+                "deficit_turns": {
+                    name: tier.drr.credit(t.name)
+                    for name, tier in self._tiers.items()
+                    if t.name in tier.drr
+                },
+                "queues": {
+                    tier: [
+                        {
+                            "id": r.id,
+                            "priority": r.effective_priority,
+                            "deadline_s": r.deadline_s,
+                            "arrival_s": r.arrival_s,
+                            "estimated_tokens": r.estimated_tokens,
+                        }
+                        for r in queue.ordered(max_requests)
+                    ]
+                    for tier, queue in t.queues.items()
+                    if queue
+                },
+            }
+        return {
+            "policy": self._policy,
+            "queued": self.queued_requests,
+            "queued_tokens": self._queued_tokens,
+            "inflight": self.inflight_requests,
+            "active_tenants": self._active_tenants,
+            "active_weight": self._active_weight,
+            "tiers": {
+                name: {
+                    "rank": tier.rank,
+                    "queued": tier.queued,
+                    "queued_tokens": tier.queued_tokens,
+                    "backlogged_tenants": tier.backlogged_tenants,
+                    "backlogged_weight": tier.backlogged_weight,
+                    "round": tier.drr.round,
+                }
+                for name, tier in self._tiers.items()
+            },
+            "tier_yield_credit": self._selector.snapshot(),
+            "tenants": tenants,
+        }

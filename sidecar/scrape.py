@@ -1,0 +1,78 @@
+"""Reading a vLLM server's ``/metrics``: the few series admission control and routing need.
+
+A full Prometheus parse of vLLM's exposition (≈50 KB, 200 families) costs ≈10 ms of event-loop
+time; scanning lines for the handful of names we need costs a fraction of that, so the
+sidecar can poll every backend several times a second without stalling its relays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Sample name -> field of BackendSample. Values are summed over label sets (several engines
+# or models behind one server add up).
+_WANTED = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    "vllm:generation_tokens_total": "generation_tokens_total",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:num_preemptions_total": "preemptions_total",
+}
+
+
+class ScrapeError(ValueError):
+    """The exposition lacks the series admission control needs, or is not an exposition."""
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSample:
+    """One scrape of one backend, stamped with the sidecar's monotonic clock."""
+
+    at_s: float
+    waiting: float
+    running: float
+    kv_cache_usage: float
+    generation_tokens_total: float
+    prompt_tokens_total: float
+    preemptions_total: float
+
+
+def parse_vllm_metrics(text: str, at_s: float) -> BackendSample:
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        brace = line.find("{")
+        space = line.find(" ")
+        if space < 0:
+            continue
+        name = line[:brace] if 0 <= brace < space else line[:space]
+        field = _WANTED.get(name)
+        if field is None:
+            continue
+        # The value follows the label set (which may contain spaces inside quotes).
+        rest = line[line.rfind("}") + 1:] if brace >= 0 else line[space:]
+        parts = rest.split()
+        if not parts:
+            raise ScrapeError(f"no value on line {line[:80]!r}")
+        try:
+            value = float(parts[0])
+        except ValueError:
+            raise ScrapeError(f"bad value on line {line[:80]!r}") from None
+        if math.isnan(value):
+            raise ScrapeError(f"NaN on line {line[:80]!r}")
+        values[field] = values.get(field, 0.0) + value
+    missing = [f for f in ("waiting", "running", "generation_tokens_total") if f not in values]
+    if missing:
+        raise ScrapeError(f"metrics lack {', '.join(missing)}")
+    return BackendSample(
+        at_s=at_s,
+        waiting=values["waiting"],
+        running=values["running"],
+        kv_cache_usage=values.get("kv_cache_usage", 0.0),
+        generation_tokens_total=values["generation_tokens_total"],
+        prompt_tokens_total=values.get("prompt_tokens_total", 0.0),
+        preemptions_total=values.get("preemptions_total", 0.0),
+    )

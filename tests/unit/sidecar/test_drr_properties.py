@@ -1,0 +1,284 @@
+"""Hypothesis properties of DeficitRoundRobin: the fairness bounds stated in sidecar/drr.py,
+no starvation, and turns-accounting identities.
+
+Units: costs are in turns (cost / endpoint quantum), flow ``i`` gets ``w_i`` turns a round,
+and service is compared weight-normalised (``x_i = booked service / w_i``). In tokens, with
+one endpoint of quantum ``Q``, multiply every bound by ``Q``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.drr import DeficitRoundRobin
+
+EPS = 1e-9
+WEIGHTS = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 4.0])
+COSTS = st.floats(min_value=0.05, max_value=3.0, allow_nan=False, allow_infinity=False)
+
+
+@dataclass
+class Model:
+    """Runs ops against a DRR and records, after every op, each flow's weight-normalised
+    booked service and whether it is backlogged."""
+
+    weights: list[float]
+    drr: DeficitRoundRobin = field(default_factory=DeficitRoundRobin)
+    queues: list[list[float]] = field(default_factory=list)
+    booked: list[float] = field(default_factory=list)
+    max_cost: list[float] = field(default_factory=list)
+    # per flow, per backlog period: |adjustments| since activation + debt carried into it
+    adjust_budget: list[float] = field(default_factory=list)
+    history: list[tuple[list[float], list[bool], list[float]]] = field(default_factory=list)
+    served: list[int] = field(default_factory=list)  # flow served by each decision
+
+    def __post_init__(self) -> None:
+        n = len(self.weights)
+        for i, w in enumerate(self.weights):
+            self.drr.add(str(i), w)
+        self.queues = [[] for _ in range(n)]
+        self.booked = [0.0] * n
+        self.max_cost = [0.0] * n
+        self.adjust_budget = [0.0] * n
+
+    def snapshot(self) -> None:
+        self.history.append(
+            (
+                [b / w for b, w in zip(self.booked, self.weights, strict=True)],
+                [bool(q) for q in self.queues],
+                list(self.adjust_budget),
+            )
+        )
+
+    def enqueue(self, i: int, cost: float) -> None:
+        if not self.queues[i]:
+            self.adjust_budget[i] = max(0.0, -self.drr.credit(str(i)))
+            self.drr.activate(str(i))
+        self.queues[i].append(cost)
+        self.max_cost[i] = max(self.max_cost[i], cost)
+
+    def decide(self) -> int | None:
+        flow = self.drr.pick()
+        if flow is None:
+            assert not any(self.queues), "a backlogged flow exists but pick() found none"
+            return None
+        i = int(flow)
+        cost = self.queues[i].pop(0)
+        self.drr.consume(flow, cost, backlogged=bool(self.queues[i]))
+        self.booked[i] += cost
+        self.served.append(i)
+        return i
+
+    def adjust(self, i: int, delta: float) -> None:
+        self.drr.adjust(str(i), delta)
+        self.booked[i] += delta
+        self.adjust_budget[i] += abs(delta)
+
+    def cancel(self, i: int) -> None:
+        if self.queues[i]:
+            self.queues[i].pop()
+            if not self.queues[i]:
+                self.drr.deactivate(str(i))
+
+
+OPS_PLAIN = st.one_of(
+    st.tuples(st.just("enq"), st.integers(0, 3), COSTS),
+    st.tuples(st.just("dec"), st.just(0), st.just(0.0)),
+    st.tuples(st.just("dec"), st.just(0), st.just(0.0)),
+    st.tuples(st.just("cancel"), st.integers(0, 3), st.just(0.0)),
+)
+ADJUST = st.tuples(
+    st.just("adj"),
+    st.integers(0, 3),
+    st.floats(min_value=-2.0, max_value=2.0, allow_nan=False, allow_infinity=False),
+)
+OPS_ADJUSTED = st.one_of(OPS_PLAIN, ADJUST)
+
+
+def run(weights: list[float], ops: list[tuple[str, int, float]], model: Model | None = None):
+    model = model or Model(weights)
+    n = len(weights)
+    model.snapshot()
+    for kind, i, value in ops:
+        i %= n
+        if kind == "enq":
+            model.enqueue(i, value)
+        elif kind == "dec":
+            model.decide()
+        elif kind == "cancel":
+            model.cancel(i)
+        else:
+            model.adjust(i, value)
+        model.snapshot()
+    return model
+
+
+def backlogged_spans(history, i: int, j: int):
+    """Maximal [start, end] index ranges where both i and j are backlogged at every snapshot."""
+    start = None
+    for k, (_, backlog, _) in enumerate(history):
+        both = backlog[i] and backlog[j]
+        if both and start is None:
+            start = k
+        if not both and start is not None:
+            yield start, k - 1
+            start = None
+    if start is not None:
+        yield start, len(history) - 1
+
+
+def check_sliding_bound(model: Model, adjusted: bool) -> None:
+    w, c = model.weights, model.max_cost
+    n = len(w)
+    for i in range(n):
+        for j in range(i + 1, n):
+            for start, end in backlogged_spans(model.history, i, j):
+                # Without adjustments a carried debt is an overshoot (< C) and needs no term.
+                budget_i = budget_j = 0.0
+                if adjusted:
+                    budget_i = max(model.history[k][2][i] for k in range(start, end + 1))
+                    budget_j = max(model.history[k][2][j] for k in range(start, end + 1))
+                bound = (
+                    2 + (c[i] + 2 * budget_i) / w[i] + (c[j] + 2 * budget_j) / w[j] + EPS
+                )
+                for a in range(start, end + 1):
+                    xa = model.history[a][0]
+                    for b in range(a + 1, end + 1):
+                        xb = model.history[b][0]
+                        diff = (xb[i] - xa[i]) - (xb[j] - xa[j])
+                        assert abs(diff) < bound, (i, j, a, b, diff, bound)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
+    ops=st.lists(OPS_PLAIN, max_size=120),
+)
+def test_sliding_window_bound_without_adjustments(weights, ops) -> None:
+    """Classic DRR: over any interval in which two flows are both backlogged,
+    |dx_i - dx_j| < 2 + C_i/w_i + C_j/w_j  (2Q + Max in tokens)."""
+    check_sliding_bound(run(weights, ops), adjusted=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
+    ops=st.lists(OPS_ADJUSTED, max_size=120),
+)
+def test_sliding_window_bound_with_settlement_and_live_charges(weights, ops) -> None:
+    """With adjustments (settlement, streamed charges) at arbitrary times the bound grows by
+    2A_i/w_i + 2A_j/w_j, A bounding a flow's |adjustments| within one backlog period."""
+    check_sliding_bound(run(weights, ops), adjusted=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
+    first=st.lists(COSTS, min_size=4, max_size=4),
+    ops=st.lists(OPS_PLAIN, max_size=120),
+)
+def test_common_start_bound_is_one_quantum_plus_one_request(weights, first, ops) -> None:
+    """Flows that become backlogged together (same round, no debt) stay within
+    one quantum plus one weight-normalised maximal request of each other for as long as
+    both stay backlogged: |dx_i - dx_j| < 1 + max(C_i/w_i, C_j/w_j) (Q + C/w in tokens)."""
+    model = Model(weights)
+    for i in range(len(weights)):
+        model.enqueue(i, first[i])
+    run(weights, ops, model)
+    w, c = model.weights, model.max_cost
+    x0 = model.history[0][0]
+    for i in range(len(w)):
+        for j in range(i + 1, len(w)):
+            bound = 1 + max(c[i] / w[i], c[j] / w[j]) + EPS
+            for x, backlog, _ in model.history:
+                if not (backlog[i] and backlog[j]):
+                    break  # the guarantee is for the common backlog period
+                diff = (x[i] - x0[i]) - (x[j] - x0[j])
+                assert abs(diff) < bound, (i, j, diff, bound)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=2, max_size=5),
+    ops=st.lists(OPS_PLAIN, max_size=150),
+)
+def test_no_backlogged_flow_starves(weights, ops) -> None:
+    """A backlogged flow is served within (floor(C_i/w_i) + 2) * sum_j ceil(w_j/c_min)
+    decisions: it is at most floor(C_i/w_i) + 1 rounds ahead, and in each round every other
+    flow serves at most ceil(w_j / c_min) requests."""
+    model = Model(weights)
+    n = len(weights)
+    waited = [0] * n
+    c_min = 0.05  # COSTS' lower bound
+    for kind, i, value in ops:
+        i %= n
+        if kind == "enq":
+            model.enqueue(i, value)
+        elif kind == "cancel":
+            model.cancel(i)
+            if not model.queues[i]:
+                waited[i] = 0
+        else:
+            before = [bool(q) for q in model.queues]
+            served = model.decide()
+            for k in range(n):
+                if k == served or not model.queues[k]:
+                    waited[k] = 0
+                elif before[k]:
+                    waited[k] += 1
+                    c_max = max(model.max_cost[k], c_min)
+                    rounds = math.floor(c_max / weights[k]) + 2
+                    per_round = sum(
+                        math.ceil(weights[j] / c_min) for j in range(n) if j != k
+                    )
+                    assert waited[k] <= rounds * per_round
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=1, max_size=4),
+    ops=st.lists(OPS_ADJUSTED, max_size=150),
+)
+def test_pick_never_misses_work_and_credit_is_positive_when_picked(weights, ops) -> None:
+    model = Model(weights)
+    for kind, i, value in ops:
+        i %= len(weights)
+        if kind == "enq":
+            model.enqueue(i, value)
+        elif kind == "cancel":
+            model.cancel(i)
+        elif kind == "adj":
+            model.adjust(i, value)
+        else:
+            flow = model.drr.pick()
+            if flow is not None:
+                assert model.drr.credit(flow) > 0
+            assert (flow is None) == (not any(model.queues))
+            if flow is not None:
+                k = int(flow)
+                cost = model.queues[k].pop(0)
+                model.drr.consume(flow, cost, backlogged=bool(model.queues[k]))
+        assert model.drr.active_count == sum(1 for q in model.queues if q)
+        for k, q in enumerate(model.queues):
+            if not q:
+                assert model.drr.credit(str(k)) <= 0  # idle flows never bank credit
+
+
+def test_common_start_bound_is_nearly_attained() -> None:
+    """The bound is not slack: a flow that spends its quantum on small requests and then
+    overshoots with one maximal request leads by 1 + C - epsilon."""
+    model = Model([1.0, 1.0])
+    for _ in range(19):
+        model.enqueue(0, 0.05)
+    model.enqueue(0, 3.0)
+    model.enqueue(0, 3.0)
+    model.enqueue(1, 3.0)
+    model.enqueue(1, 3.0)
+    for _ in range(20):
+        assert model.decide() == 0
+    lead = model.booked[0] - model.booked[1]
+    assert 1 + 3.0 - 0.1 < lead < 1 + 3.0

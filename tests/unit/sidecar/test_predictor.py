@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+
+from sidecar.predictor import ThroughputMeter, WaitPredictor, tokens_ahead
+from sidecar.scheduler import BacklogView, EndpointSpec, Scheduler, TenantSpec
+from tests.unit.sidecar.builders import make_request
+
+
+def view(**kw) -> BacklogView:
+    base = dict(
+        fifo=False,
+        total_tokens=0,
+        higher_tiers_tokens=0,
+        tier_tokens=0,
+        tier_weight=0.0,
+        tenant_tokens=0,
+        tenant_weight=1.0,
+        tenant_backlogged=False,
+    )
+    base.update(kw)
+    return BacklogView(**base)
+
+
+def test_tokens_ahead_uses_the_tenants_weighted_share_of_its_tier() -> None:
+    # tier: 10,000 tokens, tenants of weight 3 backlogged; ours (weight 1) has 1,000 queued
+    v = view(tier_tokens=10_000, tier_weight=4.0, tenant_tokens=1_000, tenant_backlogged=True,
+             higher_tiers_tokens=500)
+    assert tokens_ahead(v, 200) == 500 + 1_200 * 4
+    # a newcomer's weight is added to the tier's
+    v = view(tier_tokens=10_000, tier_weight=3.0)
+    assert tokens_ahead(v, 100) == 100 * 4
+    # never more than the whole tier backlog
+    v = view(tier_tokens=1_000, tier_weight=99.0, tenant_tokens=900, tenant_backlogged=True)
+    assert tokens_ahead(v, 100) == 1_100
+    # fifo: everything queued
+    assert tokens_ahead(view(fifo=True, total_tokens=7_000), 10) == 7_010
+
+
+def test_meter_only_measures_while_requests_wait() -> None:
+    m = ThroughputMeter(window_s=1.0, alpha=0.5)
+    m.observe(5_000, 0.0, saturated=False)
+    assert m.tokens_per_s is None
+    m.observe(999, 1.0, saturated=True)  # starts the window; these tokens predate it
+    m.observe(1_000, 1.5, saturated=True)
+    m.observe(1_000, 2.0, saturated=True)
+    assert m.tokens_per_s == pytest.approx(2_000)
+    m.observe(10, 2.5, saturated=False)  # an idle spell is not a measurement
+    m.observe(0, 9.0, saturated=True)
+    m.observe(1_000, 10.0, saturated=True)
+    assert m.tokens_per_s == pytest.approx(1_500)
+
+
+def test_deadline_unmeetable() -> None:
+    s = Scheduler({"t": 1}, {"a": TenantSpec("t"), "b": TenantSpec("t")},
+                  {"/c": EndpointSpec("tokens", 1000)})
+    meter = ThroughputMeter(window_s=1.0)
+    p = WaitPredictor(s, meter)
+    late = make_request("b", "t", endpoint="/c", prompt=100, deadline_s=0.5)
+    assert not p.deadline_unmeetable(late, 0.0)  # throughput unknown: never reject
+    for _ in range(10):
+        s.enqueue(make_request("a", "t", endpoint="/c", prompt=900, output=100), 0)
+    meter.observe(0, 0.0, True)
+    meter.observe(1_000, 1.0, True)  # 1,000 tokens/s
+    # b is alone in its share: (0 + 100) * (1 + 1) / 1 = 200 tokens ahead -> 0.2 s
+    assert p.predicted_wait_s(late) == pytest.approx(0.2)
+    assert not p.deadline_unmeetable(late, 0.0)
+    assert p.deadline_unmeetable(late, 0.4)
+    assert p.deadline_unmeetable(make_request("b", "t", deadline_s=1.0), 1.0)
+    assert not p.deadline_unmeetable(make_request("b", "t", endpoint="/c"), 0.0)
