@@ -108,9 +108,8 @@ class GateLimits:
             min_decode_tokens_per_s=admission.min_decode_tokens_per_s,
             metrics_stale_s=admission.metrics_stale_ms / 1000,
             max_inflight=admission.max_inflight_per_backend,
-            # Proposed fields (not in the schema yet): read them when they appear.
-            max_running=getattr(admission, "max_running_per_backend", None),
-            headroom_slots=getattr(admission, "headroom_slots", 0),
+            max_running=admission.max_running_per_backend,
+            headroom_slots=admission.headroom_slots,
         )
 
 

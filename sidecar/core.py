@@ -83,7 +83,7 @@ class Dispatch:
 class SchedulingCore:
     def __init__(self, config: Config, *, gate_limits: GateLimits | None = None) -> None:
         """``gate_limits`` overrides the admission limits derived from ``config.admission``
-        (tests, and headroom settings until the schema carries them)."""
+        (tests)."""
         self.config = config
         self.scheduler = Scheduler.from_config(config)
         self.estimator = OutputEstimator(
@@ -93,8 +93,7 @@ class SchedulingCore:
         endpoint_limits = {
             (tenant, path): limits
             for tenant, t in config.tenants.items()
-            # Proposed schema field (Tenant.endpoint_limits); absent until it is added.
-            for path, limits in getattr(t, "endpoint_limits", {}).items()
+            for path, limits in t.endpoint_limits.items()
         }
         self.rate_limiter = TenantRateLimiter(
             {name: t.limits for name, t in config.tenants.items()}, endpoint_limits
@@ -107,7 +106,7 @@ class SchedulingCore:
         self.ledger = Ledger()
         self._priority_backends = {b.name for b in config.backends if b.priority_scheduling}
         self._tier_priority = {name: t.vllm_priority for name, t in config.tiers.items()}
-        self._demotion: int = getattr(config.admission, "over_share_priority_demotion", 1)
+        self._demotion = config.admission.over_share_priority_demotion
         self._reported: dict[str, int] = {}  # tokens of each in-flight request fed to the meter
         self._prefilled: set[str] = set()  # in-flight requests whose prompt was reported
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.

@@ -258,6 +258,8 @@ class Tenant(_Model):
     weight: PositiveFloat = 1.0  # share within its tier
     api_keys: list[ApiKeyField] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
+    # Extra rate limits on one endpoint (only the rate fields apply; queues are per tenant).
+    endpoint_limits: dict[EndpointPath, Limits] = Field(default_factory=dict)
 
 
 class Endpoint(_Model):
@@ -326,11 +328,28 @@ class Admission(_Model):
     # Metrics older than this are stale: fall back to max_inflight_per_backend.
     metrics_stale_ms: PositiveInt = 1000
     max_inflight_per_backend: PositiveInt = 64
+    # The in-flight cap per backend while its metrics are fresh (about the engine's
+    # max_num_seqs); None: max_inflight_per_backend, which stays the stale-metrics fallback.
+    max_running_per_backend: PositiveInt | None = None
+    # Slots per backend only under-share tenants may use: a well-behaved tenant then never
+    # waits for a flood's slot turnover (vLLM does not preempt to admit a waiting request).
+    headroom_slots: NonNegativeInt = 0
+    # Added to the vLLM priority of over-share requests on priority-scheduling backends, so
+    # the engine preempts them first under KV pressure.
+    over_share_priority_demotion: NonNegativeInt = 1
 
     @model_validator(mode="after")
     def _stale_after_poll(self) -> Admission:
+        issues: list[Issue] = []
         if self.metrics_stale_ms < self.metrics_poll_ms:
-            raise _conflicts([(("metrics_stale_ms",), "must be at least metrics_poll_ms")])
+            issues.append((("metrics_stale_ms",), "must be at least metrics_poll_ms"))
+        smallest = min(self.max_inflight_per_backend,
+                       self.max_running_per_backend or self.max_inflight_per_backend)
+        if self.headroom_slots >= smallest:
+            issues.append((("headroom_slots",), f"must be below the in-flight caps ({smallest})"
+                           ", or a lone tenant could never be served"))
+        if issues:
+            raise _conflicts(issues)
         return self
 
 
