@@ -107,6 +107,7 @@ async def relay(
                                       headers={"content-type": "application/json"})
     except (TimeoutError, aiohttp.ClientError, OSError) as e:
         raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
+    complete = False
     try:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers.update(extra_headers)
@@ -123,6 +124,7 @@ async def relay(
                 except orjson.JSONDecodeError:
                     usage = None
             response = web.Response(body=payload, status=upstream.status, headers=headers)
+            complete = True
             return response, RelayOutcome(upstream.status, usage,
                                           clock() if usage else None, 0)
         response = web.StreamResponse(status=200, headers=headers)
@@ -150,9 +152,15 @@ async def relay(
             await response.write(error_event(f"backend failed mid-stream: {outcome.error}"))
             await response.write(_DONE + b"\n\n")
         await response.write_eof()
+        complete = not outcome.broken
         return response, outcome
     finally:
-        upstream.release()
+        # Closing (not releasing) an unfinished upstream drops its connection, which is how
+        # the backend learns the client went away and aborts the sequence.
+        if complete:
+            upstream.release()
+        else:
+            upstream.close()
 
 
 async def _forward(event: bytes, response: web.StreamResponse, outcome: RelayOutcome,

@@ -80,5 +80,37 @@ def emulator(
     run_emulator(settings, step_profile, host, port)
 
 
+@app.command()
+def sidecar(
+    config: Annotated[str, typer.Option("--config", help="Tenants/tiers/backends YAML file.")],
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+) -> None:
+    """Serve the fair-scheduling sidecar in front of vLLM backends (docs/sidecar.md)."""
+    import logging
+
+    from sidecar.app import run_sidecar
+    from weighbridge.config import ConfigError, load_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        loaded = load_config(config)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"weighbridge sidecar on http://{host}:{port}: {len(loaded.tenants)} tenants, "
+               f"{len(loaded.backends)} backends, policy {loaded.scheduler.policy}, "
+               f"routing {loaded.routing}", err=True)
+    run_sidecar(loaded, host, port)
+
+
+@app.command("hash-key")
+def hash_key(key: Annotated[str, typer.Argument(help="The raw API key.")]) -> None:
+    """Print the sha256:<hex> form of an API key, for api_keys in the config."""
+    from weighbridge.config import hash_api_key
+
+    typer.echo(hash_api_key(key))
+
+
 def main() -> None:
     app()

@@ -1,0 +1,434 @@
+"""The sidecar's HTTP face: an OpenAI-compatible proxy that wires requests into the
+scheduling core and relays backend answers.
+
+Ownership: the aiohttp application owns one client session, the :class:`BackendPool` (its
+poller and prober tasks) and a periodic dispatch tick; all end on shutdown. Each request
+handler owns its request from arrival to its single end in the ledger; the dispatcher only
+resolves handlers' futures. Everything runs on one event loop, so the core needs no locks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sidecar.backends import BackendPool
+from sidecar.core import Dispatch, SchedulingCore
+from sidecar.metrics import SidecarMetrics
+from sidecar.prompt import PromptError, prompt_tokens
+from sidecar.proxy import BackendUnavailable, RelayOutcome, relay
+from sidecar.rejection import Reject
+from sidecar.request import QueuedRequest
+from weighbridge.config import Config
+
+log = logging.getLogger("weighbridge.sidecar")
+
+TIER_HEADER = "x-weighbridge-tier"
+DEADLINE_HEADER = "x-weighbridge-deadline-ms"
+REJECT_HEADER = "x-weighbridge-reject-reason"
+# A request whose backend refuses the connection goes back to the queue this many times.
+MAX_DISPATCH_ATTEMPTS = 3
+_STATUS_BY_REASON = {"rate_limited": 429, "queue_full": 429, "deadline_unmeetable": 503}
+
+
+class ApiError(Exception):
+    """An OpenAI-style error answer; ``reason`` also goes in the reject-reason header."""
+
+    def __init__(self, status: int, reason: str, message: str, type_: str,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message, self.type = status, reason, message, type_
+        self.headers = headers or {}
+
+    def response(self) -> web.Response:
+        body = {"error": {"message": self.message, "type": self.type, "code": self.reason}}
+        return web.Response(body=orjson.dumps(body), status=self.status,
+                            content_type="application/json",
+                            headers={REJECT_HEADER: self.reason, **self.headers})
+
+
+def _bad_request(reason: str, message: str) -> ApiError:
+    return ApiError(400, reason, message, "invalid_request_error")
+
+
+def _bearer(request: web.Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, key = header.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return None
+    return key.strip()
+
+
+class Sidecar:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.clock = clock
+        self.core = SchedulingCore(config)
+        self.pool: BackendPool | None = None
+        self.session: aiohttp.ClientSession | None = None
+        self.metrics = SidecarMetrics(self.core, None)
+        self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
+        self._dispatch_scheduled = False
+        self.app = web.Application(client_max_size=config.max_body_bytes,
+                                   middlewares=[self._errors])
+        r = self.app.router
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/metrics", self.metrics_endpoint)
+        r.add_get("/healthz", self.healthz)
+        r.add_get("/readyz", self.readyz)
+        r.add_get("/admin/state", self.admin_state)
+        self.app.cleanup_ctx.append(self._lifecycle)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def _lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock)
+        self.metrics = SidecarMetrics(self.core, self.pool)
+        await self.pool.start()
+        tick = asyncio.create_task(self._tick(), name="dispatch-tick")
+        try:
+            yield
+        finally:
+            tick.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await tick
+            await self.pool.stop()
+            await self.session.close()
+
+    async def _tick(self) -> None:
+        # Gates reopen with time alone (metrics go stale, the fallback cap applies).
+        interval = self.config.admission.metrics_poll_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            self.wake()
+
+    # -- the dispatcher ---------------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Ask for a dispatch pass soon; many events in one loop turn cost one pass."""
+        if not self._dispatch_scheduled:
+            self._dispatch_scheduled = True
+            asyncio.get_running_loop().call_soon(self._dispatch_pass)
+
+    def _dispatch_pass(self) -> None:
+        self._dispatch_scheduled = False
+        now = self.clock()
+        for dispatch in self.core.dispatch_ready(now):
+            waiter = self._waiters.pop(dispatch.request.id, None)
+            if waiter is None or waiter.done():
+                # Its handler is gone without cancelling (cannot happen when handlers cancel
+                # on the way out); end it so the ledger stays exact.
+                self.core.on_client_gone(dispatch.request, 0, 0, now)
+                continue
+            waiter.set_result(dispatch)
+
+    # -- middleware and small endpoints ---------------------------------------------------------
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return e.response()
+        except web.HTTPRequestEntityTooLarge:
+            return ApiError(413, "body_too_large",
+                            f"request body exceeds {self.config.max_body_bytes} bytes",
+                            "invalid_request_error").response()
+        except web.HTTPException as e:
+            if e.status < 400:
+                raise
+            reason = "not_found" if e.status == 404 else "bad_request"
+            return ApiError(e.status, reason, e.reason, "invalid_request_error").response()
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        ready = self.pool is not None and self.pool.any_healthy()
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def metrics_endpoint(self, _request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def admin_state(self, request: web.Request) -> web.Response:
+        key = _bearer(request)
+        if key is None or (self.config.tenant_for_key(key) is None and not \
+                self.config.is_admin_key(key)):
+            raise ApiError(401, "unauthorized", "a valid admin API key is required",
+                           "authentication_error")
+        if not self.config.is_admin_key(key):
+            raise ApiError(403, "forbidden", "this key may not read the admin state",
+                           "permission_error")
+        now = self.clock()
+        state: dict[str, Any] = self.core.snapshot(now)
+        if self.pool is not None:
+            for name, backend in self.pool.states.items():
+                sample = backend.last_sample
+                state["backends"][name].update({
+                    "url": backend.config.url,
+                    "healthy": backend.healthy,
+                    "scrape_errors": backend.scrape_errors,
+                    "last_scrape": None if sample is None else {
+                        "age_s": now - sample.at_s, "waiting": sample.waiting,
+                        "running": sample.running, "kv_cache_usage": sample.kv_cache_usage},
+                })
+        return web.Response(body=orjson.dumps(state, default=str),
+                            content_type="application/json")
+
+    async def models(self, request: web.Request) -> web.Response:
+        self._authenticate(request)
+        assert self.pool is not None and self.session is not None
+        for name, state in self.pool.states.items():
+            if not state.healthy:
+                continue
+            try:
+                async with self.session.get(self.pool.url(name, "/v1/models"),
+                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    body = await r.read()
+                    if r.status == 200:
+                        return web.Response(body=body, content_type="application/json")
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                self.pool.mark_failed(name, f"/v1/models: {e}")
+        raise ApiError(503, "no_backend", "no healthy backend", "server_error")
+
+    # -- the proxied endpoints --------------------------------------------------------------------
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy("/v1/completions", request)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy("/v1/chat/completions", request)
+
+    def _authenticate(self, request: web.Request) -> str:
+        key = _bearer(request)
+        tenant = None if key is None else self.config.tenant_for_key(key)
+        if tenant is None:
+            self.core.rejected_on_arrival("unauthorized")
+            raise ApiError(401, "unauthorized", "missing or invalid API key",
+                           "authentication_error")
+        return tenant
+
+    def _parse(self, endpoint: str, tenant: str, raw: bytes,
+               request: web.Request) -> tuple[dict[str, Any], str, float | None, int]:
+        """Validate everything the sidecar relies on; the backend validates the rest."""
+        own_tier = self.config.tenants[tenant].tier
+
+        def bad(reason: str, message: str) -> ApiError:
+            self.core.rejected_on_arrival(reason, tenant, own_tier)
+            return _bad_request(reason, message)
+
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise bad("invalid_json", f"malformed JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise bad("invalid_body", "the request body must be a JSON object")
+        tier = own_tier
+        asked = request.headers.get(TIER_HEADER)
+        if asked is not None:
+            asked = asked.strip()
+            if asked not in self.config.tiers:
+                raise bad("unknown_tier", f"unknown tier {asked!r} in {TIER_HEADER}")
+            if not self.config.tier_allowed(tenant, asked):
+                self.core.rejected_on_arrival("tier_not_allowed", tenant, own_tier)
+                raise ApiError(403, "tier_not_allowed",
+                               f"tenant may not use tier {asked!r}; its highest is {own_tier!r}",
+                               "permission_error")
+            tier = asked
+        deadline_ms: float | None = None
+        raw_deadline = request.headers.get(DEADLINE_HEADER)
+        if raw_deadline is not None:
+            try:
+                deadline_ms = float(raw_deadline)
+            except ValueError:
+                deadline_ms = math.nan
+            if not (math.isfinite(deadline_ms) and deadline_ms > 0):
+                raise bad("invalid_deadline", f"{DEADLINE_HEADER} must be a positive number")
+        for field in ("max_tokens", "max_completion_tokens", "priority"):
+            value = body.get(field)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise bad("invalid_" + field, f"{field} must be an integer")
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        if max_tokens is not None:
+            limit = self.config.max_tokens_limit
+            if max_tokens < 1:
+                raise bad("invalid_max_tokens", "max_tokens must be at least 1")
+            if limit is not None and max_tokens > limit:
+                raise bad("max_tokens_too_large", f"max_tokens may be at most {limit}")
+        if not isinstance(body.get("stream", False), bool):
+            raise bad("invalid_stream", "stream must be a boolean")
+        user = body.get("user")
+        if user is not None and not isinstance(user, str):
+            raise bad("invalid_user", "user must be a string")
+        try:
+            prompt = prompt_tokens(endpoint, body)
+        except PromptError as e:
+            raise bad("invalid_prompt", str(e)) from None
+        return body, tier, deadline_ms, prompt
+
+    async def _proxy(self, endpoint: str, request: web.Request) -> web.StreamResponse:
+        tenant = self._authenticate(request)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.core.rejected_on_arrival("body_too_large", tenant,
+                                          self.config.tenants[tenant].tier)
+            raise
+        body, tier, deadline_ms, prompt = self._parse(endpoint, tenant, raw, request)
+        now = self.clock()
+        request_id = uuid.uuid4().hex
+        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        result = self.core.arrive(
+            request_id=request_id, tenant=tenant, tier=tier, endpoint=endpoint,
+            prompt_tokens=prompt, max_tokens=max_tokens, now=now, user=body.get("user"),
+            priority=body.get("priority") or 0,
+            deadline_s=self.core.deadline_for(tier, now, deadline_ms),
+        )
+        if isinstance(result, Reject):
+            raise self._rejection(result)
+        return await self._serve(result, body, endpoint, request)
+
+    def _rejection(self, reject: Reject) -> ApiError:
+        headers = {}
+        if reject.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(reject.retry_after_s)))
+        message = reject.reason.replace("_", " ")
+        if reject.detail:
+            message = f"{message}: {reject.detail}"
+        status = _STATUS_BY_REASON.get(reject.reason, 429)
+        type_ = "rate_limit_error" if status == 429 else "server_error"
+        return ApiError(status, reject.reason, message, type_, headers)
+
+    async def _serve(self, req: QueuedRequest, body: dict[str, Any], endpoint: str,
+                     request: web.Request) -> web.StreamResponse:
+        stream = bool(body.get("stream", False))
+        options = body.get("stream_options")
+        client_wants_usage = (isinstance(options, dict)
+                              and bool(options.get("include_usage")))
+        for _attempt in range(MAX_DISPATCH_ATTEMPTS):
+            dispatch = await self._await_dispatch(req)
+            now = self.clock()
+            self.metrics.queue_wait.labels(req.tier).observe(now - req.arrival_s)
+            forwarded = dict(body)
+            if dispatch.vllm_priority is None:
+                forwarded.pop("priority", None)
+            else:
+                forwarded["priority"] = dispatch.vllm_priority
+            if stream:
+                # Always ask for usage: it settles rate limits and deficits with real counts.
+                forwarded["stream_options"] = {**(options if isinstance(options, dict)
+                                                  else {}), "include_usage": True}
+            headers = {
+                "x-weighbridge-tenant": req.tenant,
+                "x-weighbridge-queue-ms": f"{(now - req.arrival_s) * 1000:.1f}",
+                "x-weighbridge-backend": dispatch.backend,
+            }
+            assert self.pool is not None and self.session is not None
+            first = True
+
+            def on_content(n: int, req: QueuedRequest = req) -> None:
+                nonlocal first
+                t = self.clock()
+                if first:
+                    first = False
+                    self.metrics.ttft.labels(req.tenant, req.tier).observe(t - req.arrival_s)
+                self.core.on_tokens_streamed(req, n, t)
+
+            try:
+                response, outcome = await relay(
+                    self.session, self.pool.url(dispatch.backend, endpoint),
+                    orjson.dumps(forwarded), request, headers, stream=stream,
+                    strip_usage_chunk=not client_wants_usage, on_content=on_content,
+                    clock=self.clock)
+            except BackendUnavailable as e:
+                self.pool.mark_failed(dispatch.backend, str(e))
+                self.core.dispatch_failed(req, self.clock())
+                self.wake()
+                continue
+            except (asyncio.CancelledError, ConnectionError):
+                # The client went away mid-stream; leaving the relay closed the upstream
+                # connection, which aborts the request at the backend.
+                self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens,
+                                         self.clock())
+                self.wake()
+                raise
+            except BaseException:
+                self.core.on_failed(req, req.prompt_tokens, req.streamed_output_tokens,
+                                    self.clock())
+                self.wake()
+                raise
+            self._finish(req, dispatch, outcome, stream)
+            return response
+        self.core.on_failed(req, 0, 0, self.clock())
+        self.wake()
+        raise ApiError(502, "backend_unavailable", "no backend could take the request",
+                       "server_error")
+
+    async def _await_dispatch(self, req: QueuedRequest) -> Dispatch:
+        waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
+        self._waiters[req.id] = waiter
+        self.wake()
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            self._waiters.pop(req.id, None)
+            now = self.clock()
+            if waiter.done() and not waiter.cancelled():
+                # Dispatched in the same instant the client left: it never reached a backend.
+                self.core.on_client_gone(req, 0, 0, now)
+            else:
+                self.core.cancel(req.id, now)
+            self.wake()
+            raise
+
+    def _finish(self, req: QueuedRequest, dispatch: Dispatch, outcome: RelayOutcome,
+                stream: bool) -> None:
+        now = self.clock()
+        usage = outcome.usage
+        if outcome.status == 200 and not outcome.broken:
+            prompt = usage.prompt_tokens if usage else req.prompt_tokens
+            output = usage.completion_tokens if usage else req.streamed_output_tokens
+            if not stream and usage is not None:
+                self.core.on_tokens_streamed(req, output, now)
+            self.core.on_completed(req, prompt, output, now)
+            self.metrics.tokens.labels(req.tenant, req.tier, "prompt").inc(prompt)
+            self.metrics.tokens.labels(req.tenant, req.tier, "output").inc(output)
+        else:
+            if outcome.broken:
+                assert self.pool is not None
+                self.pool.mark_failed(dispatch.backend, outcome.error or "stream broke")
+            self.core.on_failed(req, req.prompt_tokens if outcome.broken else 0,
+                                req.streamed_output_tokens, now)
+        self.wake()
+
+
+def run_sidecar(config: Config, host: str, port: int) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover
+        pass
+    for warning in config.warnings:
+        log.warning("config: %s", warning)
+    sidecar = Sidecar(config)
+    # handler_cancellation: a client that disconnects cancels its handler, which takes a
+    # queued request out of the queue at once or aborts its backend request.
+    web.run_app(sidecar.app, host=host, port=port, print=None, access_log=None,
+                handler_cancellation=True)

@@ -1,0 +1,138 @@
+"""The sidecar's live view of its backends: one metrics poller and one health prober each.
+
+Both loops belong to :class:`BackendPool`, which the application starts on startup and
+cancels on shutdown; they only fetch and hand what they learn to the scheduling core, then
+ask the dispatcher to look again (a fresh scrape or a recovered backend may open a gate).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from sidecar.core import SchedulingCore
+from sidecar.scrape import BackendSample, ScrapeError, parse_vllm_metrics
+from weighbridge.config import Backend, Config
+
+log = logging.getLogger("weighbridge.sidecar")
+
+
+@dataclass(slots=True)
+class BackendState:
+    """What the pool knows about one backend beyond the core's view."""
+
+    config: Backend
+    healthy: bool = True
+    last_sample: BackendSample | None = None
+    scrape_errors: int = 0
+    probe_failures: int = 0
+
+
+class BackendPool:
+    def __init__(self, config: Config, core: SchedulingCore, session: aiohttp.ClientSession,
+                 on_change: Callable[[], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.core = core
+        self.session = session
+        self.on_change = on_change
+        self.clock = clock
+        self.states = {b.name: BackendState(b) for b in config.backends}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def url(self, backend: str, path: str) -> str:
+        return self.states[backend].config.url + path
+
+    def any_healthy(self) -> bool:
+        return any(s.healthy for s in self.states.values())
+
+    async def start(self) -> None:
+        # One probe before serving, so a backend that is down at start-up is not tried first.
+        await asyncio.gather(*(self._probe(s) for s in self.states.values()))
+        for state in self.states.values():
+            self._tasks.append(asyncio.create_task(self._poll_metrics(state),
+                                                   name=f"metrics:{state.config.name}"))
+            self._tasks.append(asyncio.create_task(self._probe_health(state),
+                                                   name=f"health:{state.config.name}"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    # -- health -------------------------------------------------------------------------------
+
+    def mark_failed(self, backend: str, why: str) -> None:
+        """A request to the backend failed: stop routing to it until a probe succeeds."""
+        state = self.states[backend]
+        if state.healthy:
+            log.warning("backend %s marked unhealthy: %s", backend, why)
+        state.healthy = False
+        self.core.mark_backend_unhealthy(backend)
+
+    async def _probe(self, state: BackendState) -> None:
+        probe = self.config.health_probe
+        url = state.config.url + probe.path
+        try:
+            async with self.session.get(
+                url, timeout=aiohttp.ClientTimeout(total=probe.timeout_ms / 1000)
+            ) as response:
+                ok = response.status == 200
+                await response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            ok = False
+        if ok:
+            state.probe_failures = 0
+            if not state.healthy:
+                log.warning("backend %s healthy again", state.config.name)
+                state.healthy = True
+                self.core.mark_backend_healthy(state.config.name)
+                self.on_change()
+        else:
+            state.probe_failures += 1
+            if state.healthy:
+                self.mark_failed(state.config.name, f"health probe {url} failed")
+
+    async def _probe_health(self, state: BackendState) -> None:
+        interval = self.config.health_probe.interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._probe(state)
+
+    # -- metrics ------------------------------------------------------------------------------
+
+    async def _scrape(self, state: BackendState) -> None:
+        poll = self.config.admission.metrics_poll_ms / 1000
+        sent = self.clock()  # dispatches after this instant are certainly not in the sample
+        try:
+            async with self.session.get(
+                state.config.url + "/metrics", timeout=aiohttp.ClientTimeout(total=poll * 2)
+            ) as response:
+                if response.status != 200:
+                    raise ScrapeError(f"status {response.status}")
+                text = await response.text()
+            sample = parse_vllm_metrics(text, sent)
+        except (TimeoutError, aiohttp.ClientError, OSError, ScrapeError, UnicodeDecodeError) as e:
+            # No call into the core: the last sample goes stale and the fallback cap applies.
+            state.scrape_errors += 1
+            log.debug("scrape of %s failed: %s", state.config.name, e)
+            return
+        state.last_sample = sample
+        self.core.on_backend_metrics(state.config.name, sample)
+
+    async def _poll_metrics(self, state: BackendState) -> None:
+        poll = self.config.admission.metrics_poll_ms / 1000
+        while True:
+            started = self.clock()
+            await self._scrape(state)
+            self.on_change()
+            await asyncio.sleep(max(0.0, poll - (self.clock() - started)))

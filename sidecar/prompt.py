@@ -1,0 +1,67 @@
+"""Prompt size at ingress, before any backend has tokenized it.
+
+The sidecar has no tokenizer (it fronts any model), so it counts exactly what it can — a
+token-id prompt is its length — and estimates the rest at four bytes of UTF-8 per token plus
+a few tokens of chat framing per message, the usual rule of thumb for BPE vocabularies. The
+estimate only orders and prices the request until the backend's ``usage`` settles it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+BYTES_PER_TOKEN = 4
+CHAT_TOKENS_PER_MESSAGE = 4
+
+
+class PromptError(ValueError):
+    """The body's prompt or messages are not what the endpoint accepts."""
+
+
+def _text_tokens(text: str) -> int:
+    return max(1, -(-len(text.encode()) // BYTES_PER_TOKEN))
+
+
+def _content_text(content: Any, where: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise PromptError(f"{where}: content parts must be objects")
+            text = part.get("text")
+            if isinstance(text, str):
+                parts.append(text)
+        return "".join(parts)
+    raise PromptError(f"{where}: content must be a string or a list of parts")
+
+
+def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
+    """Exact for token-id prompts, an estimate for text."""
+    if endpoint.endswith("/chat/completions"):
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise PromptError("messages must be a non-empty list")
+        total = 1
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise PromptError(f"messages[{i}] must be an object")
+            text = _content_text(message.get("content"), f"messages[{i}]")
+            total += CHAT_TOKENS_PER_MESSAGE + (_text_tokens(text) if text else 0)
+        return total
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        if not prompt:
+            raise PromptError("prompt must not be empty")
+        return _text_tokens(prompt)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return len(prompt)
+        if all(isinstance(p, str) for p in prompt):
+            return sum(_text_tokens(p) for p in prompt)
+        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
+            return sum(len(p) for p in prompt)
+    raise PromptError("prompt must be a non-empty string, list of strings or list of token ids")
