@@ -163,3 +163,20 @@ def emulator_process(name: str = "emulator", host: str = "127.0.0.1", port: int 
         elif value not in (False, None):
             argv += [option, str(value)]
     return ServerProcess(name=name, argv=argv, url=f"http://{host}:{port}")
+
+
+def sidecar_process(config: Mapping[str, object], name: str = "sidecar",
+                    host: str = "127.0.0.1", port: int | None = None,
+                    config_dir: Path | None = None) -> ServerProcess:
+    """A ``weighbridge sidecar`` child serving ``config`` (a mapping in the YAML schema,
+    written to a file next to its log)."""
+    import yaml
+
+    port = port or free_port(host)
+    directory = Path(config_dir or tempfile.mkdtemp(prefix="weighbridge-sidecar-"))
+    path = directory / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+    argv = weighbridge_argv("sidecar", "--config", str(path), "--host", host, "--port",
+                            str(port))
+    return ServerProcess(name=name, argv=argv, url=f"http://{host}:{port}",
+                         health_path="/healthz")
