@@ -70,7 +70,8 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) ->
     if endpoint == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, str):
-            return text.count_tokens(prompt)
+            # A text prompt is tokenized with a BOS token in front, as vLLM's Llama does.
+            return text.count_tokens(prompt) + 1
         if isinstance(prompt, list) and prompt and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
@@ -141,7 +142,7 @@ def parse_generation_request(
     max_tokens = _int_field(body, "max_tokens", None)
     if max_tokens is None and endpoint == "chat":
         max_tokens = _int_field(body, "max_completion_tokens", None)
-    if prompt_tokens >= max_model_len:
+    if prompt_tokens > max_model_len:
         raise ApiError(
             400,
             f"This model's maximum context length is {max_model_len} tokens. However, your "
@@ -150,12 +151,16 @@ def parse_generation_request(
             f"(parameter=input_tokens, value={prompt_tokens})",
             param="input_tokens",
         )
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}. "
+    if max_tokens is not None and max_tokens > max_model_len:
+        raise ApiError(400, f"max_tokens={max_tokens} cannot be greater than "
+                       f"max_model_len={max_model_len}. Please request fewer output tokens. "
                        f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
-    # vLLM 0.32 clamps an oversized max_tokens to the context left rather than refusing it.
+    # vLLM 0.32 clamps a max_tokens that fits the model but not the context left.
     room = max_model_len - prompt_tokens
     max_tokens = room if max_tokens is None else min(max_tokens, room)
+    if max_tokens < 1:
+        raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}. "
+                       f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
     stream = _bool_field(body, "stream", False)
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):

@@ -209,6 +209,12 @@ class StepModel:
     # -- requests ---------------------------------------------------------------------------
 
     def add(self, seq: Sequence) -> None:
+        self.check(seq)
+        self._by_id[seq.request_id] = seq
+        self.waiting.add(seq)
+
+    def check(self, seq: Sequence) -> None:
+        """Raise ValueError if ``add(seq)`` would refuse it."""
         if seq.request_id in self._by_id:
             raise ValueError(f"duplicate request id {seq.request_id!r}")
         if seq.prompt_tokens < 1:
@@ -220,8 +226,6 @@ class StepModel:
                 f"prompt ({seq.prompt_tokens}) + max_tokens ({seq.max_tokens}) exceeds "
                 f"max_model_len ({self.config.max_model_len})"
             )
-        self._by_id[seq.request_id] = seq
-        self.waiting.add(seq)
 
     def abort(self, request_id: str, now: float) -> Sequence | None:
         """Abort a request wherever it is; its KV blocks are freed at once."""

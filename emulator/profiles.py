@@ -1,4 +1,5 @@
-"""Step-time profiles: how long one engine step takes, as a linear model of its batch.
+"""Step-time profiles: how long one engine step takes, as a linear model of its batch, and
+what the API server in front of the engine adds per request.
 
 ``t_step = t_fixed + t_prefill_token * prefill_tokens + t_decode_seq * decode_seqs
 + t_kv_token * kv_tokens_in_batch``
@@ -21,9 +22,14 @@ class StepTimeProfile:
     t_prefill_token: float
     t_decode_seq: float
     t_kv_token: float
+    # The API server's own work per request before the engine sees it: a serial part
+    # (vLLM's frontend admits concurrent requests one at a time) and a parallel latency.
+    t_api_serial: float = 0.0
+    t_api_latency: float = 0.0
 
     def __post_init__(self) -> None:
-        for field in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token"):
+        for field in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token",
+                      "t_api_serial", "t_api_latency"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
 
@@ -46,10 +52,12 @@ PROFILES: dict[str, StepTimeProfile] = {
     # on a 2-core x86_64 box; see docs/emulator.md#cpu-tiny and benchmarks/calibrate_cpu_tiny.py.
     "cpu-tiny": StepTimeProfile(
         name="cpu-tiny",
-        t_fixed=0.012,
-        t_prefill_token=0.00005,
-        t_decode_seq=0.0004,
-        t_kv_token=0.0000005,
+        t_fixed=0.00253,
+        t_prefill_token=0.0000177,
+        t_decode_seq=0.000149,
+        t_kv_token=0.00000032,
+        t_api_serial=0.0035,
+        t_api_latency=0.0037,
     ),
     # Derived from public figures (docs/emulator.md#h100-llama3-8b): 16 GB of bf16 weights read
     # at ~3.35 TB/s per step, ~25k prefill tokens/s effective, 128 KiB of KV per token.

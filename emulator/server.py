@@ -46,7 +46,16 @@ class TokenStream:
 
 
 class EngineRunner:
-    """Owns the step model and drives it with the wall clock."""
+    """Owns the step model and drives it with the wall clock.
+
+    Steps are scheduled on the model's timeline, not from wherever the previous sleep
+    happened to wake: the event loop's timers overshoot by up to a millisecond, and
+    restarting each step from the late wake-up would make the emulated engine slower than its
+    model. Only when the loop falls behind by more than ``MAX_CATCH_UP_S`` (an overloaded
+    process) does the timeline resynchronise with the wall clock.
+    """
+
+    MAX_CATCH_UP_S = 0.005
 
     def __init__(self, model: StepModel, metrics: EngineMetrics,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -56,14 +65,30 @@ class EngineRunner:
         self._streams: dict[str, TokenStream] = {}
         self._work = asyncio.Event()
         self._seeds = 0
+        self._api_free_at = 0.0  # when the (serial) API front end can take the next request
 
     def submit(self, seq: Sequence) -> TokenStream:
-        self.model.add(seq)
+        """Hand a request to the engine after the API server's per-request work: a serial
+        part (one request at a time, as vLLM's frontend) and a parallel latency."""
+        self.model.check(seq)
         self._seeds += 1
         stream = TokenStream(seq=seq, seed=self._seeds)
         self._streams[seq.request_id] = stream
-        self._work.set()
+        profile = self.model.profile
+        if profile.t_api_serial or profile.t_api_latency:
+            now = self.clock()
+            self._api_free_at = max(now, self._api_free_at) + profile.t_api_serial
+            ready = self._api_free_at + profile.t_api_latency
+            asyncio.get_running_loop().call_later(ready - now, self._enter_engine, seq)
+        else:
+            self._enter_engine(seq)
         return stream
+
+    def _enter_engine(self, seq: Sequence) -> None:
+        if seq.request_id not in self._streams:
+            return  # aborted while the API server was still on it
+        self.model.add(seq)
+        self._work.set()
 
     def abort(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
@@ -76,25 +101,28 @@ class EngineRunner:
 
     async def run(self) -> None:
         model = self.model
+        timeline: float | None = None  # the model's clock: when the next step starts
         while True:
             if not model.has_work:
+                timeline = None
                 self._work.clear()
                 await self._work.wait()
                 continue
-            start = self.clock()
+            now = self.clock()
+            start = now if timeline is None or now - timeline > self.MAX_CATCH_UP_S else timeline
             batch = model.schedule(start)
             if batch is None:
                 # Waiting work that cannot be admitted yet cannot exist without running work,
                 # so this only happens between an abort and the loop noticing it.
+                timeline = None
                 await asyncio.sleep(0)
                 continue
             target_end = start + batch.duration_s
             delay = target_end - self.clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                await asyncio.sleep(0)  # let handlers run even when the loop is behind
+            # Even a late step yields, so handlers get to write what the last one produced.
+            await asyncio.sleep(max(delay, 0.0))
             end = self.clock()
+            timeline = target_end
             result = model.complete(batch, end)
             self.metrics.on_step(result, lag_s=end - target_end)
             for seq in result.emitted:

@@ -50,6 +50,10 @@ def emulator(
         help="Override: seconds per decoding sequence.")] = None,
     t_kv_token: Annotated[float | None, typer.Option(
         help="Override: seconds per KV token attended.")] = None,
+    t_api_serial: Annotated[float | None, typer.Option(
+        help="Override: API-server seconds per request, one request at a time.")] = None,
+    t_api_latency: Annotated[float | None, typer.Option(
+        help="Override: API-server latency per request, in parallel.")] = None,
 ) -> None:
     """Serve a vLLM-compatible engine emulator (OpenAI API and vLLM's /metrics)."""
     from emulator.engine import EngineConfig
@@ -59,7 +63,7 @@ def emulator(
     try:
         step_profile = get_profile(profile).with_overrides(
             t_fixed=t_fixed, t_prefill_token=t_prefill_token, t_decode_seq=t_decode_seq,
-            t_kv_token=t_kv_token)
+            t_kv_token=t_kv_token, t_api_serial=t_api_serial, t_api_latency=t_api_latency)
         engine = EngineConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,

@@ -17,7 +17,8 @@ from tests.conformance.conftest import Backend
 
 pytestmark = pytest.mark.integration
 
-PROMPT_IDS = [(7 * i + 3) % 97 + 3 for i in range(37)]
+# Token ids 0-5 are the tiny model's special tokens; prompts use ids from 6 up.
+PROMPT_IDS = [(7 * i + 3) % 97 + 6 for i in range(37)]
 
 
 def completion_body(backend: Backend, **overrides: Any) -> dict[str, Any]:
@@ -141,7 +142,7 @@ def test_exact_output_length_with_ignore_eos(backend: Backend, max_tokens: int) 
 
 def test_prompt_tokens_equal_token_id_prompt_length(backend: Backend) -> None:
     for n in (1, 37, 300):
-        prompt = [(i * 13) % 90 + 5 for i in range(n)]
+        prompt = [(i * 13) % 90 + 6 for i in range(n)]
         r = httpx.post(backend.url + "/v1/completions",
                        json=completion_body(backend, prompt=prompt, max_tokens=2), timeout=60)
         assert r.status_code == 200, r.text
@@ -211,7 +212,7 @@ async def test_counters_rise_and_histogram_counts_match_requests(backend: Backen
     async with httpx.AsyncClient(timeout=60) as client:
         responses = await asyncio.gather(*[
             client.post(backend.url + "/v1/completions", json=completion_body(
-                backend, prompt=[(i * 11) % 80 + 4 for i in range(p)], max_tokens=o))
+                backend, prompt=[(i * 11) % 80 + 6 for i in range(p)], max_tokens=o))
             for p, o in sizes])
     assert all(r.status_code == 200 for r in responses)
     n = len(sizes)
@@ -324,20 +325,36 @@ def test_negative_max_tokens_is_400(backend: Backend, endpoint: str) -> None:
 
 
 def test_prompt_longer_than_the_context_is_400(backend: Backend) -> None:
-    prompt = [(i * 7) % 90 + 5 for i in range(backend.max_model_len + 1)]
+    prompt = [(i * 7) % 90 + 6 for i in range(backend.max_model_len + 1)]
     r = httpx.post(backend.url + "/v1/completions",
                    json=completion_body(backend, prompt=prompt, max_tokens=4), timeout=10)
     assert_error_body(r, 400)
 
 
-def test_oversized_max_tokens_is_clamped_to_the_context_left(backend: Backend) -> None:
-    """vLLM 0.32 shortens the output to fit instead of refusing the request."""
-    prompt = [(i * 7) % 90 + 5 for i in range(backend.max_model_len - 12)]
+def test_max_tokens_within_the_model_but_not_the_context_is_clamped(backend: Backend) -> None:
+    """vLLM 0.32 shortens the output to the context left instead of refusing the request."""
+    prompt = [(i * 7) % 90 + 6 for i in range(backend.max_model_len - 12)]
     r = httpx.post(backend.url + "/v1/completions",
-                   json=completion_body(backend, prompt=prompt, max_tokens=10_000), timeout=60)
+                   json=completion_body(backend, prompt=prompt,
+                                        max_tokens=backend.max_model_len), timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 12
     assert r.json()["choices"][0]["finish_reason"] == "length"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_tokens_beyond_max_model_len_is_400(backend: Backend, stream: bool) -> None:
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, max_tokens=backend.max_model_len + 1,
+                                        stream=stream), timeout=10)
+    assert_error_body(r, 400)
+
+
+def test_prompt_filling_the_whole_context_is_400(backend: Backend) -> None:
+    prompt = [(i * 7) % 90 + 6 for i in range(backend.max_model_len)]
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, prompt=prompt, max_tokens=4), timeout=10)
+    assert_error_body(r, 400)
 
 
 def test_non_json_content_type_is_400(backend: Backend) -> None:

@@ -45,8 +45,9 @@ def parse(body: object, endpoint: str = "completions") -> GenerationRequest:
 
 
 def test_parse_counts_prompt_and_clamps_max_tokens() -> None:
-    r = parse({"model": "m", "prompt": [1, 2, 3], "max_tokens": 500})
+    r = parse({"model": "m", "prompt": [1, 2, 3], "max_tokens": 99})
     assert r.prompt_tokens == 3 and r.max_tokens == 97
+    assert parse({"prompt": "hi"}).prompt_tokens == 2  # BOS + "hi"
     chat = parse({"messages": [{"role": "user", "content": "hi"}]}, "chat")
     assert chat.prompt_tokens == text.count_chat_tokens(["hi"]) and chat.max_tokens == 100 - 4
 
@@ -63,6 +64,8 @@ def test_parse_counts_prompt_and_clamps_max_tokens() -> None:
         ({"prompt": []}, 400),
         ({}, 400),
         ({"prompt": list(range(100))}, 400),
+        ({"prompt": list(range(101))}, 400),
+        ({"prompt": "x", "max_tokens": 101}, 400),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, 400),
         ({"prompt": "x", "n": 2}, 400),
     ],

@@ -1,0 +1,69 @@
+"""The benchmark runner's pure parts: RESULTS.md sections and /metrics histogram deltas."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks import _prom, _results
+from benchmarks._core import Benchmark, BenchResult, Table, load, module_names
+
+METRICS_BEFORE = """\
+# TYPE lag_seconds histogram
+lag_seconds_bucket{model_name="m",le="0.001"} 10.0
+lag_seconds_bucket{model_name="m",le="0.01"} 10.0
+lag_seconds_bucket{model_name="m",le="+Inf"} 10.0
+lag_seconds_count{model_name="m"} 10.0
+lag_seconds_sum{model_name="m"} 0.005
+"""
+METRICS_AFTER = """\
+# TYPE lag_seconds histogram
+lag_seconds_bucket{model_name="m",le="0.001"} 60.0
+lag_seconds_bucket{model_name="m",le="0.01"} 109.0
+lag_seconds_bucket{model_name="m",le="+Inf"} 110.0
+lag_seconds_count{model_name="m"} 110.0
+lag_seconds_sum{model_name="m"} 0.305
+"""
+
+
+def test_histogram_delta_mean_and_quantiles() -> None:
+    h = _prom.histogram_delta(_prom.parse(METRICS_BEFORE), _prom.parse(METRICS_AFTER),
+                              "lag_seconds")
+    assert h.count == 100
+    assert h.mean == pytest.approx(0.003)
+    assert h.quantile(0.5) == pytest.approx(0.001)  # rank 50 ends the first bucket
+    # rank 75 is 25 of the 49 observations into (0.001, 0.01]
+    assert h.quantile(0.75) == pytest.approx(0.001 + 0.009 * 25 / 49)
+    assert h.upper_bound(0.99) == 0.01
+    assert math.isinf(h.upper_bound(1.0))
+
+
+def test_write_section_replaces_only_its_own(tmp_path: Path) -> None:
+    path = tmp_path / "RESULTS.md"
+    bench_a = Benchmark(name="a", title="A", run=lambda ctx: BenchResult([], []))
+    bench_b = Benchmark(name="b", title="B", run=lambda ctx: BenchResult([], []))
+
+    def section(bench: Benchmark, value: str) -> str:
+        result = BenchResult(summary=[f"value {value}"],
+                             tables=[Table(("k", "v"), [("x", value)])], passed=True)
+        return _results.render(bench, result, date="d", command="c", machine="m")
+
+    _results.write_section("a", section(bench_a, "1"), path)
+    _results.write_section("b", section(bench_b, "2"), path)
+    path.write_text(path.read_text() + "\nhand-written note\n")
+    _results.write_section("a", section(bench_a, "3"), path)
+    text = path.read_text()
+    assert text.startswith("# Benchmark results")
+    assert "| x | 3 |" in text and "| x | 1 |" not in text
+    assert "| x | 2 |" in text and "hand-written note" in text
+    assert text.index("## a:") < text.index("## b:")
+
+
+def test_registered_benchmarks_load() -> None:
+    names = module_names()
+    assert {"emulator_speed", "http_stack"} <= set(names)
+    for name in ("emulator_speed", "http_stack"):
+        bench = load(name)
+        assert bench is not None and bench.name == name and not bench.needs_vllm
