@@ -44,12 +44,17 @@ class EngineConfig:
     max_model_len: int = 4096
     scheduling_policy: SchedulingPolicy = "fcfs"
     chunked_prefill: bool = True
+    # vLLM's --long-prefill-token-threshold: the most prompt tokens one sequence may prefill
+    # in a step (0: no cap), so one long prompt cannot take a whole step's budget.
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size",
                      "max_model_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0")
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be fcfs or priority, "
                              f"got {self.scheduling_policy!r}")
@@ -344,10 +349,14 @@ class StepModel:
         budget = self.config.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         preempted: list[Sequence] = []
+        # As vLLM, the long-prefill cap is waived when a single request is in the engine.
+        cap = self.config.long_prefill_token_threshold
+        if len(self.running) + len(self.waiting) <= 1:
+            cap = 0
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            n = min(self._chunk(seq, cap), budget)
             while not self._try_allocate(seq, n):
                 victim = self._pick_victim()
                 budget += scheduled.pop(victim, 0)
@@ -374,7 +383,7 @@ class StepModel:
                 # when its whole prompt fits in the free blocks, not just the first chunk.
                 if self._blocks_for(seq.num_tokens) > self.free_blocks:
                     break
-                n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+                n = min(self._chunk(seq, cap), budget)
                 if not self._try_allocate(seq, n):
                     break
                 self.waiting.pop()
@@ -424,6 +433,11 @@ class StepModel:
             scheduled[seq] = 1
             i += 1
         return scheduled, preempted
+
+    @staticmethod
+    def _chunk(seq: Sequence, cap: int) -> int:
+        n = seq.num_tokens - seq.num_computed_tokens
+        return min(n, cap) if 0 < cap < n else n
 
     # -- KV cache ---------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ While a request is in flight::
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +110,14 @@ class SchedulingCore:
         self._demotion = config.admission.over_share_priority_demotion
         self._reported: dict[str, int] = {}  # tokens of each in-flight request fed to the meter
         self._prefilled: set[str] = set()  # in-flight requests whose prompt was reported
+        # Prompt tokens each tenant has dispatched whose prefill has not finished (no first
+        # token yet), for admission.max_prefill_tokens_inflight.
+        self._prefilling: Counter[str] = Counter()
+        cap = config.admission.max_prefill_tokens_inflight
+        # Tenant-aware policies pace each tenant's prompts; the FIFO baselines cannot.
+        self._prefill_paced: Callable[[str], bool] | None = None
+        if cap is not None and self.scheduler.uses_headroom:
+            self._prefill_paced = lambda tenant: self._prefilling[tenant] < cap
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
         self.holds: Counter[tuple[str, str]] = Counter()
 
@@ -234,20 +243,27 @@ class SchedulingCore:
         # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
         # capacity for them.
         usable = ("open",) if scheduler.uses_headroom else ("open", "headroom")
+        paced = self._prefill_paced
         backend = self.router.pick(lambda name: verdicts[name].mode in usable)
         if backend is not None:
-            request = scheduler.next(now)
-            assert request is not None
-            return self._dispatch(request, backend, now, slots)
+            request = scheduler.next(now, paced)
+            if request is not None:
+                return self._dispatch(request, backend, now, slots)
+            self.holds[("", "prefill_budget")] += 1
         if scheduler.uses_headroom:
             backend = self.router.pick(lambda name: verdicts[name].mode == "headroom")
             if backend is not None:
-                request = scheduler.next(now, lambda tenant: scheduler.under_share(tenant, slots))
+                request = scheduler.next(
+                    now,
+                    lambda tenant: scheduler.under_share(tenant, slots)
+                    and (paced is None or paced(tenant)),
+                )
                 if request is not None:
                     return self._dispatch(request, backend, now, slots)
         for name, verdict in verdicts.items():
-            self.holds[(name, verdict.reason)] += 1
-            self.gates[name].holds[verdict.reason] += 1
+            if verdict.mode != "open":
+                self.holds[(name, verdict.reason)] += 1
+                self.gates[name].holds[verdict.reason] += 1
         return None
 
     def dispatch_ready(self, now: float) -> Iterator[Dispatch]:
@@ -266,6 +282,7 @@ class SchedulingCore:
         )
         self.ledger.dispatch(request.id)
         self._reported[request.id] = 0
+        self._prefilling[request.tenant] += request.prompt_tokens
         over = self.scheduler.uses_headroom and self.scheduler.over_share(request.tenant, slots)
         priority = None
         if backend in self._priority_backends:
@@ -296,6 +313,7 @@ class SchedulingCore:
         if request.id not in self._prefilled:
             self._prefilled.add(request.id)  # the first token says the prompt was served
             served += request.prompt_tokens
+            self._end_prefill(request)
         self._reported[request.id] += served
         self._observe_served(served, now)
 
@@ -348,8 +366,18 @@ class SchedulingCore:
         assert request.backend is not None
         self.gates[request.backend].on_finished(now)
         self.router.on_finished(request.id)
-        self._prefilled.discard(request.id)
+        if request.id in self._prefilled:
+            self._prefilled.discard(request.id)
+        else:
+            self._end_prefill(request)
         return self._reported.pop(request.id, 0)
+
+    def _end_prefill(self, request: QueuedRequest) -> None:
+        left = self._prefilling[request.tenant] - request.prompt_tokens
+        if left > 0:
+            self._prefilling[request.tenant] = left
+        else:
+            del self._prefilling[request.tenant]
 
     def _observe_served(self, tokens: int, now: float) -> None:
         self.meter.observe(tokens, now, saturated=self.scheduler.queued_requests > 0)

@@ -28,6 +28,7 @@ class _Backend:
     healthy: bool = True
     inflight: int = 0
     outstanding_tokens: int = 0
+    prefill_tokens: int = 0  # prompt tokens in flight whose first token has not come back
     kv_cache_usage: float | None = None
 
 
@@ -76,6 +77,10 @@ class Router:
     def inflight(self, backend: str) -> int:
         return self._by_name[backend].inflight
 
+    def prefill_tokens(self, backend: str) -> int:
+        """Prompt tokens dispatched there whose prefill has not finished (no first token)."""
+        return self._by_name[backend].prefill_tokens
+
     # ------------------------------------------------------------------ choice
 
     def pick(self, can_take: Callable[[str], bool] | None = None) -> str | None:
@@ -113,6 +118,7 @@ class Router:
         self._tickets[request_id] = ticket
         b.inflight += 1
         b.outstanding_tokens += ticket.prompt_left + ticket.output_left
+        b.prefill_tokens += ticket.prompt_left
         self._next_rr = (b.index + 1) % len(self._backends)
 
     def on_tokens(self, request_id: str, tokens: int) -> None:
@@ -122,6 +128,7 @@ class Router:
             return
         produced = min(max(0, tokens), ticket.output_left)
         ticket.backend.outstanding_tokens -= ticket.prompt_left + produced
+        ticket.backend.prefill_tokens -= ticket.prompt_left
         ticket.prompt_left = 0
         ticket.output_left -= produced
 
@@ -132,6 +139,7 @@ class Router:
         b = ticket.backend
         b.inflight -= 1
         b.outstanding_tokens -= ticket.prompt_left + ticket.output_left
+        b.prefill_tokens -= ticket.prompt_left
 
     def snapshot(self) -> dict[str, Any]:
         return {
@@ -139,6 +147,7 @@ class Router:
                 "healthy": b.healthy,
                 "inflight": b.inflight,
                 "outstanding_tokens": b.outstanding_tokens,
+                "prefill_tokens": b.prefill_tokens,
                 "kv_cache_usage": b.kv_cache_usage,
             }
             for b in self._backends

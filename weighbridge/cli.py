@@ -36,6 +36,9 @@ def emulator(
         help="Longest prompt + output accepted.")] = 4096,
     scheduling_policy: Annotated[str, typer.Option(
         help="Waiting-queue order: fcfs or priority (by the request's priority field).")] = "fcfs",
+    long_prefill_token_threshold: Annotated[int, typer.Option(
+        help="Most prompt tokens one sequence prefills per step (0: no cap), as vLLM's "
+             "flag of the same name.")] = 0,
     no_chunked_prefill: Annotated[bool, typer.Option(
         "--no-chunked-prefill",
         help="Steps are all-prefill or all-decode (vLLM V0) instead of mixed.")] = False,
@@ -72,6 +75,7 @@ def emulator(
             max_model_len=max_model_len,
             scheduling_policy=scheduling_policy,  # type: ignore[arg-type]
             chunked_prefill=not no_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

@@ -334,6 +334,11 @@ class Admission(_Model):
     # Slots per backend only under-share tenants may use: a well-behaved tenant then never
     # waits for a flood's slot turnover (vLLM does not preempt to admit a waiting request).
     headroom_slots: NonNegativeInt = 0
+    # Prompt tokens one tenant may have dispatched and still prefilling (no first token yet)
+    # before its next request waits: a flood's long prompts then enter the engines a few at
+    # a time instead of all at once, so they neither fill the engine's waiting queue (which
+    # closes the gate for everyone) nor every step's budget. drr and rr only. None: no limit.
+    max_prefill_tokens_inflight: PositiveInt | None = None
     # Added to the vLLM priority of over-share requests on priority-scheduling backends, so
     # the engine preempts them first under KV pressure.
     over_share_priority_demotion: NonNegativeInt = 1

@@ -35,6 +35,20 @@ def test_prefill_then_one_token_per_step() -> None:
     assert model.free_blocks == model.config.num_kv_blocks
 
 
+def test_long_prefill_threshold_caps_a_prompt_per_step_but_not_when_alone() -> None:
+    config = EngineConfig(max_num_batched_tokens=512, long_prefill_token_threshold=128)
+    alone = StepModel(config, FLAT)
+    alone.add(seq("a", 400, 1))
+    batch = alone.schedule(0.0)
+    assert batch is not None and batch.num_tokens == 400
+    shared = StepModel(config, FLAT)
+    shared.add(seq("a", 400, 1))
+    shared.add(seq("b", 100, 1))
+    batch = shared.schedule(0.0)
+    assert batch is not None
+    assert sorted(batch.scheduled.values()) == [100, 128]
+
+
 def test_stop_before_max_tokens_reports_stop() -> None:
     model = StepModel(EngineConfig(), FLAT)
     s = seq("a", 10, 2, max_tokens=50)
