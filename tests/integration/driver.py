@@ -11,7 +11,7 @@ import asyncio
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +32,8 @@ class Outcome:
     backend: str | None = None
     queue_ms: float | None = None  # the sidecar's x-weighbridge-queue-ms
     error: str | None = None
+    # With record_chunks: (seconds after t0, characters of content) of every content chunk.
+    chunks: list[tuple[float, int]] | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -41,6 +43,32 @@ class Outcome:
     def ok(self) -> bool:
         return self.status == 200 and self.error is None and self.end_s is not None
 
+    def tokens_served(self, start_s: float, end_s: float, prompt_tokens: int | None = None,
+                      output_tokens: int | None = None) -> float:
+        """Tokens this request was served in ``[start_s, end_s)`` (seconds after t0): its
+        prompt when the first token came back (prefill done), its output as it streamed.
+
+        Counts come from ``usage``; a request cut off before its usage chunk passes the
+        counts it was sent with (``prompt_tokens``; ``output_tokens``: characters are then
+        one token each unless given). Output is spread over the recorded chunks in
+        proportion to their characters (a merged chunk carries several tokens); without
+        recorded chunks everything counts at ``end_s``.
+        """
+        prompt = self.prompt_tokens or (prompt_tokens or 0)
+        if self.first_token_s is None:
+            return 0.0
+        served = float(prompt) if start_s <= self.first_token_s < end_s else 0.0
+        if self.chunks is None:
+            if self.end_s is not None and start_s <= self.end_s < end_s:
+                served += self.output_tokens
+            return served
+        chars = sum(n for _, n in self.chunks)
+        if not chars:
+            return served
+        output = self.output_tokens or (output_tokens if output_tokens is not None else chars)
+        inside = sum(n for t, n in self.chunks if start_s <= t < end_s)
+        return served + output * inside / chars
+
 
 def percentile(values: Sequence[float], q: float) -> float:
     """Exact percentile by linear interpolation between closest ranks."""
@@ -49,7 +77,16 @@ def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     pos = (len(ordered) - 1) * q
     lo, hi = math.floor(pos), math.ceil(pos)
+    if math.isinf(ordered[hi]):
+        return ordered[hi] if hi == lo or pos > lo else ordered[lo]
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def jain_index(values: Sequence[float]) -> float:
+    """Jain's fairness index: 1 when all values are equal, 1/n when one takes everything."""
+    if not values or not any(values):
+        return math.nan
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
 def completion_body(prompt_tokens: int, max_tokens: int, model: str, **extra: Any) -> bytes:
@@ -59,14 +96,31 @@ def completion_body(prompt_tokens: int, max_tokens: int, model: str, **extra: An
                          "stream_options": {"include_usage": True}, **extra})
 
 
+def _content(choice: dict[str, Any]) -> str:
+    """Generated text of a completion or chat chunk's choice."""
+    if text := choice.get("text"):
+        return str(text)
+    delta = choice.get("delta") or {}
+    return str(delta.get("content") or "")
+
+
 async def streamed_request(session: aiohttp.ClientSession, url: str, key: str, tenant: str,
                            body: bytes, scheduled_s: float, t0: float,
-                           headers: dict[str, str] | None = None) -> Outcome:
-    """Send at ``scheduled_s`` (seconds after ``t0``, monotonic) and time from then."""
+                           headers: dict[str, str] | None = None, *,
+                           record_chunks: bool = False, out: Outcome | None = None) -> Outcome:
+    """Send at ``scheduled_s`` (seconds after ``t0``, monotonic) and time from then.
+
+    ``record_chunks`` keeps the arrival time and size of every content chunk (for service
+    over a window). ``out`` is filled in place if given, so a caller that cancels the
+    request (a deadline) still holds what arrived before it.
+    """
     delay = t0 + scheduled_s - time.monotonic()
     if delay > 0:
         await asyncio.sleep(delay)
-    out = Outcome(tenant, scheduled_s)
+    if out is None:
+        out = Outcome(tenant, scheduled_s)
+    if record_chunks:
+        out.chunks = []
     request_headers = {"authorization": f"Bearer {key}", "content-type": "application/json",
                        **(headers or {})}
     try:
@@ -91,8 +145,12 @@ async def streamed_request(session: aiohttp.ClientSession, url: str, key: str, t
                     if "error" in chunk:
                         out.error = str(chunk["error"])
                     elif chunk.get("choices"):
-                        if out.first_token_s is None and chunk["choices"][0].get("text"):
-                            out.first_token_s = time.monotonic() - t0
+                        if text := _content(chunk["choices"][0]):
+                            now = time.monotonic() - t0
+                            if out.first_token_s is None:
+                                out.first_token_s = now
+                            if out.chunks is not None:
+                                out.chunks.append((now, len(text)))
                     elif chunk.get("usage"):
                         out.prompt_tokens = chunk["usage"]["prompt_tokens"]
                         out.output_tokens = chunk["usage"]["completion_tokens"]
@@ -111,6 +169,39 @@ def poisson_times(rate_per_s: float, duration_s: float, seed: int,
         if t >= start_s + duration_s:
             return times
         times.append(t)
+
+
+async def closed_loop(clients: int, t0: float, stop_s: float,
+                      send: Callable[[int, float, Outcome], Awaitable[object]],
+                      tenant: str = "", start_s: float = 0.0) -> list[Outcome]:
+    """``clients`` concurrent users, each sending its next request as soon as the previous one
+    ends, from ``start_s`` until ``stop_s`` (seconds after ``t0``), when whatever is still
+    queued or streaming is cut off (the connection closes; its Outcome keeps what arrived,
+    with error ``"stopped"``).
+
+    ``send(client, scheduled_s, out)`` issues one request and fills ``out`` (for example
+    ``streamed_request(..., scheduled_s, t0, out=out)``). Every Outcome, finished or cut
+    off, is returned in the order the requests were sent.
+    """
+    outcomes: list[Outcome] = []
+
+    async def user(client: int) -> None:
+        delay = t0 + start_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        out: Outcome | None = None
+        try:
+            async with asyncio.timeout_at(t0 + stop_s):
+                while True:
+                    out = Outcome(tenant, time.monotonic() - t0)
+                    outcomes.append(out)
+                    await send(client, out.scheduled_s, out)
+        except TimeoutError:
+            if out is not None and out.end_s is None:
+                out.error = "stopped"
+
+    await asyncio.gather(*(user(c) for c in range(clients)))
+    return outcomes
 
 
 def session(connections: int = 4096) -> aiohttp.ClientSession:
