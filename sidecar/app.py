@@ -27,7 +27,7 @@ from sidecar.backends import BackendPool
 from sidecar.core import Dispatch, SchedulingCore
 from sidecar.metrics import SidecarMetrics
 from sidecar.prompt import PromptError, prompt_tokens
-from sidecar.proxy import BackendUnavailable, RelayOutcome, relay
+from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
 from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest
 from weighbridge.config import Config
@@ -39,6 +39,10 @@ DEADLINE_HEADER = "x-weighbridge-deadline-ms"
 REJECT_HEADER = "x-weighbridge-reject-reason"
 # A request whose backend refuses the connection goes back to the queue this many times.
 MAX_DISPATCH_ATTEMPTS = 3
+# Idle upstream connections are dropped before the backend drops them: vLLM's uvicorn closes
+# keep-alive connections after 5 s, and a request written on a connection the server is
+# closing fails as if the backend had died.
+UPSTREAM_KEEPALIVE_S = 4.0
 _STATUS_BY_REASON = {"rate_limited": 429, "queue_full": 429, "deadline_unmeetable": 503}
 
 
@@ -95,7 +99,8 @@ class Sidecar:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def _lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
+                                         keepalive_timeout=UPSTREAM_KEEPALIVE_S)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock)
         self.metrics = SidecarMetrics(self.core, self.pool)
@@ -152,8 +157,18 @@ class Sidecar:
         except web.HTTPException as e:
             if e.status < 400:
                 raise
-            reason = "not_found" if e.status == 404 else "bad_request"
+            reason = {404: "not_found", 405: "method_not_allowed"}.get(e.status, "bad_request")
             return ApiError(e.status, reason, e.reason, "invalid_request_error").response()
+        except ConnectionError:
+            raise  # the client went away; nobody to answer
+        except Exception:
+            # A bug, not a client error: logged (without the body), answered in the API's
+            # error shape unless the response has started (then aiohttp drops the
+            # connection). The handler's own accounting ran on the way out.
+            log.exception("internal error handling %s %s", request.method, request.path)
+            if request.writer.output_size > 0:
+                raise
+            return ApiError(500, "internal_error", "internal error", "server_error").response()
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -192,7 +207,7 @@ class Sidecar:
                             content_type="application/json")
 
     async def models(self, request: web.Request) -> web.Response:
-        self._authenticate(request)
+        self._authenticate(request, count=False)
         assert self.pool is not None and self.session is not None
         for name, state in self.pool.states.items():
             if not state.healthy:
@@ -215,11 +230,14 @@ class Sidecar:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy("/v1/chat/completions", request)
 
-    def _authenticate(self, request: web.Request) -> str:
+    def _authenticate(self, request: web.Request, count: bool = True) -> str:
+        """The tenant owning the bearer key, or a 401. ``count``: the request is one the
+        ledger counts (a generation request), so its rejection is an arrival too."""
         key = _bearer(request)
         tenant = None if key is None else self.config.tenant_for_key(key)
         if tenant is None:
-            self.core.rejected_on_arrival("unauthorized")
+            if count:
+                self.core.rejected_on_arrival("unauthorized")
             raise ApiError(401, "unauthorized", "missing or invalid API key",
                            "authentication_error")
         return tenant
@@ -306,7 +324,9 @@ class Sidecar:
 
     def _rejection(self, reject: Reject) -> ApiError:
         headers = {}
-        if reject.retry_after_s is not None:
+        # None: waiting cannot help; infinite: the predicted wait is unbounded (no throughput
+        # measured while requests waited). Neither has a Retry-After.
+        if reject.retry_after_s is not None and math.isfinite(reject.retry_after_s):
             headers["Retry-After"] = str(max(1, math.ceil(reject.retry_after_s)))
         message = reject.reason.replace("_", " ")
         if reject.detail:
@@ -357,15 +377,23 @@ class Sidecar:
                     strip_usage_chunk=not client_wants_usage, on_content=on_content,
                     clock=self.clock)
             except BackendUnavailable as e:
+                # The request never reached the backend: back to its place in the queue.
                 self.pool.mark_failed(dispatch.backend, str(e))
                 self.core.dispatch_failed(req, self.clock())
                 self.wake()
                 continue
+            except BackendFailed as e:
+                self.pool.mark_failed(dispatch.backend, str(e))
+                self.core.on_failed(req, 0, 0, self.clock())
+                self.wake()
+                raise ApiError(502, BACKEND_FAILED, f"the backend failed before answering: {e}",
+                               "server_error", headers) from None
             except (asyncio.CancelledError, ConnectionError):
                 # The client went away mid-stream; leaving the relay closed the upstream
                 # connection, which aborts the request at the backend.
                 self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens,
                                          self.clock())
+                self._count_partial(req)
                 self.wake()
                 raise
             except BaseException:
@@ -377,8 +405,9 @@ class Sidecar:
             return response
         self.core.on_failed(req, 0, 0, self.clock())
         self.wake()
-        raise ApiError(502, "backend_unavailable", "no backend could take the request",
-                       "server_error")
+        raise ApiError(502, "backend_unavailable",
+                       f"no backend could be reached in {MAX_DISPATCH_ATTEMPTS} attempts",
+                       "server_error", {"x-weighbridge-tenant": req.tenant})
 
     async def _await_dispatch(self, req: QueuedRequest) -> Dispatch:
         waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()
@@ -401,21 +430,36 @@ class Sidecar:
                 stream: bool) -> None:
         now = self.clock()
         usage = outcome.usage
-        if outcome.status == 200 and not outcome.broken:
+        if outcome.client_gone:
+            self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens, now)
+            self._count_partial(req)
+        elif outcome.status == 200 and not outcome.broken:
             prompt = usage.prompt_tokens if usage else req.prompt_tokens
             output = usage.completion_tokens if usage else req.streamed_output_tokens
             if not stream and usage is not None:
                 self.core.on_tokens_streamed(req, output, now)
             self.core.on_completed(req, prompt, output, now)
-            self.metrics.tokens.labels(req.tenant, req.tier, "prompt").inc(prompt)
-            self.metrics.tokens.labels(req.tenant, req.tier, "output").inc(output)
+            self._count_tokens(req, prompt, output)
         else:
             if outcome.broken:
                 assert self.pool is not None
                 self.pool.mark_failed(dispatch.backend, outcome.error or "stream broke")
+                self._count_partial(req)
             self.core.on_failed(req, req.prompt_tokens if outcome.broken else 0,
                                 req.streamed_output_tokens, now)
         self.wake()
+
+    def _count_tokens(self, req: QueuedRequest, prompt: int, output: int) -> None:
+        if prompt:
+            self.metrics.tokens.labels(req.tenant, req.tier, "prompt").inc(prompt)
+        if output:
+            self.metrics.tokens.labels(req.tenant, req.tier, "output").inc(output)
+
+    def _count_partial(self, req: QueuedRequest) -> None:
+        """Tokens a cut-off stream delivered: what passed through (one per content chunk)
+        and, once the first came back, its prompt."""
+        streamed = req.streamed_output_tokens
+        self._count_tokens(req, req.prompt_tokens if streamed else 0, streamed)
 
 
 def run_sidecar(config: Config, host: str, port: int) -> None:

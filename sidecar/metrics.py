@@ -140,5 +140,6 @@ class SidecarMetrics:
                               "Arrival at the sidecar to the first content chunk relayed.",
                               ["tenant", "tier"], buckets=LATENCY_BUCKETS, registry=r)
         self.tokens = Counter("weighbridge_tokens_served",
-                              "Tokens served (usage of completed and partial requests).",
+                              "Tokens served: the usage of completed requests, and what "
+                              "cut-off streams delivered.",
                               ["tenant", "tier", "kind"], registry=r)

@@ -27,7 +27,14 @@ _DONE = b"data: [DONE]"
 
 
 class BackendUnavailable(Exception):
-    """The backend could not be reached or failed before sending a response."""
+    """The backend could not be reached: the request never left the sidecar (connection
+    refused, connect timeout), so it may be retried on another backend."""
+
+
+class BackendFailed(Exception):
+    """The backend took the request and failed before anything reached the client (it
+    dropped the connection, or the answer's body broke off). Not retried: the backend may
+    have been working on it, and a request that crashes backends must not visit them all."""
 
 
 @dataclass(slots=True)
@@ -44,6 +51,7 @@ class RelayOutcome:
     content_chunks: int
     broken: bool = False  # the backend failed after the response started
     error: str | None = None
+    client_gone: bool = False  # the client went away mid-stream (the upstream was closed)
 
 
 def _usage_of(obj: object) -> Usage | None:
@@ -77,8 +85,12 @@ def _carries_content(event: bytes) -> bool:
     return False
 
 
-def error_event(message: str, code: int = 502) -> bytes:
-    body = {"error": {"message": message, "type": "BackendError", "code": code}}
+BACKEND_FAILED = "backend_failed"
+
+
+def error_event(message: str, code: str = BACKEND_FAILED) -> bytes:
+    """The SSE event that ends a stream the backend broke off (then ``data: [DONE]``)."""
+    body = {"error": {"message": message, "type": "server_error", "code": code}}
     return b"data: " + orjson.dumps(body) + b"\n\n"
 
 
@@ -97,16 +109,22 @@ async def relay(
 ) -> tuple[web.StreamResponse, RelayOutcome]:
     """POST ``body`` to ``url`` and relay the answer to ``request``'s client.
 
-    Raises :class:`BackendUnavailable` if nothing was sent to the client yet (the caller may
-    answer 502 or retry elsewhere). Once the client has the response headers, a backend
-    failure ends the stream with an error event instead.
+    Raises :class:`BackendUnavailable` if the backend could not be reached (the caller may
+    retry elsewhere) and :class:`BackendFailed` if it failed before anything was sent to the
+    client (the caller answers 502). Once the client has the response headers, a backend
+    failure ends the stream with an error event instead. A client that goes away either
+    cancels the handler (``CancelledError`` is raised here) or makes a write fail (the
+    outcome says ``client_gone``); either way the upstream connection is closed, which
+    aborts the backend's request.
     """
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5.0)
     try:
         upstream = await session.post(url, data=body, timeout=timeout,
                                       headers={"content-type": "application/json"})
-    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
         raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        raise BackendFailed(f"{type(e).__name__}: {e}") from e
     complete = False
     try:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
@@ -115,8 +133,8 @@ async def relay(
         if not (stream and is_sse and upstream.status == 200):
             try:
                 payload = await upstream.read()
-            except (TimeoutError, aiohttp.ClientError) as e:
-                raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                raise BackendFailed(f"{type(e).__name__}: {e}") from e
             usage = None
             if upstream.status == 200:
                 try:
@@ -128,31 +146,40 @@ async def relay(
             return response, RelayOutcome(upstream.status, usage,
                                           clock() if usage else None, 0)
         response = web.StreamResponse(status=200, headers=headers)
-        await response.prepare(request)
         outcome = RelayOutcome(200, None, None, 0)
-        buffer = b""
         try:
-            async for data in upstream.content.iter_any():
-                buffer += data
-                while True:
-                    end = buffer.find(b"\n\n")
-                    if end < 0:
-                        break
-                    event, buffer = buffer[: end + 2], buffer[end + 2:]
-                    await _forward(event, response, outcome, strip_usage_chunk, on_content,
+            await response.prepare(request)
+            buffer = b""
+            try:
+                async for data in upstream.content.iter_any():
+                    buffer += data
+                    while True:
+                        end = buffer.find(b"\n\n")
+                        if end < 0:
+                            break
+                        event, buffer = buffer[: end + 2], buffer[end + 2:]
+                        await _forward(event, response, outcome, strip_usage_chunk,
+                                       on_content, clock)
+                if buffer.strip():
+                    await _forward(buffer, response, outcome, strip_usage_chunk, on_content,
                                    clock)
-            if buffer.strip():
-                await _forward(buffer, response, outcome, strip_usage_chunk, on_content, clock)
-        except (TimeoutError, aiohttp.ClientError) as e:
-            outcome.broken = True
-            outcome.error = f"{type(e).__name__}: {e}"
-        if outcome.broken or (outcome.usage is None and not outcome.content_chunks):
-            outcome.broken = True
-            outcome.error = outcome.error or "backend ended the stream early"
-            await response.write(error_event(f"backend failed mid-stream: {outcome.error}"))
-            await response.write(_DONE + b"\n\n")
-        await response.write_eof()
-        complete = not outcome.broken
+            except ConnectionResetError:
+                raise  # writing to the client failed: the client is gone, not the backend
+            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                outcome.broken = True
+                outcome.error = f"{type(e).__name__}: {e}"
+            if outcome.broken or (outcome.usage is None and not outcome.content_chunks):
+                outcome.broken = True
+                outcome.error = outcome.error or "backend ended the stream early"
+                await response.write(error_event(f"backend failed mid-stream: {outcome.error}"))
+                await response.write(_DONE + b"\n\n")
+            complete = not outcome.broken
+            await response.write_eof()
+        except ConnectionResetError:
+            # A write to the client failed: it went away. Unless the backend had finished,
+            # the upstream is closed below, which aborts the request there. Returning (not
+            # raising) lets aiohttp end the exchange quietly.
+            outcome.client_gone = not complete and not outcome.broken
         return response, outcome
     finally:
         # Closing (not releasing) an unfinished upstream drops its connection, which is how
