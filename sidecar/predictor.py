@@ -58,9 +58,13 @@ class ThroughputMeter:
         elapsed = now - self._start
         if elapsed >= self._window_s:
             sample = self._tokens / elapsed
-            self._rate = sample if self._rate is None else self._rate + self._alpha * (
-                sample - self._rate
-            )
+            if self._rate is None:
+                # A first window with nothing served (long prefills still running, a stalled
+                # backend) says nothing about capacity; a rate of 0 would make every deadline
+                # look unmeetable. Stay unknown until something is served.
+                self._rate = sample if sample > 0 else None
+            else:
+                self._rate += self._alpha * (sample - self._rate)
             self._start = now
             self._tokens = 0.0
 
