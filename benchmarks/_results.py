@@ -1,0 +1,56 @@
+"""benchmarks/RESULTS.md: one section per benchmark, rewritten by its latest recorded run.
+
+Sections sit between ``<!-- bench:NAME -->`` and ``<!-- /bench:NAME -->`` markers so a run of
+one benchmark leaves the others' sections (and any hand-written text outside them) alone.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from benchmarks._core import PACKAGE_DIR, Benchmark, BenchResult
+
+RESULTS_PATH = PACKAGE_DIR / "RESULTS.md"
+
+HEADER = """# Benchmark results
+
+Written by `python -m benchmarks` (`make bench`); each section below is rewritten by the latest
+full run of its benchmark (`--quick` runs are not recorded). The machines are shared and noisy,
+so every figure is reported as a ratio against a baseline measured in the same run, with the
+raw numbers beside it for context. Issue 2, section 5 sets the targets.
+"""
+
+
+def render(bench: Benchmark, result: BenchResult, *, date: str, command: str,
+           machine: str) -> str:
+    verdict = {True: "target met", False: "TARGET MISSED", None: "comparison"}[result.passed]
+    parts = [
+        f"## {bench.name}: {bench.title}",
+        "",
+        f"- date: {date}",
+        f"- command: `{command}`",
+        f"- machine: {machine}",
+        *[f"- {line}" for line in result.setup],
+        f"- verdict: **{verdict}**",
+        "",
+        *[f"{line}  " if not line.endswith("  ") else line for line in result.summary],
+        "",
+    ]
+    for table in result.tables:
+        parts += [table.markdown(), ""]
+    if result.notes:
+        parts += ["Notes:", "", *[f"- {n}" for n in result.notes], ""]
+    body = "\n".join(parts).rstrip() + "\n"
+    return f"<!-- bench:{bench.name} -->\n{body}<!-- /bench:{bench.name} -->\n"
+
+
+def write_section(name: str, section: str, path: Path = RESULTS_PATH) -> None:
+    text = path.read_text() if path.exists() else HEADER
+    key = re.escape(name)
+    pattern = re.compile(rf"<!-- bench:{key} -->\n.*?<!-- /bench:{key} -->\n", re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: section, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
