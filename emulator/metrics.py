@@ -113,6 +113,11 @@ class EngineMetrics:
             "weighbridge_emulator_step_lag_seconds",
             "Wall-clock step duration minus the step model's duration.",
             labels, buckets=STEP_LAG_BUCKETS, registry=r)
+        # Model time of all steps, so wall-clock lag can be read for any profile:
+        # rate(wall time) / rate(this) - 1.
+        self.step_model_seconds = Counter(
+            "weighbridge_emulator_step_model_seconds",
+            "Sum of the step model's step durations.", labels, registry=r)
         self._values = values
         self._bind(values)
 
@@ -128,6 +133,7 @@ class EngineMetrics:
         self._req_gen = self.request_generation_tokens.labels(*values)
         self._iteration = self.iteration_tokens.labels(*values)
         self._lag = self.step_lag.labels(*values)
+        self._model_seconds = self.step_model_seconds.labels(*values)
         self._prefill = self.prefill_time.labels(*values)
         self._decode = self.decode_time.labels(*values)
         self._inference = self.inference_time.labels(*values)
@@ -137,6 +143,7 @@ class EngineMetrics:
     def on_step(self, result: StepResult, lag_s: float) -> None:
         batch, emitted = result.batch, result.emitted
         self._iteration.observe(batch.num_tokens)
+        self._model_seconds.inc(batch.duration_s)
         if batch.preempted:
             self._preemptions.inc(len(batch.preempted))
         self._lag.observe(max(lag_s, 0.0))

@@ -252,6 +252,10 @@ class Emulator:
             if req.stream:
                 return await self._stream(request, req, shape, stream)
             return await self._whole(shape, stream)
+        except ConnectionResetError:
+            # The client hung up mid-stream: not an error of ours; the sequence is aborted
+            # below. The response is over, so there is nothing to send.
+            return web.Response(status=499)
         finally:
             if not seq.is_finished:
                 # The client went away (handler cancelled or a write failed): free the slot.

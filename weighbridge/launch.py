@@ -160,7 +160,7 @@ def emulator_process(name: str = "emulator", host: str = "127.0.0.1", port: int 
         option = "--" + key.replace("_", "-")
         if value is True:
             argv.append(option)
-        elif value not in (False, None):
+        elif value is not False and value is not None:  # 0 is a value, not absence
             argv += [option, str(value)]
     return ServerProcess(name=name, argv=argv, url=f"http://{host}:{port}")
 
