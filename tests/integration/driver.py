@@ -32,7 +32,8 @@ class Outcome:
     backend: str | None = None
     queue_ms: float | None = None  # the sidecar's x-weighbridge-queue-ms
     error: str | None = None
-    # With record_chunks: (seconds after t0, characters of content) of every content chunk.
+    # With record_chunks: (seconds after t0, output tokens) of every content chunk; a chunk
+    # counts one token unless the server sends continuous usage (then exact).
     chunks: list[tuple[float, int]] | None = None
 
     @property
@@ -43,31 +44,29 @@ class Outcome:
     def ok(self) -> bool:
         return self.status == 200 and self.error is None and self.end_s is not None
 
-    def tokens_served(self, start_s: float, end_s: float, prompt_tokens: int | None = None,
-                      output_tokens: int | None = None) -> float:
+    def tokens_served(self, start_s: float, end_s: float,
+                      prompt_tokens: int | None = None) -> float:
         """Tokens this request was served in ``[start_s, end_s)`` (seconds after t0): its
         prompt when the first token came back (prefill done), its output as it streamed.
 
-        Counts come from ``usage``; a request cut off before its usage chunk passes the
-        counts it was sent with (``prompt_tokens``; ``output_tokens``: characters are then
-        one token each unless given). Output is spread over the recorded chunks in
-        proportion to their characters (a merged chunk carries several tokens); without
-        recorded chunks everything counts at ``end_s``.
+        The prompt size comes from ``usage`` (a request cut off before any usage passes
+        ``prompt_tokens``). Output: the recorded chunks' tokens, scaled to the final
+        ``usage`` when it disagrees (merged chunks without continuous usage); without
+        recorded chunks, all output counts at ``end_s``.
         """
-        prompt = self.prompt_tokens or (prompt_tokens or 0)
         if self.first_token_s is None:
             return 0.0
+        prompt = self.prompt_tokens or prompt_tokens or 0
         served = float(prompt) if start_s <= self.first_token_s < end_s else 0.0
         if self.chunks is None:
             if self.end_s is not None and start_s <= self.end_s < end_s:
                 served += self.output_tokens
             return served
-        chars = sum(n for _, n in self.chunks)
-        if not chars:
-            return served
-        output = self.output_tokens or (output_tokens if output_tokens is not None else chars)
+        streamed = sum(n for _, n in self.chunks)
         inside = sum(n for t, n in self.chunks if start_s <= t < end_s)
-        return served + output * inside / chars
+        if self.ok and self.output_tokens and streamed and streamed != self.output_tokens:
+            inside *= self.output_tokens / streamed
+        return served + inside
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -89,11 +88,18 @@ def jain_index(values: Sequence[float]) -> float:
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
-def completion_body(prompt_tokens: int, max_tokens: int, model: str, **extra: Any) -> bytes:
+def completion_body(prompt_tokens: int, max_tokens: int, model: str,
+                    continuous_usage: bool = False, **extra: Any) -> bytes:
+    """A streamed /v1/completions body with a token-id prompt and exactly ``max_tokens`` of
+    output. ``continuous_usage``: every chunk carries the usage so far (vLLM's
+    ``stream_options.continuous_usage_stats``), so a cut-off stream's counts are known."""
     prompt = [(i * 7) % 90 + 5 for i in range(prompt_tokens)]
+    options: dict[str, bool] = {"include_usage": True}
+    if continuous_usage:
+        options["continuous_usage_stats"] = True
     return orjson.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
-                         "ignore_eos": True, "stream": True,
-                         "stream_options": {"include_usage": True}, **extra})
+                         "ignore_eos": True, "stream": True, "stream_options": options,
+                         **extra})
 
 
 def _content(choice: dict[str, Any]) -> str:
@@ -110,7 +116,7 @@ async def streamed_request(session: aiohttp.ClientSession, url: str, key: str, t
                            record_chunks: bool = False, out: Outcome | None = None) -> Outcome:
     """Send at ``scheduled_s`` (seconds after ``t0``, monotonic) and time from then.
 
-    ``record_chunks`` keeps the arrival time and size of every content chunk (for service
+    ``record_chunks`` keeps the arrival time and tokens of every content chunk (for service
     over a window). ``out`` is filled in place if given, so a caller that cancels the
     request (a deadline) still holds what arrived before it.
     """
@@ -145,12 +151,17 @@ async def streamed_request(session: aiohttp.ClientSession, url: str, key: str, t
                     if "error" in chunk:
                         out.error = str(chunk["error"])
                     elif chunk.get("choices"):
-                        if text := _content(chunk["choices"][0]):
+                        if _content(chunk["choices"][0]):
                             now = time.monotonic() - t0
                             if out.first_token_s is None:
                                 out.first_token_s = now
+                            tokens = 1
+                            if usage := chunk.get("usage"):  # continuous usage
+                                out.prompt_tokens = usage["prompt_tokens"]
+                                tokens = usage["completion_tokens"] - out.output_tokens
+                                out.output_tokens = usage["completion_tokens"]
                             if out.chunks is not None:
-                                out.chunks.append((now, len(text)))
+                                out.chunks.append((now, tokens))
                     elif chunk.get("usage"):
                         out.prompt_tokens = chunk["usage"]["prompt_tokens"]
                         out.output_tokens = chunk["usage"]["completion_tokens"]
@@ -173,11 +184,12 @@ def poisson_times(rate_per_s: float, duration_s: float, seed: int,
 
 async def closed_loop(clients: int, t0: float, stop_s: float,
                       send: Callable[[int, float, Outcome], Awaitable[object]],
-                      tenant: str = "", start_s: float = 0.0) -> list[Outcome]:
+                      tenant: str = "", start_s: float = 0.0,
+                      backoff_s: float = 0.05) -> list[Outcome]:
     """``clients`` concurrent users, each sending its next request as soon as the previous one
-    ends, from ``start_s`` until ``stop_s`` (seconds after ``t0``), when whatever is still
-    queued or streaming is cut off (the connection closes; its Outcome keeps what arrived,
-    with error ``"stopped"``).
+    ends (``backoff_s`` after one that failed or was turned away), from ``start_s`` until
+    ``stop_s`` (seconds after ``t0``), when whatever is still queued or streaming is cut off
+    (the connection closes; its Outcome keeps what arrived, with error ``"stopped"``).
 
     ``send(client, scheduled_s, out)`` issues one request and fills ``out`` (for example
     ``streamed_request(..., scheduled_s, t0, out=out)``). Every Outcome, finished or cut
@@ -196,6 +208,8 @@ async def closed_loop(clients: int, t0: float, stop_s: float,
                     out = Outcome(tenant, time.monotonic() - t0)
                     outcomes.append(out)
                     await send(client, out.scheduled_s, out)
+                    if not out.ok:
+                        await asyncio.sleep(backoff_s)
         except TimeoutError:
             if out is not None and out.end_s is None:
                 out.error = "stopped"

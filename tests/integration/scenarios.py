@@ -1,0 +1,151 @@
+"""Helpers for the acceptance scenarios (tests/integration/sidecar/test_scenarios.py): config
+builders, a /metrics scraper for the sidecar and the emulators, a background sampler, and
+waiting for everything to drain between the phases of a comparison.
+
+Everything runs against real processes on loopback (``weighbridge.launch``); the load comes
+from ``tests/integration/driver.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+from weighbridge.launch import ServerProcess
+
+MODEL = "weighbridge-emulator"  # the emulator's default --model-name
+
+
+def key(name: str) -> str:
+    """The (test-only, plain) API key of tenant ``name``."""
+    return f"sk-{name}"
+
+
+def tenant(name: str, tier: str, weight: float = 1.0, **extra: object) -> dict[str, object]:
+    """A tenant entry for a sidecar config mapping (plain keys: tests only), with queues
+    deep enough for a backlogged scenario."""
+    limits = {"max_queued": 5000, **extra.pop("limits", {})}  # type: ignore[dict-item]
+    return {"tier": tier, "weight": weight, "api_keys": [f"plain:{key(name)}"],
+            "limits": limits, **extra}
+
+
+@contextlib.asynccontextmanager
+async def started(*procs: ServerProcess) -> AsyncIterator[tuple[ServerProcess, ...]]:
+    """Start ``procs`` in parallel (each waits until healthy) and stop them all at the end of
+    the block, whatever happens."""
+    try:
+        results = await asyncio.gather(*(asyncio.to_thread(p.start) for p in procs),
+                                       return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        yield procs
+    finally:
+        await asyncio.gather(*(asyncio.to_thread(p.stop) for p in procs))
+
+
+# ----------------------------------------------------------------------------- /metrics
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One /metrics exposition: sample name -> [(labels, value)]."""
+
+    at_s: float  # monotonic time the answer arrived
+    samples: dict[str, list[tuple[dict[str, str], float]]]
+
+    def total(self, name: str, **labels: str) -> float:
+        """Sum of the samples named ``name`` whose labels include ``labels``."""
+        return sum(value for got, value in self.samples.get(name, ())
+                   if all(got.get(k) == v for k, v in labels.items()))
+
+    def by(self, name: str, label: str, **labels: str) -> dict[str, float]:
+        """Sum of the samples named ``name`` per value of ``label``."""
+        out: dict[str, float] = {}
+        for got, value in self.samples.get(name, ()):
+            if all(got.get(k) == v for k, v in labels.items()) and label in got:
+                out[got[label]] = out.get(got[label], 0.0) + value
+        return out
+
+
+def parse_metrics(text: str, at_s: float) -> Scrape:
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return Scrape(at_s, samples)
+
+
+async def scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
+    async with session.get(url.rstrip("/") + "/metrics",
+                           timeout=aiohttp.ClientTimeout(total=5)) as response:
+        response.raise_for_status()
+        text = await response.text()
+    return parse_metrics(text, time.monotonic())
+
+
+@dataclass
+class Sampler:
+    """Scrapes ``urls`` every ``interval_s`` in the background (``async with``); keeps every
+    scrape as ``samples[url] = [Scrape, ...]``. Bounded: it stops when the block ends."""
+
+    session: aiohttp.ClientSession
+    urls: Sequence[str]
+    interval_s: float = 0.05
+    samples: dict[str, list[Scrape]] = field(default_factory=dict)
+    _task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        while True:
+            scrapes = await asyncio.gather(*(scrape(self.session, u) for u in self.urls),
+                                           return_exceptions=True)
+            for url, result in zip(self.urls, scrapes, strict=True):
+                if isinstance(result, Scrape):
+                    self.samples.setdefault(url, []).append(result)
+            await asyncio.sleep(self.interval_s)
+
+    async def __aenter__(self) -> Sampler:
+        self._task = asyncio.create_task(self._run(), name="metrics-sampler")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+async def drained(session: aiohttp.ClientSession, sidecar_url: str,
+                  emulator_urls: Sequence[str], timeout_s: float = 15.0) -> None:
+    """Wait (bounded) until the sidecar holds nothing and the emulators run nothing: the
+    next phase of a comparison then starts from idle engines."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        side = await scrape(session, sidecar_url)
+        busy = side.total("weighbridge_requests_queued") + side.total(
+            "weighbridge_requests_dispatched")
+        for url in emulator_urls:
+            emu = await scrape(session, url)
+            busy += emu.total("vllm:num_requests_running") + emu.total(
+                "vllm:num_requests_waiting")
+        if busy == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not drained after {timeout_s} s ({busy:.0f} requests left)")
+        await asyncio.sleep(0.1)
+
+
+def engine_tokens(scrape_: Scrape) -> float:
+    """Prompt + generation tokens an emulator (or vLLM) has processed."""
+    return scrape_.total("vllm:prompt_tokens_total") + scrape_.total(
+        "vllm:generation_tokens_total")
+
+
+def fmt_shares(values: Mapping[str, float]) -> str:
+    return ", ".join(f"{k}={v:.3f}" for k, v in values.items())
