@@ -233,9 +233,15 @@ class SchedulingCore:
 
         verdicts: dict[str, GateVerdict] = {}
         slots = 0
+        backlog = self.config.admission.max_backend_prefill_tokens
         for name, gate in self.gates.items():
             if self.router.is_healthy(name):
-                verdict = verdicts[name] = gate.verdict(now)
+                verdict = gate.verdict(now)
+                if (backlog is not None and verdict.mode != "closed" and gate.inflight > 0
+                        and self.router.prefill_tokens(name) >= backlog):
+                    # Enough prompts already wait to be prefilled there.
+                    verdict = GateVerdict("closed", "prefill_backlog", verdict.share_slots)
+                verdicts[name] = verdict
                 slots += verdict.share_slots
         if not verdicts:
             self.holds[("", "no_healthy_backend")] += 1

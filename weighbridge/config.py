@@ -334,6 +334,12 @@ class Admission(_Model):
     # Slots per backend only under-share tenants may use: a well-behaved tenant then never
     # waits for a flood's slot turnover (vLLM does not preempt to admit a waiting request).
     headroom_slots: NonNegativeInt = 0
+    # Prompt tokens a backend may have dispatched and still prefilling (no first token yet)
+    # before it takes more: the gate otherwise counts free *slots*, and on an idle engine it
+    # would hand over a slot's worth of long prompts that the engine can only prefill a
+    # step budget at a time, so its waiting queue would overshoot max_backend_waiting.
+    # About one or two step budgets (max_num_batched_tokens). None: no limit.
+    max_backend_prefill_tokens: PositiveInt | None = None
     # Prompt tokens one tenant may have dispatched and still prefilling (no first token yet)
     # before its next request waits: a flood's long prompts then enter the engines a few at
     # a time instead of all at once, so they neither fill the engine's waiting queue (which

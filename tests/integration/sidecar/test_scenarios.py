@@ -171,7 +171,9 @@ async def test_token_fairness_drr_vs_rr() -> None:
         sidecar(f"fair-{p}", [engine], tenants,
                 scheduler={"policy": p},
                 endpoints={COMPLETIONS: {"cost": "tokens", "quantum": 512}},
-                admission={"max_running_per_backend": 32, "max_inflight_per_backend": 32})
+                admission={"max_running_per_backend": 32, "max_inflight_per_backend": 32},
+                # No SLO: deep backlogs are the premise here, not early rejections.
+                tiers={"standard": {"rank": 1}})
         for p, engine in zip(("drr", "rr"), engines, strict=True)]
     async with started(*engines, *sidecars), driver.session() as session:
         t0 = time.monotonic() + 0.2
@@ -347,7 +349,9 @@ async def saturation_run() -> dict[str, SatRun]:
     sidecars = [sidecar(f"sat-{p}", [e], tenants, scheduler={"policy": p},
                         admission={"max_running_per_backend": 32,
                                    "max_inflight_per_backend": 32,
-                                   "max_backend_waiting": MAX_BACKEND_WAITING})
+                                   "max_backend_waiting": MAX_BACKEND_WAITING,
+                                   # One step budget of prompts waiting to be prefilled.
+                                   "max_backend_prefill_tokens": 2048})
                 for p, e in zip(("drr", "passthrough"), engines, strict=True)]
     async with started(*engines, *sidecars), driver.session() as session:
         t0 = time.monotonic() + 0.2
@@ -417,12 +421,12 @@ def test_backend_queue_stays_bounded(saturation: dict[str, SatRun]) -> None:
     vllm:num_requests_waiting stays at most max_backend_waiting + 1 (passthrough, for
     contrast, piles everything into the engine's queue).
 
-    NOT met as stated (see the assertions below): the admission gate counts *slots*. When
-    the engine is idle at the start of a flood (or after several completions at once), the
-    gate sends one request per free slot at once, but the engine admits waiting requests
-    only as fast as its per-step token budget prefills their prompts (about two 1,000-token
-    prompts per 2,048-token step), so for the first ~0.5 s the engine's queue holds ~25
-    requests, and later bursts of completions briefly leave 4-10 waiting.
+    The admission gate alone counts *slots*: on an idle engine it would send one request per
+    free slot at once, while the engine admits waiting requests only as fast as its step
+    budget prefills their prompts (measured: ~28 waiting for the first second of the flood).
+    ``admission.max_backend_prefill_tokens`` (one step budget here) holds the backend while
+    that many prompt tokens are still being prefilled, which keeps the engine's queue within
+    the bound at no cost in throughput (test 4 runs with it).
     """
     drr, passthrough = saturation["drr"], saturation["passthrough"]
     bound = MAX_BACKEND_WAITING + 1
@@ -438,12 +442,7 @@ def test_backend_queue_stays_bounded(saturation: dict[str, SatRun]) -> None:
           f"{max(w for _, w, _ in passthrough.waiting):.0f}")
     assert len(steady) >= 50
     assert max(w for _, w, _ in passthrough.waiting) > 10 * bound
-    # The target is max(waiting) <= bound over every sample while requests wait upstream.
-    # What holds robustly: past the flood's first 1.5 s, at most 5% of samples above the
-    # bound (measured 0-3 of ~130), the median within it, and never the whole cap.
-    assert len(steady_over) <= 0.05 * len(steady), steady_over
-    assert driver.percentile([w for _, w in steady], 0.5) <= bound
-    assert max(w for _, w in held) < 32
+    assert not over, over
 
 
 # ============================================================================ 6. routing

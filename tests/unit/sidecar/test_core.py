@@ -336,3 +336,34 @@ def test_every_request_ends_exactly_once_under_any_event_sequence(policy, ops) -
     assert total.in_flight == 0 and total.balanced
     assert core.scheduler.queued_tokens == 0
     assert all(core.router.outstanding_tokens(b) == 0 for b in ("b1", "b2"))
+
+
+def _admission(**fields: Any) -> dict[str, Any]:
+    return {"max_inflight_per_backend": 64, **fields}
+
+
+def test_prefill_pacing_holds_a_tenant_with_prompts_still_prefilling() -> None:
+    core = SchedulingCore(make_config(admission=_admission(max_prefill_tokens_inflight=1500)))
+    for _ in range(5):
+        arrive(core, "a", prompt_tokens=1000)
+    arrive(core, "b", prompt_tokens=100)
+    sent = list(core.dispatch_ready(0.0))
+    # a: the first 1,000 tokens fit under 1,500, the second would start at 1,000 < 1,500,
+    # the third is held; b is not affected by a's prompts.
+    assert sorted(d.request.tenant for d in sent) == ["a", "a", "b"]
+    first = next(d.request for d in sent if d.request.tenant == "a")
+    core.on_tokens_streamed(first, 1, 0.1)  # its prefill is done
+    assert [d.request.tenant for d in core.dispatch_ready(0.1)] == ["a"]
+
+
+def test_backend_prefill_backlog_closes_the_gate_until_a_first_token() -> None:
+    config = make_config(backends=[{"url": "http://127.0.0.1:8001", "name": "b1"}],
+                         admission=_admission(max_backend_prefill_tokens=2000))
+    core = SchedulingCore(config)
+    for _ in range(6):
+        arrive(core, "a", prompt_tokens=1000)
+    sent = [d.request for d in core.dispatch_ready(0.0)]
+    assert len(sent) == 2  # 2,000 prompt tokens prefilling: the backend takes no more
+    assert core.holds[("b1", "prefill_backlog")] >= 1
+    core.on_tokens_streamed(sent[0], 1, 0.1)
+    assert len(list(core.dispatch_ready(0.1))) == 1
