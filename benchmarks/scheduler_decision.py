@@ -28,16 +28,19 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from sidecar.admission import GateLimits
-from sidecar.core import SchedulingCore
+from sidecar.core import Dispatch, SchedulingCore
 from sidecar.queues import QueueLimits
 from sidecar.request import QueuedRequest
 from sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
 from weighbridge.config import parse_config
 
+T = TypeVar("T")
 TARGET_US = 50.0
 TIERS = {"interactive": 1, "standard": 2, "batch": 3}
 ENDPOINT = "/v1/chat/completions"
@@ -68,6 +71,25 @@ def _timing(name: str, samples_ns: list[int]) -> DecisionTiming:
         p99_us=samples[int(len(samples) * 0.99)] / 1000,
         max_us=samples[-1] / 1000,
     )
+
+
+def _steady_state(queued: int, decisions: int, arrive: Callable[[float], None],
+                  decide: Callable[[float], T], finish: Callable[[T, float], None]) -> list[int]:
+    """Fill the backlog, then time ``decisions`` calls of ``decide``; each is followed,
+    untimed, by its request's end and a new arrival, so the backlog keeps its size."""
+    for k in range(queued):
+        arrive(k * 1e-4)
+    clock = time.perf_counter_ns
+    samples = []
+    now = 100.0
+    for _ in range(decisions):
+        start = clock()
+        decided = decide(now)
+        samples.append(clock() - start)
+        finish(decided, now)
+        now += 1e-4
+        arrive(now)
+    return samples
 
 
 def _tier_of(i: int) -> str:
@@ -113,21 +135,13 @@ def measure_scheduler(tenants: int = 10_000, queued: int = 100_000, decisions: i
             now,
         )
 
-    for k in range(queued):
-        arrive(k * 1e-4)
-    clock = time.perf_counter_ns
-    samples = []
-    now = 100.0
-    for _ in range(decisions):
-        start = clock()
-        request = scheduler.next(now)
-        samples.append(clock() - start)
+    def finish(request: QueuedRequest | None, now: float) -> None:
         assert request is not None
         if rng.random() < 0.3:
             scheduler.on_tokens_streamed(request, rng.randint(1, 1200))
         scheduler.on_finished(request, request.prompt_tokens, rng.randint(1, 1200))
-        now += 1e-4
-        arrive(now)
+
+    samples = _steady_state(queued, decisions, arrive, scheduler.next, finish)
     return _timing(f"Scheduler.next ({policy})", samples)
 
 
@@ -168,21 +182,13 @@ def measure_core(tenants: int = 10_000, queued: int = 100_000, decisions: int = 
             deadline_s=shape["deadline"],  # type: ignore[arg-type]
         )
 
-    for k in range(queued):
-        arrive(k * 1e-4)
-    clock = time.perf_counter_ns
-    samples = []
-    now = 100.0
-    for _ in range(decisions):
-        start = clock()
-        dispatch = core.next_dispatch(now)
-        samples.append(clock() - start)
+    def finish(dispatch: Dispatch | None, now: float) -> None:
         assert dispatch is not None
         request = dispatch.request
         core.on_tokens_streamed(request, rng.randint(1, 50), now)
         core.on_completed(request, request.prompt_tokens, rng.randint(1, 1200), now)
-        now += 1e-4
-        arrive(now)
+
+    samples = _steady_state(queued, decisions, arrive, core.next_dispatch, finish)
     return _timing(f"SchedulingCore.next_dispatch ({policy}, {backends} backends)", samples)
 
 
