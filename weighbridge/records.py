@@ -12,7 +12,7 @@ import math
 import os
 import types
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import IO, Any, Literal, Self
@@ -272,19 +272,34 @@ def read_parquet(path: str | os.PathLike[str]) -> list[RequestRecord]:
 
 
 def jsonl_to_parquet(
-    src: str | os.PathLike[str], dst: str | os.PathLike[str], *, batch_size: int = 50_000
+    src: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    dst: str | os.PathLike[str],
+    *,
+    batch_size: int = 50_000,
+    unique_ids: bool = False,
 ) -> int:
-    """Convert a run's JSONL to Parquet in bounded memory; returns the number of records."""
+    """Convert a run's JSONL file(s) to one Parquet file in bounded memory; returns the number
+    of records. With ``unique_ids``, a request id repeated anywhere in the files (a
+    distributed run's workers each write one) raises ``ValueError``; no file is left behind
+    on any error."""
+    sources = [src] if isinstance(src, str | os.PathLike) else list(src)
     count = 0
+    seen: set[str] = set()
     batch: list[RequestRecord] = []
     try:
         with pq.ParquetWriter(dst, RECORD_SCHEMA, compression="zstd") as writer:
-            for record in iter_jsonl(src):
-                batch.append(record)
-                if len(batch) >= batch_size:
-                    writer.write_table(records_to_table(batch))
-                    count += len(batch)
-                    batch.clear()
+            for path in sources:
+                for record in iter_jsonl(path):
+                    if unique_ids:
+                        if record.request_id in seen:
+                            raise ValueError(
+                                f"{path}: request_id {record.request_id!r} repeated")
+                        seen.add(record.request_id)
+                    batch.append(record)
+                    if len(batch) >= batch_size:
+                        writer.write_table(records_to_table(batch))
+                        count += len(batch)
+                        batch.clear()
             # Always write, so an empty run still yields a file with the schema.
             writer.write_table(records_to_table(batch))
             count += len(batch)
