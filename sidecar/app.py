@@ -25,11 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from sidecar.backends import BackendPool
 from sidecar.core import Dispatch, SchedulingCore
-from sidecar.metrics import SidecarMetrics
+from sidecar.metrics import SidecarMetrics, StreamedTokens
 from sidecar.prompt import PromptError, prompt_tokens
 from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
 from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest
+from sidecar.scrape import BackendSample
+from sidecar.stability import StabilityMeter
+from sidecar.tracing import RequestTrace, RequestTracing
 from weighbridge.config import Config
 
 log = logging.getLogger("weighbridge.sidecar")
@@ -44,6 +47,8 @@ MAX_DISPATCH_ATTEMPTS = 3
 # closing fails as if the backend had died.
 UPSTREAM_KEEPALIVE_S = 4.0
 _STATUS_BY_REASON = {"rate_limited": 429, "queue_full": 429, "deadline_unmeetable": 503}
+# Errors that end a request as failed (a backend's fault), not rejected.
+_FAILURES = frozenset({BACKEND_FAILED, "backend_unavailable"})
 
 
 class ApiError(Exception):
@@ -75,13 +80,18 @@ def _bearer(request: web.Request) -> str | None:
 
 
 class Sidecar:
-    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic, *,
+                 tracing: RequestTracing | None = None) -> None:
+        """``tracing``: overrides the one ``config.telemetry`` describes (tests pass an
+        in-memory exporter's); None and no OTLP endpoint configured: no tracing."""
         self.config = config
         self.clock = clock
         self.core = SchedulingCore(config)
         self.pool: BackendPool | None = None
         self.session: aiohttp.ClientSession | None = None
-        self.metrics = SidecarMetrics(self.core, None)
+        self.stability = StabilityMeter()
+        self.metrics = SidecarMetrics(self.core, None, self.stability, clock)
+        self.tracing = tracing or RequestTracing.from_config(config.telemetry)
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
         self._dispatch_scheduled = False
         self.app = web.Application(client_max_size=config.max_body_bytes,
@@ -102,8 +112,9 @@ class Sidecar:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
                                          keepalive_timeout=UPSTREAM_KEEPALIVE_S)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock)
-        self.metrics = SidecarMetrics(self.core, self.pool)
+        self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock,
+                                on_sample=self._on_sample)
+        self.metrics = SidecarMetrics(self.core, self.pool, self.stability, self.clock)
         await self.pool.start()
         tick = asyncio.create_task(self._tick(), name="dispatch-tick")
         try:
@@ -114,12 +125,20 @@ class Sidecar:
                 await tick
             await self.pool.stop()
             await self.session.close()
+            if self.tracing is not None:
+                # Flushes buffered spans over HTTP: blocking, so off the loop.
+                await asyncio.to_thread(self.tracing.shutdown)
+
+    def _on_sample(self, backend: str, sample: BackendSample) -> None:
+        self.stability.observe_backend(backend, sample.at_s,
+                                       sample.prompt_tokens_total + sample.generation_tokens_total)
 
     async def _tick(self) -> None:
         # Gates reopen with time alone (metrics go stale, the fallback cap applies).
         interval = self.config.admission.metrics_poll_ms / 1000
         while True:
             await asyncio.sleep(interval)
+            self.stability.sample(self.clock())
             self.wake()
 
     # -- the dispatcher ---------------------------------------------------------------------------
@@ -301,6 +320,28 @@ class Sidecar:
         return body, tier, deadline_ms, prompt
 
     async def _proxy(self, endpoint: str, request: web.Request) -> web.StreamResponse:
+        if self.tracing is None:
+            return await self._handle(endpoint, request, None)
+        trace = self.tracing.start(endpoint, request.headers)
+        try:
+            response = await self._handle(endpoint, request, trace)
+        except ApiError as e:
+            trace.end("failed" if e.reason in _FAILURES else "rejected", e.status, e.reason)
+            raise
+        except web.HTTPRequestEntityTooLarge:
+            trace.end("rejected", 413, "body_too_large")
+            raise
+        except (asyncio.CancelledError, ConnectionError):
+            trace.end("cancelled")
+            raise
+        except BaseException:
+            trace.end("failed", 500, "internal_error")
+            raise
+        trace.end("completed", response.status)  # unless _finish ended it otherwise
+        return response
+
+    async def _handle(self, endpoint: str, request: web.Request,
+                      trace: RequestTrace | None) -> web.StreamResponse:
         tenant = self._authenticate(request)
         try:
             raw = await request.read()
@@ -312,15 +353,30 @@ class Sidecar:
         now = self.clock()
         request_id = uuid.uuid4().hex
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        # Offered load counts every request that reaches the checks, admitted or not: an
+        # overload that bounded queues turn away is still an overload.
+        offered = prompt + self.core.estimator.estimate(tenant, endpoint, max_tokens)
+        self.metrics.offer(tenant, tier, offered)
+        if trace is not None:
+            trace.identify(tenant=tenant, tier=tier, model=body.get("model"),
+                           max_tokens=max_tokens, stream=bool(body.get("stream", False)))
+            checks_ns = time.time_ns()
         result = self.core.arrive(
             request_id=request_id, tenant=tenant, tier=tier, endpoint=endpoint,
             prompt_tokens=prompt, max_tokens=max_tokens, now=now, user=body.get("user"),
             priority=body.get("priority") or 0,
             deadline_s=self.core.deadline_for(tier, now, deadline_ms),
         )
+        if trace is not None:
+            trace.admission(checks_ns, time.time_ns(),
+                            result.reason if isinstance(result, Reject) else "queued", offered)
         if isinstance(result, Reject):
             raise self._rejection(result)
-        return await self._serve(result, body, endpoint, request)
+        try:
+            return await self._serve(result, body, endpoint, request, trace)
+        finally:
+            self.metrics.duration.labels(result.tenant, result.tier).observe(
+                self.clock() - result.arrival_s)
 
     def _rejection(self, reject: Reject) -> ApiError:
         headers = {}
@@ -336,15 +392,20 @@ class Sidecar:
         return ApiError(status, reject.reason, message, type_, headers)
 
     async def _serve(self, req: QueuedRequest, body: dict[str, Any], endpoint: str,
-                     request: web.Request) -> web.StreamResponse:
+                     request: web.Request, trace: RequestTrace | None) -> web.StreamResponse:
         stream = bool(body.get("stream", False))
         options = body.get("stream_options")
         client_wants_usage = (isinstance(options, dict)
                               and bool(options.get("include_usage")))
-        for _attempt in range(MAX_DISPATCH_ATTEMPTS):
+        streamed = self.metrics.streamed(req.tenant, req.tier, req.prompt_tokens)
+        for attempt in range(MAX_DISPATCH_ATTEMPTS):
+            if trace is not None:
+                trace.queued(attempt + 1)
             dispatch = await self._await_dispatch(req)
             now = self.clock()
-            self.metrics.queue_wait.labels(req.tier).observe(now - req.arrival_s)
+            self.metrics.queue_wait.labels(req.tenant, req.tier).observe(now - req.arrival_s)
+            if trace is not None:
+                trace.dispatched(dispatch.backend, dispatch.vllm_priority, dispatch.over_share)
             forwarded = dict(body)
             if dispatch.vllm_priority is None:
                 forwarded.pop("priority", None)
@@ -361,6 +422,10 @@ class Sidecar:
             }
             assert self.pool is not None and self.session is not None
             first = True
+            url = self.pool.url(dispatch.backend, endpoint)
+            upstream_headers: dict[str, str] = {}
+            if trace is not None:
+                trace.backend_call(dispatch.backend, url, upstream_headers)
 
             def on_content(n: int, req: QueuedRequest = req) -> None:
                 nonlocal first
@@ -368,21 +433,27 @@ class Sidecar:
                 if first:
                     first = False
                     self.metrics.ttft.labels(req.tenant, req.tier).observe(t - req.arrival_s)
+                    if trace is not None:
+                        trace.first_token()
+                streamed.chunk()
                 self.core.on_tokens_streamed(req, n, t)
 
             try:
                 response, outcome = await relay(
-                    self.session, self.pool.url(dispatch.backend, endpoint),
-                    orjson.dumps(forwarded), request, headers, stream=stream,
-                    strip_usage_chunk=not client_wants_usage, on_content=on_content,
-                    clock=self.clock)
+                    self.session, url, orjson.dumps(forwarded), request, headers,
+                    stream=stream, strip_usage_chunk=not client_wants_usage,
+                    on_content=on_content, clock=self.clock, upstream_headers=upstream_headers)
             except BackendUnavailable as e:
                 # The request never reached the backend: back to its place in the queue.
+                if trace is not None:
+                    trace.backend_done(None, str(e))
                 self.pool.mark_failed(dispatch.backend, str(e))
                 self.core.dispatch_failed(req, self.clock())
                 self.wake()
                 continue
             except BackendFailed as e:
+                if trace is not None:
+                    trace.backend_done(None, str(e))
                 self.pool.mark_failed(dispatch.backend, str(e))
                 self.core.on_failed(req, 0, 0, self.clock())
                 self.wake()
@@ -393,7 +464,7 @@ class Sidecar:
                 # connection, which aborts the request at the backend.
                 self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens,
                                          self.clock())
-                self._count_partial(req)
+                self._count_partial(req, trace)
                 self.wake()
                 raise
             except BaseException:
@@ -401,7 +472,7 @@ class Sidecar:
                                     self.clock())
                 self.wake()
                 raise
-            self._finish(req, dispatch, outcome, stream)
+            self._finish(req, dispatch, outcome, stream, streamed, trace)
             return response
         self.core.on_failed(req, 0, 0, self.clock())
         self.wake()
@@ -427,12 +498,16 @@ class Sidecar:
             raise
 
     def _finish(self, req: QueuedRequest, dispatch: Dispatch, outcome: RelayOutcome,
-                stream: bool) -> None:
+                stream: bool, streamed: StreamedTokens, trace: RequestTrace | None) -> None:
         now = self.clock()
         usage = outcome.usage
+        if trace is not None:
+            trace.backend_done(outcome.status, outcome.error)
         if outcome.client_gone:
             self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens, now)
-            self._count_partial(req)
+            self._count_partial(req, trace)
+            if trace is not None:
+                trace.end("cancelled", outcome.status)
         elif outcome.status == 200 and not outcome.broken:
             prompt = usage.prompt_tokens if usage else req.prompt_tokens
             output = usage.completion_tokens if usage else req.streamed_output_tokens
@@ -440,13 +515,20 @@ class Sidecar:
                 self.core.on_tokens_streamed(req, output, now)
             self.core.on_completed(req, prompt, output, now)
             self._count_tokens(req, prompt, output)
+            streamed.settle(prompt, output)
+            if trace is not None:
+                trace.usage(prompt, output)
         else:
             if outcome.broken:
                 assert self.pool is not None
                 self.pool.mark_failed(dispatch.backend, outcome.error or "stream broke")
-                self._count_partial(req)
+                self._count_partial(req, trace)
             self.core.on_failed(req, req.prompt_tokens if outcome.broken else 0,
                                 req.streamed_output_tokens, now)
+            if trace is not None:
+                # A backend's own error answer (4xx/5xx) passes through: the request failed.
+                trace.end("failed", outcome.status,
+                          BACKEND_FAILED if outcome.broken else f"backend_{outcome.status}")
         self.wake()
 
     def _count_tokens(self, req: QueuedRequest, prompt: int, output: int) -> None:
@@ -455,11 +537,14 @@ class Sidecar:
         if output:
             self.metrics.tokens.labels(req.tenant, req.tier, "output").inc(output)
 
-    def _count_partial(self, req: QueuedRequest) -> None:
+    def _count_partial(self, req: QueuedRequest, trace: RequestTrace | None) -> None:
         """Tokens a cut-off stream delivered: what passed through (one per content chunk)
         and, once the first came back, its prompt."""
         streamed = req.streamed_output_tokens
-        self._count_tokens(req, req.prompt_tokens if streamed else 0, streamed)
+        prompt = req.prompt_tokens if streamed else 0
+        self._count_tokens(req, prompt, streamed)
+        if trace is not None:
+            trace.usage(prompt, streamed)
 
 
 def run_sidecar(config: Config, host: str, port: int) -> None:

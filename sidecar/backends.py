@@ -37,11 +37,15 @@ class BackendState:
 class BackendPool:
     def __init__(self, config: Config, core: SchedulingCore, session: aiohttp.ClientSession,
                  on_change: Callable[[], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 on_sample: Callable[[str, BackendSample], None] | None = None) -> None:
+        """``on_change``: something that may open a gate happened; ``on_sample``: a
+        successful scrape (besides the core, which always gets it)."""
         self.config = config
         self.core = core
         self.session = session
         self.on_change = on_change
+        self.on_sample = on_sample
         self.clock = clock
         self.states = {b.name: BackendState(b) for b in config.backends}
         self._tasks: list[asyncio.Task[None]] = []
@@ -128,6 +132,8 @@ class BackendPool:
             return
         state.last_sample = sample
         self.core.on_backend_metrics(state.config.name, sample)
+        if self.on_sample is not None:
+            self.on_sample(state.config.name, sample)
 
     async def _poll_metrics(self, state: BackendState) -> None:
         poll = self.config.admission.metrics_poll_ms / 1000

@@ -1,7 +1,7 @@
-"""The sidecar's ``/metrics``: its ledger, queues, deficits and backend view, read at scrape
-time from the scheduling core (so every scrape is one consistent snapshot in which
-arrivals = completed + rejected + cancelled + failed + in flight), plus the latency
-histograms observed as requests pass."""
+"""The sidecar's ``/metrics``: its ledger, queues, deficits, backend view and stability check,
+read at scrape time from the scheduling core (so every scrape is one consistent snapshot in
+which arrivals = completed + rejected + cancelled + failed + in flight), plus the histograms
+and token counters observed as requests pass. docs/metrics.md lists every series."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 
 from sidecar.backends import BackendPool
 from sidecar.core import SchedulingCore
+from sidecar.stability import StabilityMeter
 
 # From a few milliseconds (queue-free TTFT) to a minute (a flood's backlog).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5,
@@ -27,9 +28,10 @@ def _tenant_label(tenant: str) -> str:
 
 class CoreCollector(Collector):
     def __init__(self, core: SchedulingCore, pool: BackendPool | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 stability: StabilityMeter, clock: Callable[[], float] = time.monotonic) -> None:
         self.core = core
         self.pool = pool
+        self.stability = stability
         self.clock = clock
 
     def describe(self) -> list[Metric]:
@@ -71,12 +73,15 @@ class CoreCollector(Collector):
         deficit = GaugeMetricFamily("weighbridge_drr_deficit_quanta",
                                     "A tenant's deficit round robin credit in a tier, in "
                                     "quanta (negative: debt).", labels=labels)
+        weight = GaugeMetricFamily("weighbridge_tenant_weight",
+                                   "A tenant's configured weight in its tier (its DRR share).",
+                                   labels=labels)
         scheduler = core.scheduler
         for tenant, spec in core.config.tenants.items():
             queued_tokens.add_metric([tenant], scheduler.tenant_queued(tenant)[1])
             deficit.add_metric([tenant, spec.tier], scheduler.deficit(spec.tier, tenant))
-        yield queued_tokens
-        yield deficit
+            weight.add_metric([tenant, spec.tier], spec.weight)
+        yield from (queued_tokens, deficit, weight)
 
         holds = CounterMetricFamily("weighbridge_admission_holds",
                                     "Dispatch attempts held by admission control, by reason.",
@@ -89,7 +94,34 @@ class CoreCollector(Collector):
                                        "Measured token throughput feeding the wait predictor.")
         throughput.add_metric([], core.meter.tokens_per_s or 0.0)
         yield throughput
+        yield from self._stability(now)
 
+        yield from self._backends(now)
+
+    def _stability(self, now: float) -> Iterator[Metric]:
+        core = self.core
+        healthy = [name for name in core.gates if core.router.is_healthy(name)]
+        reading = self.stability.read(now, healthy, core.meter.tokens_per_s)
+        offered = GaugeMetricFamily("weighbridge_offered_tokens_per_second",
+                                    "Tokens (prompt + expected output) of arriving requests "
+                                    "per second, over the stability window.")
+        capacity = GaugeMetricFamily("weighbridge_serving_capacity_tokens_per_second",
+                                     "Prompt + generation tokens per second the healthy "
+                                     "backends processed, over the stability window.",
+                                     labels=["source"])
+        ratio = GaugeMetricFamily("weighbridge_stability_ratio",
+                                  "Offered token load over serving capacity (above 1: the "
+                                  "backlog grows).")
+        if reading.offered_tokens_per_s is not None:
+            offered.add_metric([], reading.offered_tokens_per_s)
+        if reading.capacity_tokens_per_s is not None:
+            capacity.add_metric([reading.capacity_source], reading.capacity_tokens_per_s)
+        if (value := reading.ratio) is not None:
+            ratio.add_metric([], value)
+        yield from (offered, capacity, ratio)
+
+    def _backends(self, now: float) -> Iterator[Metric]:
+        core = self.core
         b = ["backend"]
         healthy = GaugeMetricFamily("weighbridge_backend_healthy",
                                     "1 when the backend is routed to.", labels=b)
@@ -98,6 +130,9 @@ class CoreCollector(Collector):
         outstanding = GaugeMetricFamily("weighbridge_backend_outstanding_tokens",
                                         "Prompt plus expected remaining output in flight.",
                                         labels=b)
+        prefilling = GaugeMetricFamily("weighbridge_backend_prefill_tokens",
+                                       "Prompt tokens dispatched there with no first token yet.",
+                                       labels=b)
         cap = GaugeMetricFamily("weighbridge_backend_inflight_cap",
                                 "The admission cap in force.", labels=b)
         waiting = GaugeMetricFamily("weighbridge_backend_waiting_requests",
@@ -109,37 +144,117 @@ class CoreCollector(Collector):
         speed = GaugeMetricFamily("weighbridge_backend_decode_tokens_per_second_per_sequence",
                                   "Generation tokens/s over running sequences, between scrapes.",
                                   labels=b)
+        processed = GaugeMetricFamily("weighbridge_backend_processed_tokens_per_second",
+                                      "Prompt + generation tokens/s the backend processed, "
+                                      "over the stability window.", labels=b)
         age = GaugeMetricFamily("weighbridge_backend_metrics_age_seconds",
                                 "Age of the last successful scrape.", labels=b)
+        # The backend's own counters as last scraped: rate() over them handles a backend's
+        # restart like any counter reset.
+        prompt = CounterMetricFamily("weighbridge_backend_prompt_tokens",
+                                     "vllm:prompt_tokens_total at the last scrape.", labels=b)
+        generation = CounterMetricFamily("weighbridge_backend_generation_tokens",
+                                         "vllm:generation_tokens_total at the last scrape.",
+                                         labels=b)
+        preemptions = CounterMetricFamily("weighbridge_backend_preemptions",
+                                          "vllm:num_preemptions_total at the last scrape.",
+                                          labels=b)
+        errors = CounterMetricFamily("weighbridge_backend_scrape_errors",
+                                     "Failed scrapes of the backend's /metrics.", labels=b)
         for name, gate in core.gates.items():
             healthy.add_metric([name], 1.0 if core.router.is_healthy(name) else 0.0)
             inflight.add_metric([name], gate.inflight)
             outstanding.add_metric([name], core.router.outstanding_tokens(name))
+            prefilling.add_metric([name], core.router.prefill_tokens(name))
             cap.add_metric([name], gate.cap(now))
             per_seq = gate.decode_tokens_per_s_per_seq
             if per_seq is not None:
                 speed.add_metric([name], per_seq)
-            sample = self.pool.states[name].last_sample if self.pool else None
+            rate = self.stability.backend_rate(name, now)
+            if rate is not None:
+                processed.add_metric([name], rate)
+            state = self.pool.states[name] if self.pool else None
+            if state is None:
+                continue
+            errors.add_metric([name], state.scrape_errors)
+            sample = state.last_sample
             if sample is not None:
                 waiting.add_metric([name], sample.waiting)
                 running.add_metric([name], sample.running)
                 kv.add_metric([name], sample.kv_cache_usage)
                 age.add_metric([name], now - sample.at_s)
-        yield from (healthy, inflight, outstanding, cap, waiting, running, kv, speed, age)
+                prompt.add_metric([name], sample.prompt_tokens_total)
+                generation.add_metric([name], sample.generation_tokens_total)
+                preemptions.add_metric([name], sample.preemptions_total)
+        yield from (healthy, inflight, outstanding, prefilling, cap, waiting, running, kv, speed,
+                    processed, age, prompt, generation, preemptions, errors)
+
+
+class StreamedTokens:
+    """One request's tokens counted into ``weighbridge_tokens_streamed_total`` as they pass:
+    its prompt when the first token shows the prefill done, one output token per content
+    chunk, then topped up to the backend's ``usage`` at the end (a chunk may carry more than
+    one token; a counter cannot be lowered, so an over-estimated text prompt stays)."""
+
+    __slots__ = ("_output", "_prompt", "_prompt_estimate", "output_counted", "prompt_counted")
+
+    def __init__(self, counter: Counter, tenant: str, tier: str, prompt_tokens: int) -> None:
+        self._prompt = counter.labels(tenant, tier, "prompt")
+        self._output = counter.labels(tenant, tier, "output")
+        self._prompt_estimate = prompt_tokens
+        self.prompt_counted = 0
+        self.output_counted = 0
+
+    def chunk(self) -> None:
+        if not self.prompt_counted and self._prompt_estimate:
+            self._prompt.inc(self._prompt_estimate)
+            self.prompt_counted = self._prompt_estimate
+        self._output.inc()
+        self.output_counted += 1
+
+    def settle(self, prompt_tokens: int, output_tokens: int) -> None:
+        if prompt_tokens > self.prompt_counted:
+            self._prompt.inc(prompt_tokens - self.prompt_counted)
+            self.prompt_counted = prompt_tokens
+        if output_tokens > self.output_counted:
+            self._output.inc(output_tokens - self.output_counted)
+            self.output_counted = output_tokens
 
 
 class SidecarMetrics:
-    def __init__(self, core: SchedulingCore, pool: BackendPool | None) -> None:
+    def __init__(self, core: SchedulingCore, pool: BackendPool | None,
+                 stability: StabilityMeter | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.stability = stability or StabilityMeter()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(CoreCollector(core, pool))
+        self.registry.register(CoreCollector(core, pool, self.stability, clock))
         r = self.registry
+        labels = ["tenant", "tier"]
         self.queue_wait = Histogram("weighbridge_queue_wait_seconds",
-                                    "Time from arrival to dispatch.", ["tier"],
+                                    "Time from arrival to dispatch.", labels,
                                     buckets=LATENCY_BUCKETS, registry=r)
         self.ttft = Histogram("weighbridge_time_to_first_token_seconds",
                               "Arrival at the sidecar to the first content chunk relayed.",
-                              ["tenant", "tier"], buckets=LATENCY_BUCKETS, registry=r)
+                              labels, buckets=LATENCY_BUCKETS, registry=r)
+        self.duration = Histogram("weighbridge_request_duration_seconds",
+                                  "Arrival to the end of requests that entered a queue "
+                                  "(completed, cancelled or failed).",
+                                  labels, buckets=LATENCY_BUCKETS, registry=r)
         self.tokens = Counter("weighbridge_tokens_served",
                               "Tokens served: the usage of completed requests, and what "
                               "cut-off streams delivered.",
-                              ["tenant", "tier", "kind"], registry=r)
+                              [*labels, "kind"], registry=r)
+        self.tokens_streamed = Counter("weighbridge_tokens_streamed",
+                                       "Tokens as they pass: prompts at the first token, "
+                                       "output per chunk, settled to usage at the end.",
+                                       [*labels, "kind"], registry=r)
+        self.offered_tokens = Counter("weighbridge_offered_tokens",
+                                      "Prompt + expected output tokens of requests that "
+                                      "reached the ingress checks.", labels, registry=r)
+
+    def offer(self, tenant: str, tier: str, tokens: int) -> None:
+        self.offered_tokens.labels(tenant, tier).inc(tokens)
+        self.stability.offer(tokens)
+
+    def streamed(self, tenant: str, tier: str, prompt_tokens: int) -> StreamedTokens:
+        return StreamedTokens(self.tokens_streamed, tenant, tier, prompt_tokens)

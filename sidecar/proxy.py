@@ -106,6 +106,7 @@ async def relay(
     on_content: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     timeout_s: float | None = None,
+    upstream_headers: Mapping[str, str] | None = None,
 ) -> tuple[web.StreamResponse, RelayOutcome]:
     """POST ``body`` to ``url`` and relay the answer to ``request``'s client.
 
@@ -115,12 +116,14 @@ async def relay(
     failure ends the stream with an error event instead. A client that goes away either
     cancels the handler (``CancelledError`` is raised here) or makes a write fail (the
     outcome says ``client_gone``); either way the upstream connection is closed, which
-    aborts the backend's request.
+    aborts the backend's request. ``upstream_headers`` go to the backend besides the
+    content type (the trace context); the client's own headers never do.
     """
     timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5.0)
     try:
         upstream = await session.post(url, data=body, timeout=timeout,
-                                      headers={"content-type": "application/json"})
+                                      headers={**(upstream_headers or {}),
+                                               "content-type": "application/json"})
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
         raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
     except (TimeoutError, aiohttp.ClientError, OSError) as e:

@@ -48,6 +48,7 @@ __all__ = [
     "HealthProbe",
     "Limits",
     "Scheduler",
+    "Telemetry",
     "Tenant",
     "Tier",
     "hash_api_key",
@@ -364,6 +365,21 @@ class Admission(_Model):
         return self
 
 
+class Telemetry(_Model):
+    """OpenTelemetry export; off unless ``otlp_endpoint`` is set."""
+
+    # Base URL of an OTLP/HTTP receiver (a collector's :4318); spans go to <url>/v1/traces
+    # as http/protobuf, like OTEL_EXPORTER_OTLP_ENDPOINT. None: no tracing at all.
+    otlp_endpoint: BaseUrl | None = None
+    service_name: Name = "weighbridge-sidecar"
+    # Fraction of requests traced (parent-based: a caller's sampled trace is always kept).
+    sample_ratio: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+
+    @property
+    def traces_url(self) -> str | None:
+        return None if self.otlp_endpoint is None else self.otlp_endpoint + "/v1/traces"
+
+
 class Config(_Model):
     tiers: dict[Name, Tier] = Field(default_factory=default_tiers, min_length=1)
     tenants: dict[Name, Tenant] = Field(default_factory=dict)
@@ -377,6 +393,7 @@ class Config(_Model):
     admin_api_keys: list[ApiKeyField] = Field(default_factory=list)
     max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
     max_tokens_limit: PositiveInt | None = None  # requests asking for more are rejected
+    telemetry: Telemetry = Field(default_factory=Telemetry)
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _tenant_by_digest: dict[str, str] = PrivateAttr(default_factory=dict)
