@@ -73,7 +73,7 @@ class CoreCollector(Collector):
         deficit = GaugeMetricFamily("weighbridge_drr_deficit_quanta",
                                     "A tenant's deficit round robin credit in a tier, in "
                                     "quanta (negative: debt).", labels=labels)
-        weight = GaugeMetricFamily("weighbridge_tenant_weight",
+        weight = GaugeMetricFamily("weighbridge_drr_weight",
                                    "A tenant's configured weight in its tier (its DRR share).",
                                    labels=labels)
         scheduler = core.scheduler
@@ -102,10 +102,10 @@ class CoreCollector(Collector):
         core = self.core
         healthy = [name for name in core.gates if core.router.is_healthy(name)]
         reading = self.stability.read(now, healthy, core.meter.tokens_per_s)
-        offered = GaugeMetricFamily("weighbridge_offered_tokens_per_second",
+        offered = GaugeMetricFamily("weighbridge_stability_offered_tokens_per_second",
                                     "Tokens (prompt + expected output) of arriving requests "
                                     "per second, over the stability window.")
-        capacity = GaugeMetricFamily("weighbridge_serving_capacity_tokens_per_second",
+        capacity = GaugeMetricFamily("weighbridge_stability_capacity_tokens_per_second",
                                      "Prompt + generation tokens per second the healthy "
                                      "backends processed, over the stability window.",
                                      labels=["source"])
