@@ -320,6 +320,8 @@ class SchedulingCore:
             self._prefilled.add(request.id)  # the first token says the prompt was served
             served += request.prompt_tokens
             self._end_prefill(request)
+            assert request.backend is not None
+            self.gates[request.backend].on_first_token(now)
         self._reported[request.id] += served
         self._observe_served(served, now)
 
@@ -370,9 +372,10 @@ class SchedulingCore:
 
     def _release_backend(self, request: QueuedRequest, now: float) -> int:
         assert request.backend is not None
-        self.gates[request.backend].on_finished(now)
+        prefilled = request.id in self._prefilled
+        self.gates[request.backend].on_finished(now, awaiting_first_token=not prefilled)
         self.router.on_finished(request.id)
-        if request.id in self._prefilled:
+        if prefilled:
             self._prefilled.discard(request.id)
         else:
             self._end_prefill(request)

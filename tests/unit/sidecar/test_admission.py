@@ -60,6 +60,39 @@ def test_backend_waiting_counts_our_dispatches_since_the_scrape() -> None:
     assert gate.verdict(0.2).mode == "open"
 
 
+def test_our_first_tokens_drain_a_queue_of_ours_before_the_next_scrape() -> None:
+    gate = AdmissionGate(GateLimits(max_inflight=64, max_running=64))
+    fill(gate, 5)
+    gate.observe(sample(0.0, waiting=4, running=60))  # a momentary queue, all of it ours
+    assert gate.verdict(0.01).reason == "backend_waiting"
+    for _ in range(3):  # three of ours were prefilled: at most 2 of ours can still wait
+        gate.on_first_token(0.01)
+    assert gate.estimated_waiting(0.01) == 2
+    assert gate.verdict(0.01).mode == "open"
+    gate.on_finished(0.02, awaiting_first_token=True)  # one ended before its first token
+    assert gate.estimated_waiting(0.02) == 1
+
+
+def test_another_clients_queue_still_holds_the_gate() -> None:
+    gate = AdmissionGate(GateLimits(max_inflight=64, max_running=64))
+    fill(gate, 2)
+    gate.observe(sample(0.0, waiting=6, running=64))  # 2 of it ours at most: 4 foreign
+    gate.on_first_token(0.01)
+    gate.on_first_token(0.01)
+    assert gate.estimated_waiting(0.01) == 4
+    assert gate.verdict(0.01).reason == "backend_waiting"
+
+
+def test_first_token_and_finish_bookkeeping_is_checked() -> None:
+    gate = AdmissionGate(LIMITS)
+    with pytest.raises(ValueError):
+        gate.on_first_token(0.0)
+    gate.on_dispatched(0.0)
+    gate.on_first_token(0.0)
+    with pytest.raises(ValueError):
+        gate.on_finished(0.0, awaiting_first_token=True)
+
+
 def test_free_slots_at_the_scrape_absorb_dispatches_first() -> None:
     gate = AdmissionGate(GateLimits(max_inflight=64, max_running=16))
     gate.observe(sample(0.0, waiting=0, running=10))
