@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -118,6 +119,104 @@ def hash_key(key: Annotated[str, typer.Argument(help="The raw API key.")]) -> No
     from weighbridge.config import hash_api_key
 
     typer.echo(hash_api_key(key))
+
+
+@app.command()
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory (run.json + records).")],
+    baseline: Annotated[Path | None, typer.Option(
+        help="A second run to put side by side, e.g. the FCFS baseline.")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Where report files go (default: RUN_DIR/report).")] = None,
+    format: Annotated[str, typer.Option(
+        "--format", help="Comma-separated: text, md, html, json.")] = "text,md,html,json",
+    window: Annotated[str, typer.Option(help="Window of the time series: 10s, 500ms, 2m.")] = (
+        "10s"),
+    backlog_fraction: Annotated[float, typer.Option(
+        help="Share of a window a tenant must have a request waiting to count as "
+             "backlogged.")] = 0.9,
+    check: Annotated[list[str] | None, typer.Option(
+        help="Gate, e.g. 'fairness.jain_index>=0.95' (repeatable): exit 1 if one "
+             "fails.")] = None,
+) -> None:
+    """Fairness, tier SLOs, isolation, Little's Law and stability of a run (docs/analysis.md)."""
+    from rich.console import Console
+
+    from analysis.gate import parse_check
+    from analysis.report import ReportRequest, make_report, parse_window
+
+    try:
+        request = ReportRequest(
+            run_dir=run_dir, baseline_dir=baseline, out_dir=out,
+            formats=tuple(f.strip() for f in format.split(",") if f.strip()),
+            window_s=parse_window(window), backlog_fraction=backlog_fraction,
+            checks=[parse_check(c) for c in check or []])
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    try:
+        result = make_report(request, Console())
+    except (FileNotFoundError, ValueError) as e:
+        typer.echo(f"weighbridge report: {e}", err=True)
+        raise typer.Exit(2) from None
+    for path in result.written:
+        typer.echo(f"wrote {path}", err=True)
+    for verdict in result.verdicts:
+        typer.echo(verdict.message, err=not verdict.passed)
+    if not result.passed:
+        failed = sum(not v.passed for v in result.verdicts)
+        typer.echo(f"{failed} of {len(result.verdicts)} check(s) failed", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def capacity(
+    requests_per_day: Annotated[float | None, typer.Option(
+        help="Requests per day (with --from-run: default the run's arrival rate).")] = None,
+    avg_tokens: Annotated[float | None, typer.Option(
+        help="Mean prompt + output tokens per request.")] = None,
+    tokens_per_second_per_gpu: Annotated[float | None, typer.Option(
+        help="Tokens/s one GPU sustains under real load.")] = None,
+    peak_to_average: Annotated[float, typer.Option(help="Peak load over average.")] = 1.0,
+    layers: Annotated[int | None, typer.Option(help="Transformer layers.")] = None,
+    kv_heads: Annotated[int | None, typer.Option(help="Key/value heads (GQA).")] = None,
+    heads: Annotated[int | None, typer.Option(
+        help="Attention heads, assumed to hold KV when --kv-heads is absent.")] = None,
+    head_dim: Annotated[int | None, typer.Option(help="Dimension of one head.")] = None,
+    context: Annotated[int | None, typer.Option(help="Tokens of KV per sequence.")] = None,
+    dtype_bytes: Annotated[float, typer.Option(help="Bytes per KV element.")] = 2.0,
+    gpu_memory_gb: Annotated[float, typer.Option(help="GPU memory, GiB.")] = 80.0,
+    weights_gb: Annotated[float, typer.Option(help="Model weights per GPU, GiB.")] = 0.0,
+    sequence_tokens_per_second: Annotated[float | None, typer.Option(
+        help="Decode speed each sequence should get (default 20; --from-run: measured).")
+    ] = None,
+    from_run: Annotated[Path | None, typer.Option(
+        help="Take tokens/s, the token mix and the request rate from a run.")] = None,
+    run_gpus: Annotated[int, typer.Option(help="GPUs (engines) that served --from-run.")] = 1,
+    format: Annotated[str, typer.Option("--format", help="text or json.")] = "text",
+) -> None:
+    """GPUs for a daily token load, on average and at peak, and the KV-cache constraint."""
+    import json
+
+    from analysis.capacity import capacity_inputs, plan, plan_lines
+
+    if format not in ("text", "json"):
+        raise typer.BadParameter(f"format: {format!r}; choose text or json")
+    try:
+        inputs = capacity_inputs(
+            requests_per_day=requests_per_day, avg_tokens=avg_tokens,
+            tokens_per_second_per_gpu=tokens_per_second_per_gpu,
+            peak_to_average=peak_to_average, sequence_tokens_per_second=sequence_tokens_per_second,
+            layers=layers, kv_heads=kv_heads, heads=heads, head_dim=head_dim, context=context,
+            dtype_bytes=dtype_bytes, gpu_memory_gb=gpu_memory_gb, weights_gb=weights_gb,
+            from_run=from_run, run_gpus=run_gpus)
+    except (ValueError, FileNotFoundError) as e:
+        raise typer.BadParameter(str(e)) from None
+    result = plan(inputs)
+    if format == "json":
+        typer.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        for label, value in plan_lines(result):
+            typer.echo(f"{label:>28}: {value}")
 
 
 def main() -> None:

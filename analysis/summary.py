@@ -1,0 +1,170 @@
+"""The report's numbers, computed once from a run, and their ``summary.json`` form.
+
+``summary.json`` keys are a contract (issue 6): ``run``, ``tenants.<name>.*``,
+``tiers.<name>.*``, ``fairness.*``, ``isolation`` (when the run has phases),
+``littles_law.<tenant>.*``, ``stability.*``. Non-finite numbers are written as null.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from analysis.fairness import Fairness, fairness
+from analysis.frame import Run
+from analysis.isolation import Isolation, isolation
+from analysis.littles_law import LittlesLaw, per_tenant
+from analysis.slo import TierStats, tier_stats
+from analysis.stability import Stability, stability
+from analysis.tenants import TenantStats, tenant_order, tenant_stats, tenant_tier, tenant_weight
+from analysis.windows import Windows, tenant_windows
+
+DEFAULT_WINDOW_S = 10.0
+DEFAULT_BACKLOG_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class Analysis:
+    run: Run
+    window_s: float
+    tenants: dict[str, TenantStats]
+    tiers: dict[str, TierStats]
+    windows: Windows
+    fairness: Fairness
+    isolation: Isolation | None
+    littles_law: dict[str, LittlesLaw]
+    stability: Stability
+
+
+def analyse(run: Run, window_s: float = DEFAULT_WINDOW_S,
+            backlog_fraction: float = DEFAULT_BACKLOG_FRACTION) -> Analysis:
+    frame, info = run.frame, run.info
+    names = tenant_order(frame, info)
+    tiers_of = {n: tenant_tier(frame, info, n) for n in names}
+    weights = {n: tenant_weight(info, n) for n in names}
+    windows = tenant_windows(frame, names, run.duration_s, window_s)
+    backlogged = {n: windows.backlogged(n, backlog_fraction) for n in names}
+    return Analysis(
+        run=run,
+        window_s=window_s,
+        tenants=tenant_stats(frame, info),
+        tiers=tier_stats(frame, info, run.duration_s),
+        windows=windows,
+        fairness=fairness(windows.edges, windows.service, backlogged, weights, tiers_of,
+                          backlog_fraction, window_s),
+        isolation=isolation(frame, info),
+        littles_law=per_tenant(frame, names, run.duration_s),
+        stability=stability(frame, run.duration_s),
+    )
+
+
+def summary(a: Analysis) -> dict[str, Any]:
+    info = a.run.info
+    out: dict[str, Any] = {
+        "run": {
+            "run_id": info.run_id,
+            "scenario": info.scenario,
+            "started_at": info.started_at.isoformat(),
+            "target": info.target,
+            "git_commit": info.git_commit,
+            "duration_s": a.run.duration_s,
+            "records": a.run.records,
+            "window_s": a.window_s,
+            "path": str(a.run.path),
+        },
+        "tenants": {n: _tenant(t) for n, t in a.tenants.items()},
+        "tiers": {n: _tier(t) for n, t in a.tiers.items()},
+        "fairness": _fairness(a.fairness),
+        "littles_law": {n: _littles_law(v) for n, v in a.littles_law.items()},
+        "stability": {
+            "offered_tokens_per_s": a.stability.offered_tokens_per_s,
+            "served_tokens_per_s": a.stability.served_tokens_per_s,
+            "served_over_offered": a.stability.ratio,
+            "stable": a.stability.stable,
+        },
+    }
+    if a.isolation is not None:
+        i = a.isolation
+        out["isolation"] = {
+            "victim": i.victim, "victim_from": i.victim_from,
+            "flood_phase": i.flood_phase, "quiet_phase": i.quiet_phase,
+            "flood_ttft_p99_s": i.flood_ttft_p99_s, "quiet_ttft_p99_s": i.quiet_ttft_p99_s,
+            "flood_requests": i.flood_requests, "quiet_requests": i.quiet_requests,
+            "leakage": i.leakage,
+        }
+    return json_safe(out)
+
+
+def _tenant(t: TenantStats) -> dict[str, Any]:
+    return {
+        "tier": t.tier, "weight": t.weight, "requests": t.requests, "ok": t.ok,
+        "rejected": t.rejected, "failed": t.failed, "cancelled": t.cancelled,
+        "by_status": t.by_status,
+        "prompt_tokens": t.prompt_tokens, "output_tokens": t.output_tokens,
+        "ttft_p50_s": t.ttft.p50, "ttft_p90_s": t.ttft.p90, "ttft_p99_s": t.ttft.p99,
+        "ttft_p999_s": t.ttft.p999,
+        "e2e_p50_s": t.e2e.p50, "e2e_p90_s": t.e2e.p90, "e2e_p99_s": t.e2e.p99,
+        "e2e_p999_s": t.e2e.p999,
+        "itl_p50_s": t.itl_p50.p50, "itl_p90_s": t.itl_p99.p90, "itl_p99_s": t.itl_p99.p99,
+        "itl_p999_s": t.itl_p99.p999,
+        "decode_tps_p50": t.decode_tps.p50,
+        "rejections": t.rejections,
+    }
+
+
+def _tier(t: TierStats) -> dict[str, Any]:
+    return {
+        "rank": t.rank, "ttft_slo_s": t.ttft_slo_s, "e2e_slo_s": t.e2e_slo_s,
+        "requests": t.requests, "judged": t.judged, "met": t.met,
+        "ttft_p50_s": t.ttft.p50, "ttft_p90_s": t.ttft.p90, "ttft_p99_s": t.ttft.p99,
+        "ttft_p999_s": t.ttft.p999, "e2e_p50_s": t.e2e.p50, "e2e_p99_s": t.e2e.p99,
+        "slo_attainment": t.slo_attainment, "goodput_tokens_per_s": t.goodput_tokens_per_s,
+    }
+
+
+def _fairness(f: Fairness) -> dict[str, Any]:
+    return {
+        "jain_index": f.jain_index,
+        "max_min_share_ratio": f.max_min_share_ratio,
+        "max_service_difference": f.max_service_difference,
+        "backlog_fraction": f.fraction,
+        "tiers": {
+            name: {
+                "tenants": list(t.tenants),
+                "jain_index": t.jain_index,
+                "max_min_share_ratio": t.max_min_share_ratio,
+                "max_service_difference": t.max_service_difference,
+                "service_over_entitlement": t.service_ratio,
+                "starved": list(t.starved),
+                "judged_windows": t.judged_windows,
+                "windows": [
+                    {"start_s": w.start_s, "end_s": w.end_s, "backlogged": list(w.backlogged),
+                     "jain_index": w.jain_index, "share_ratio": w.share_ratio,
+                     "service_difference": w.service_difference}
+                    for w in t.windows
+                ],
+            }
+            for name, t in f.tiers.items()
+        },
+    }
+
+
+def _littles_law(v: LittlesLaw) -> dict[str, Any]:
+    return {
+        "arrivals": v.arrivals, "in_flight": v.in_flight, "arrival_rate": v.arrival_rate,
+        "time_in_system_s": v.time_in_system_s, "request_ratio": v.request_ratio,
+        "tokens_in_flight": v.tokens_in_flight, "token_arrival_rate": v.token_arrival_rate,
+        "token_time_in_system_s": v.token_time_in_system_s, "token_ratio": v.token_ratio,
+    }
+
+
+def json_safe(value: Any) -> Any:
+    """NaN and infinities become null (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
