@@ -71,6 +71,7 @@ class StabilityWindow:
 
     def backend_sample(self, tokens_total: float, at: float) -> None:
         """The backend's prompt + generation token counter as scraped at ``at``."""
+        self._seen(at)
         self._backend.append((at, float(tokens_total)))
 
     def reading(self, at: float) -> StabilityReading:
