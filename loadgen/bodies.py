@@ -1,0 +1,94 @@
+"""Request bodies of exactly the drawn size.
+
+Completions prompts are token ids, so the prompt is exactly ``prompt_tokens`` long on any
+server. Chat prompts are text: words that are one token each under common tokenizers (and
+exactly under the emulator's), minus the chat template's framing, which
+:class:`ChatFraming` learns from the server's ``usage`` and which the driver checks on every
+response. Outputs are exactly ``max_tokens`` long with ``ignore_eos`` (a vLLM extension;
+tenants can turn it off for servers that refuse it).
+
+Every prompt starts with a few tokens drawn from the request's own seed, so no two prompts
+share a prefix and a server's prefix cache does not make them cheaper than real traffic.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+
+from loadgen.plan import RequestPlan
+from loadgen.tenants import TenantSpec
+
+__all__ = ["ChatFraming", "build_body", "prompt_text", "prompt_token_ids"]
+
+_FIRST_ID = 6  # ids below are special tokens in the tiny model
+_ID_SPAN = 500  # ids stay below 506: inside any real vocabulary
+_UNIQUE_HEAD = 8  # tokens drawn per request before the shared pattern
+_PATTERN = [_FIRST_ID + (i * 7919) % _ID_SPAN for i in range(8192)]
+
+# One-token words (a leading space and at most four letters).
+_WORDS = (" the", " a", " of", " to", " and", " in", " is", " it", " that", " for", " on",
+          " with", " as", " was", " at", " by", " this", " from", " or", " but", " not",
+          " are", " have", " one", " all", " we", " can", " more", " time", " when", " data")
+
+
+def prompt_token_ids(n: int, content_seed: int) -> list[int]:
+    rng = random.Random(content_seed)
+    head = [rng.randrange(_FIRST_ID, _FIRST_ID + _ID_SPAN) for _ in range(min(n, _UNIQUE_HEAD))]
+    rest = n - len(head)
+    tail: list[int] = []
+    while rest > 0:
+        take = min(rest, len(_PATTERN))
+        tail += _PATTERN[:take]
+        rest -= take
+    return head + tail
+
+
+def prompt_text(words: int, content_seed: int) -> str:
+    rng = random.Random(content_seed)
+    head = [rng.choice(_WORDS) for _ in range(min(words, _UNIQUE_HEAD))]
+    tail = [_WORDS[i % len(_WORDS)] for i in range(words - len(head))]
+    return "".join(head + tail).lstrip()
+
+
+class ChatFraming:
+    """The chat template's overhead in prompt tokens, learned from the server's usage: the
+    last observation wins (a template does not change during a run)."""
+
+    def __init__(self, overhead: int = 0) -> None:
+        self.overhead = overhead
+        self.observed = False
+
+    def words_for(self, prompt_tokens: int) -> int:
+        return max(1, prompt_tokens - self.overhead)
+
+    def observe(self, words: int, usage_prompt_tokens: int) -> None:
+        self.overhead = usage_prompt_tokens - words
+        self.observed = True
+
+
+def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None,
+               chat_words: int | None = None) -> bytes:
+    """The JSON body for ``plan``; chat requests carry ``chat_words`` words of text."""
+    body: dict[str, Any] = {"max_tokens": plan.max_tokens, "stream": plan.stream}
+    if model:
+        body["model"] = model
+    if tenant.endpoint == "chat":
+        words = plan.prompt_tokens if chat_words is None else chat_words
+        body["messages"] = [{"role": "user", "content": prompt_text(words, plan.content_seed)}]
+    else:
+        body["prompt"] = prompt_token_ids(plan.prompt_tokens, plan.content_seed)
+    if tenant.ignore_eos:
+        body["ignore_eos"] = True
+    if plan.stream:
+        options = {"include_usage": True}
+        if tenant.continuous_usage:
+            options["continuous_usage_stats"] = True
+        body["stream_options"] = options
+    if plan.user is not None:
+        body["user"] = plan.user
+    if tenant.priority is not None:
+        body["priority"] = tenant.priority
+    return orjson.dumps(body)

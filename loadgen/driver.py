@@ -1,0 +1,230 @@
+"""One process's share of a workload, run on gevent: the schedule made real.
+
+Each open-loop tenant gets a scheduler greenlet that sleeps until each request's due time and
+spawns a greenlet for it, so a request is sent on time whether or not earlier ones have
+finished; its latencies start at the due time. Closed-loop users are a greenlet each. When
+the run stops, whatever has not finished is recorded as ``cancelled`` (with ``sent_s`` unset
+if it never left), so every scheduled request ends in exactly one record.
+
+The driver knows nothing about Locust: the glue passes callbacks for the finished records
+(records file, Locust statistics, exporter) and for starts and schedule lag (exporter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import gevent
+from gevent.pool import Group
+
+from loadgen.arrivals import Closed
+from loadgen.bodies import ChatFraming, build_body
+from loadgen.client import HttpTarget
+from loadgen.measure import StreamMeter
+from loadgen.plan import (
+    RequestPlan,
+    closed_request_id,
+    closed_users,
+    open_loop_schedule,
+    open_request_id,
+    plan_request,
+    share,
+)
+from loadgen.scenario import Workload
+from loadgen.tenants import TenantSpec
+from weighbridge.records import RequestRecord
+
+__all__ = ["DriverStats", "RequestCancelled", "TrafficDriver"]
+
+
+class RequestCancelled(Exception):
+    """Raised into a request's greenlet when the run ends before the request did."""
+
+
+class _ClientTimeout(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class DriverStats:
+    lags: list[float] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    prompt_mismatches: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    output_mismatches: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"statuses": dict(self.statuses),
+                "prompt_mismatches": dict(self.prompt_mismatches),
+                "output_mismatches": dict(self.output_mismatches)}
+
+
+RecordHook = Callable[[RequestRecord], None]
+StartHook = Callable[[RequestPlan], None]
+LagHook = Callable[[str, float], None]
+
+
+class TrafficDriver:
+    def __init__(
+        self,
+        workload: Workload,
+        target: HttpTarget,
+        *,
+        run_id: str,
+        t0: float,  # the run's t = 0 on the monotonic clock
+        seed: int = 0,
+        model: str | None = None,
+        index: int = 0,
+        count: int = 1,
+        until_s: float = math.inf,
+        on_record: RecordHook,
+        on_start: StartHook | None = None,
+        on_lag: LagHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.workload = workload
+        self.target = target
+        self.run_id = run_id
+        self.t0 = t0
+        self.seed = seed
+        self.model = model
+        self.index = index
+        self.count = count
+        self.until_s = min(until_s, workload.end_s)
+        self.on_record = on_record
+        self.on_start = on_start
+        self.on_lag = on_lag
+        self.clock = clock
+        self.stats = DriverStats()
+        self._tenants = {t.name: t for t in workload.tenants}
+        self._framing = {t.name: ChatFraming() for t in workload.tenants}
+        self._schedulers = Group()
+        self._requests = Group()
+        self._pending: dict[str, StreamMeter] = {}
+        self._stopped = False
+
+    def now(self) -> float:
+        return self.clock() - self.t0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        for tenant in self.workload.tenants:
+            self._schedulers.spawn(self._guarded, self._open_loop, tenant)
+            for phase, start, end, user, process in closed_users(
+                    tenant, self.workload, self.index, self.count):
+                self._schedulers.spawn(self._guarded, self._closed_user, tenant, phase, start,
+                                       end, user, process)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every scheduled request has ended; True if they all did."""
+        self._schedulers.join(timeout=timeout)
+        return self._requests.join(timeout=timeout) and not self._pending
+
+    def stop(self, reason: str = "run_ended") -> None:
+        """Stop sending; record what is still in flight as cancelled."""
+        if self._stopped:
+            return
+        self._stopped = True
+        gevent.killall(list(self._schedulers), exception=RequestCancelled, block=True,
+                       timeout=10)
+        gevent.killall(list(self._requests), exception=RequestCancelled, block=True,
+                       timeout=10)
+        now = self.now()
+        for meter in list(self._pending.values()):
+            meter.cancelled(now, reason)
+            self._emit(meter)
+
+    # -- greenlets ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _guarded(fn: Callable[..., None], *args: object) -> None:
+        with contextlib.suppress(RequestCancelled):
+            fn(*args)
+
+    def _sleep_until(self, t: float) -> None:
+        delay = self.t0 + t - self.clock()
+        if delay > 0:
+            gevent.sleep(delay)
+
+    def _open_loop(self, tenant: TenantSpec) -> None:
+        schedule = open_loop_schedule(tenant, self.workload, self.seed, self.until_s)
+        for due in share(schedule, self.index, self.count):
+            # Everything but the send is done before the due time, off the critical path.
+            plan = plan_request(tenant, open_request_id(tenant.name, due.seq), due.phase,
+                                due.t, self.seed)
+            request = self._prepare(tenant, plan)
+            self._sleep_until(due.t)
+            self._requests.spawn(self._perform, tenant, self._meter(plan), *request)
+
+    def _closed_user(self, tenant: TenantSpec, phase: str, start: float, end: float,
+                     user: int, process: Closed) -> None:
+        rng = random.Random(f"{self.seed}/{tenant.name}/{phase}/u{user}/think")
+        end = min(end, self.until_s)
+        t, n = start, 0
+        while t < end:
+            plan = plan_request(tenant, closed_request_id(tenant.name, phase, user, n), phase,
+                                t, self.seed)
+            request = self._prepare(tenant, plan)
+            self._sleep_until(t)
+            self._perform(tenant, self._meter(plan), *request)
+            t = max(self.now(), t) + process.think_time(rng)
+            n += 1
+
+    def _prepare(self, tenant: TenantSpec, plan: RequestPlan
+                 ) -> tuple[bytes, dict[str, str], int | None]:
+        """The body and headers of a request, and its chat words (None for completions)."""
+        words = None
+        if tenant.endpoint == "chat":
+            words = self._framing[tenant.name].words_for(plan.prompt_tokens)
+        headers = dict(tenant.headers)
+        if tenant.api_key:
+            headers["authorization"] = f"Bearer {tenant.api_key}"
+        return build_body(plan, tenant, self.model, chat_words=words), headers, words
+
+    def _meter(self, plan: RequestPlan) -> StreamMeter:
+        meter = StreamMeter(plan, self.run_id, self.workload.scenario)
+        self._pending[plan.request_id] = meter
+        return meter
+
+    def _perform(self, tenant: TenantSpec, meter: StreamMeter, body: bytes,
+                 headers: dict[str, str], words: int | None) -> None:
+        plan = meter.plan
+        if self.on_start is not None:
+            self.on_start(plan)
+        try:
+            with gevent.Timeout(tenant.timeout_s, _ClientTimeout):
+                self.target.exchange(plan.endpoint, body, headers, meter, self.t0)
+        except _ClientTimeout:
+            meter.timed_out(self.now())
+        except RequestCancelled:
+            meter.cancelled(self.now())
+        except Exception as exc:
+            meter.failed(self.now(), f"{type(exc).__name__}: {exc}"[:200])
+        if words is not None and meter.prompt_tokens is not None:
+            self._framing[tenant.name].observe(words, meter.prompt_tokens)
+        self._emit(meter)
+
+    def _emit(self, meter: StreamMeter) -> None:
+        if self._pending.pop(meter.plan.request_id, None) is None:
+            return  # already recorded
+        record = meter.record()
+        stats = self.stats
+        stats.statuses[record.status] += 1
+        if record.sent_s is not None:
+            lag = record.sent_s - record.scheduled_s
+            stats.lags.append(lag)
+            if self.on_lag is not None:
+                self.on_lag(record.tenant, lag)
+        if record.status == "ok":
+            plan = meter.plan
+            if record.prompt_tokens is not None and record.prompt_tokens != plan.prompt_tokens:
+                stats.prompt_mismatches[record.tenant] += 1
+            if self._tenants[record.tenant].ignore_eos and record.output_tokens != plan.max_tokens:
+                stats.output_mismatches[record.tenant] += 1
+        self.on_record(record)

@@ -1,0 +1,101 @@
+"""What to send and when: a tenant's schedule and each request's sizes, drawn from the seed.
+
+Everything here is a pure function of (seed, tenant, phase, sequence number), so a run is
+reproducible whatever the number of processes: every process computes the same full
+schedule and keeps its share (``seq % count == index``), which splits any arrival process
+exactly (the union of the shares is the original schedule), and each request's sizes come
+from its own RNG, keyed by its id.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from loadgen.arrivals import Closed
+from loadgen.scenario import Workload
+from loadgen.tenants import TenantSpec
+
+__all__ = ["Due", "RequestPlan", "closed_users", "open_loop_schedule", "plan_request", "share"]
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """One open-loop request: when it is due (seconds since run start), in which phase, and
+    its sequence number among the tenant's requests."""
+
+    t: float
+    phase: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class RequestPlan:
+    request_id: str
+    tenant: str
+    tier: str
+    phase: str
+    user: str | None
+    endpoint: str  # the API path
+    stream: bool
+    prompt_tokens: int  # as drawn; the server's usage is what the record keeps
+    max_tokens: int
+    scheduled_s: float
+    content_seed: int  # varies the prompt's content so no two prompts share a prefix
+
+
+def open_loop_schedule(tenant: TenantSpec, workload: Workload, seed: int,
+                       until_s: float | None = None) -> Iterator[Due]:
+    """The tenant's open-loop send times over all phases, in order, up to ``until_s``."""
+    seq = 0
+    for span in workload.phases:
+        process = tenant.arrival_in(span.name)
+        if process is None or isinstance(process, Closed):
+            continue
+        end = span.end_s if until_s is None else min(span.end_s, until_s)
+        if span.start_s >= end:
+            break
+        rng = random.Random(f"{seed}/{tenant.name}/{span.name}/arrivals")
+        for t in process.times(rng, span.start_s, end):
+            yield Due(t, span.name, seq)
+            seq += 1
+
+
+def share(schedule: Iterator[Due], index: int, count: int) -> Iterator[Due]:
+    """Process ``index`` of ``count``'s part of a schedule."""
+    if not 0 <= index < count:
+        raise ValueError(f"process index {index} not in [0, {count})")
+    return (due for due in schedule if due.seq % count == index)
+
+
+def closed_users(tenant: TenantSpec, workload: Workload, index: int,
+                 count: int) -> Iterator[tuple[str, float, float, int, Closed]]:
+    """(phase, start, end, user number, process) of every closed-loop user this process
+    runs; user ``u`` of a phase belongs to process ``u % count``."""
+    for span in workload.phases:
+        process = tenant.arrival_in(span.name)
+        if not isinstance(process, Closed):
+            continue
+        for user in range(index, process.users, count):
+            yield span.name, span.start_s, span.end_s, user, process
+
+
+def plan_request(tenant: TenantSpec, request_id: str, phase: str, scheduled_s: float,
+                 seed: int) -> RequestPlan:
+    rng = random.Random(f"{seed}/{request_id}")
+    prompt, output = tenant.lengths.draw(rng)
+    user = f"{tenant.name}-u{rng.randrange(tenant.users)}" if tenant.users else None
+    return RequestPlan(
+        request_id=request_id, tenant=tenant.name, tier=tenant.tier, phase=phase, user=user,
+        endpoint=tenant.path, stream=tenant.stream, prompt_tokens=prompt, max_tokens=output,
+        scheduled_s=scheduled_s, content_seed=rng.getrandbits(32),
+    )
+
+
+def open_request_id(tenant: str, seq: int) -> str:
+    return f"{tenant}-{seq}"
+
+
+def closed_request_id(tenant: str, phase: str, user: int, n: int) -> str:
+    return f"{tenant}-{phase}-u{user}-{n}"

@@ -1,0 +1,145 @@
+"""The tenant traffic spec: who sends what, how big, how often, in which phase.
+
+A tenants file is YAML with one list::
+
+    tenants:
+      - name: victim
+        api_key: sk-victim-demo       # sent as `Authorization: Bearer ...`; none: no header
+        tier: interactive             # for the records and the report (the sidecar decides)
+        weight: 1
+        endpoint: chat                # chat | completions
+        stream: true
+        ignore_eos: true              # outputs of exactly the drawn length
+        users: 20                     # distinct end users (the `user` field), 0: none
+        lengths: {prompt: {kind: lognormal, median: 300, sigma: 0.5}, output: 64}
+        arrival: {kind: poisson, rate: 2}        # in every phase ...
+        phases: {flood: {kind: poisson, rate: 50}, recovery: null}   # ... unless overridden
+
+Problems are reported once, at load, as ``TenantsError`` with one ``path: message`` line each
+(``tenants.0.lengths.prompt.low: ...``), naming the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    ValidationError,
+    model_validator,
+)
+
+from loadgen.arrivals import Arrival
+from loadgen.lengths import Lengths
+
+__all__ = ["ENDPOINT_PATHS", "TenantSpec", "TenantsError", "TenantsFile", "load_tenants"]
+
+Endpoint = Literal["completions", "chat"]
+ENDPOINT_PATHS: dict[str, str] = {
+    "completions": "/v1/completions",
+    "chat": "/v1/chat/completions",
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TenantSpec(_Model):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    api_key: str | None = None
+    tier: str = "standard"
+    weight: PositiveFloat = 1.0
+    endpoint: Endpoint = "completions"
+    stream: bool = True
+    ignore_eos: bool = True
+    continuous_usage: bool = False  # ask for usage in every chunk (vLLM continuous_usage_stats)
+    users: NonNegativeInt = 0
+    timeout_s: PositiveFloat = 300.0
+    priority: int | None = None  # vLLM's priority field, for servers run with priority policy
+    headers: dict[str, str] = Field(default_factory=dict)
+    lengths: Lengths
+    arrival: Arrival | None = None
+    phases: dict[str, Arrival | None] = Field(default_factory=dict)
+
+    @property
+    def path(self) -> str:
+        return ENDPOINT_PATHS[self.endpoint]
+
+    def arrival_in(self, phase: str) -> Arrival | None:
+        """The tenant's traffic in ``phase``: its override there, else its default."""
+        if phase in self.phases:
+            return self.phases[phase]
+        return self.arrival
+
+    def scaled(self, factor: float) -> TenantSpec:
+        if factor == 1:
+            return self
+        return self.model_copy(update={
+            "arrival": self.arrival.scaled(factor) if self.arrival else None,
+            "phases": {k: v.scaled(factor) if v else None for k, v in self.phases.items()},
+        })
+
+
+class TenantsFile(_Model):
+    tenants: list[TenantSpec] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> TenantsFile:
+        names = [t.name for t in self.tenants]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"tenant names must be unique; repeated: {', '.join(repeated)}")
+        return self
+
+    def check_phases(self, phases: Sequence[str]) -> None:
+        """Every phase a tenant mentions must exist in the scenario."""
+        known = set(phases)
+        problems = [
+            f"tenants.{i}.phases.{name}: no phase {name!r} in this scenario "
+            f"(phases: {', '.join(phases)})"
+            for i, tenant in enumerate(self.tenants)
+            for name in tenant.phases
+            if name not in known
+        ]
+        if problems:
+            raise TenantsError("\n".join(problems))
+
+
+class TenantsError(ValueError):
+    """A tenants file that cannot be used; the message has one ``path: problem`` per line."""
+
+
+def _dotted(loc: Sequence[str | int]) -> str:
+    # pydantic puts the discriminator tag in the path ("poisson"); users wrote no such key.
+    return ".".join(str(p) for p in loc if p not in _TAGS) or "(top level)"
+
+
+_TAGS = {"fixed", "uniform", "normal", "lognormal", "mixture", "empirical", "poisson",
+         "gamma", "burst", "on_off", "closed", "function-before[_shorthand(), ...]"}
+
+
+def parse_tenants(data: Any, *, base_dir: Path, source: str) -> TenantsFile:
+    try:
+        return TenantsFile.model_validate(data, context={"base_dir": base_dir})
+    except ValidationError as exc:
+        lines = [f"{_dotted(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        raise TenantsError(f"{source}:\n  " + "\n  ".join(lines)) from None
+
+
+def load_tenants(path: str | Path) -> TenantsFile:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise TenantsError(f"{path}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise TenantsError(f"{path}: not valid YAML: {exc}") from None
+    return parse_tenants(data, base_dir=path.parent, source=str(path))
