@@ -19,7 +19,7 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     ">=": operator.ge, "<=": operator.le, "==": operator.eq, ">": operator.gt, "<": operator.lt,
 }
 _EXPRESSION = re.compile(
-    r"^\s*(?P<path>[^<>=!\s][^<>=!]*?)\s*(?P<op>>=|<=|==|>|<)\s*"
+    r"^\s*(?P<path>[\w.\-/:@]+)\s*(?P<op>>=|<=|==|>|<)\s*"
     r"(?P<number>[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?|[-+]?inf)\s*$")
 
 

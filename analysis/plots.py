@@ -61,6 +61,7 @@ def ttft_cdf(a: Analysis) -> bytes:
     ax.set(xlabel="TTFT (ms)", ylabel="fraction of requests", ylim=(0, 1.01),
            title="TTFT CDF per tier (dashed: TTFT SLO)")
     ax.set_xscale("symlog", linthresh=10)
+    ax.set_xlim(left=0)
     ax.legend(fontsize=8)
     return _png(fig)
 
@@ -73,9 +74,13 @@ def ttft_over_time(a: Analysis) -> bytes:
     mid = (w.edges[:-1] + w.edges[1:]) / 2
     for name, p99 in w.ttft_p99_s.items():
         ax.plot(mid, p99 * 1000, marker=".", label=name)
-    ax.set(xlabel="seconds since run start (request scheduled)", ylabel="p99 TTFT (ms)",
-           title=f"Per-tenant p99 TTFT per {a.window_s:g} s window, phases shaded")
-    ax.set_yscale("symlog", linthresh=10)
+    ax.set(xlabel="seconds since run start (request scheduled)", ylabel="p99 TTFT (ms)")
+    ax.set_title(f"Per-tenant p99 TTFT per {a.window_s:g} s window, phases shaded", pad=14)
+    values = np.concatenate([v[~np.isnan(v)] for v in w.ttft_p99_s.values()] + [np.array([])])
+    if values.size and values.min() > 0 and values.max() / values.min() > 50:
+        ax.set_yscale("log")  # a flood moves TTFT by orders of magnitude
+    else:
+        ax.set_ylim(bottom=0)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     return _png(fig)
 
@@ -87,8 +92,10 @@ def in_flight(a: Analysis) -> bytes:
     _shade_phases(ax, a)
     for name, series in w.in_flight.items():
         ax.step(w.edges, np.append(series, series[-1:]), where="post", label=name)
-    ax.set(xlabel="seconds since run start", ylabel="requests in flight (mean)",
-           title=f"Per-tenant requests in flight (scheduled to end), {a.window_s:g} s mean")
+    ax.set(xlabel="seconds since run start", ylabel="requests in flight (mean)")
+    ax.set_title(f"Per-tenant requests in flight (scheduled to end), {a.window_s:g} s mean",
+                 pad=14)
+    ax.set_ylim(bottom=0)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     return _png(fig)
 

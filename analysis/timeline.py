@@ -13,6 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
+MIN_SPREAD_S = 1e-6
 
 
 def window_edges(duration_s: float, window_s: float) -> FloatArray:
@@ -28,13 +29,20 @@ def window_edges(duration_s: float, window_s: float) -> FloatArray:
 def cumulative(starts: npt.ArrayLike, ends: npt.ArrayLike, amounts: npt.ArrayLike,
                at: npt.ArrayLike) -> FloatArray:
     """How much of the amounts was delivered before each time in ``at``, when item ``i``
-    delivers ``amounts[i]`` uniformly over ``[starts[i], ends[i]]`` (all of it at ``starts[i]``
-    when ``ends[i] <= starts[i]``; such a point counts for times strictly after it)."""
+    delivers ``amounts[i]`` uniformly over ``[starts[i], ends[i]]`` (all of it at
+    ``starts[i]`` when the interval is shorter than ``MIN_SPREAD_S``; such a point counts for
+    times strictly after it).
+
+    Precision: the ramp sums cancel terms of size ``rate * t``, so the absolute error is
+    about 1e-16 of ``sum(rate) * max(t)``: a thousandth of a token for a million records
+    of 1,000 tokens/s over three hours."""
     s = np.asarray(starts, dtype=np.float64)
     e = np.maximum(np.asarray(ends, dtype=np.float64), s)
     a = np.asarray(amounts, dtype=np.float64)
     t = np.asarray(at, dtype=np.float64)
-    point = e <= s
+    # Spreads shorter than a microsecond are points at any window size; as ramps their
+    # huge rates would only cost precision (or overflow).
+    point = e - s < MIN_SPREAD_S
     out = _steps(s[point], a[point], t)
     ramp = ~point
     if ramp.any():

@@ -1,0 +1,95 @@
+"""The capacity planner: the seed's worked example, the KV-cache tax, --from-run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from analysis.capacity import (
+    GIB,
+    CapacityInputs,
+    ModelMemory,
+    capacity_inputs,
+    plan,
+)
+from tests.unit.analysis.conftest import rec, write_run
+
+
+def test_the_seed_worked_example() -> None:
+    # 100K requests/day x 1,500 tokens = 150M tokens/day; / 200 tokens/s/GPU = 750,000
+    # GPU-seconds = about 208 GPU-hours per day; x 4 at peak = about 832 GPU-hours.
+    p = plan(CapacityInputs(requests_per_day=100_000, avg_tokens=1_500,
+                            tokens_per_second_per_gpu=200, peak_to_average=4))
+    assert p.tokens_per_day == 150_000_000
+    assert p.gpu_seconds_per_day == 750_000
+    assert p.gpu_hours_per_day == pytest.approx(208.33, abs=0.01)
+    assert p.peak_gpu_hours_per_day == pytest.approx(833.3, abs=0.1)
+    assert p.average_gpus == pytest.approx(750_000 / 86_400)
+    assert p.peak_gpus == pytest.approx(4 * 750_000 / 86_400)  # 34.7
+    assert p.peak_gpus_whole == 35
+    assert p.binding_constraint == "compute"
+    assert any("not assessed" in a for a in p.assumptions)
+
+
+def test_kv_cache_tax_by_hand() -> None:
+    # Llama-3-8B-like: 2 x 32 layers x 8 KV heads x 128 x 8192 tokens x 2 bytes = 1 GiB;
+    # (80 - 16) GiB free -> 64 sequences.
+    memory = ModelMemory(layers=32, kv_heads=8, head_dim=128, context=8192, dtype_bytes=2,
+                         gpu_memory_gb=80, weights_gb=16)
+    assert memory.kv_bytes_per_sequence == GIB
+    assert memory.max_concurrent_sequences == 64
+    p = plan(CapacityInputs(requests_per_day=100_000, avg_tokens=1_500,
+                            tokens_per_second_per_gpu=2_000, peak_to_average=4,
+                            sequence_tokens_per_second=20, memory=memory))
+    # 2,000 tokens/s at 20 per sequence needs 100 resident sequences; 64 fit: memory binds.
+    assert p.sequences_needed_per_gpu == 100
+    assert p.binding_constraint == "memory"
+    assert p.peak_gpus_memory == pytest.approx(p.peak_gpus_compute * 100 / 64)
+    assert p.peak_gpus == p.peak_gpus_memory
+
+
+def test_all_heads_are_assumed_without_kv_heads_and_it_is_said() -> None:
+    memory = ModelMemory(layers=32, heads=32, head_dim=128, context=8192, weights_gb=16)
+    assert memory.kv_bytes_per_sequence == 4 * GIB
+    p = plan(CapacityInputs(requests_per_day=1, avg_tokens=1, tokens_per_second_per_gpu=100,
+                            memory=memory))
+    assert any("assuming all 32 attention heads" in a for a in p.assumptions)
+    assert any("assuming 20 tokens/s per sequence" in a for a in p.assumptions)
+    assert p.binding_constraint == "compute"  # 16 fit, 5 needed
+
+
+def test_inputs_are_validated_with_the_flag_named() -> None:
+    with pytest.raises(ValueError, match="tokens-per-second-per-gpu"):
+        CapacityInputs(requests_per_day=1, avg_tokens=1, tokens_per_second_per_gpu=0)
+    with pytest.raises(ValueError, match="weights-gb"):
+        ModelMemory(layers=1, kv_heads=1, head_dim=1, context=1, gpu_memory_gb=10,
+                    weights_gb=10)
+    common = dict(peak_to_average=1.0, sequence_tokens_per_second=None, kv_heads=None,
+                  heads=None, head_dim=None, context=None, dtype_bytes=2.0,
+                  gpu_memory_gb=80.0, weights_gb=0.0, from_run=None)
+    with pytest.raises(ValueError, match="--avg-tokens"):
+        capacity_inputs(requests_per_day=1, avg_tokens=None, tokens_per_second_per_gpu=1,
+                        layers=None, **common)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="--head-dim, --context"):
+        capacity_inputs(requests_per_day=1, avg_tokens=1, tokens_per_second_per_gpu=1,
+                        layers=32, **common)  # type: ignore[arg-type]
+
+
+def test_from_run_measures_throughput_mix_and_rate(tmp_path: Path) -> None:
+    # 10 s run, two ok requests of 100 prompt + 50 output tokens each, decoding 49 tokens
+    # in 0.9 s, plus one rejected: 300 tokens served in 10 s = 30 tokens/s on one GPU.
+    records = [rec("a", scheduled=0, ttft=0.1, duration=1.0, prompt=100, output=50),
+               rec("a", scheduled=5, ttft=0.1, duration=1.0, prompt=100, output=50),
+               rec("a", scheduled=6, ttft=None, prompt=None, output=None, status="rejected")]
+    run_dir = write_run(tmp_path, records, duration=10.0)
+    inputs = capacity_inputs(requests_per_day=None, avg_tokens=None,
+                             tokens_per_second_per_gpu=None, peak_to_average=2,
+                             sequence_tokens_per_second=None, layers=None, kv_heads=None,
+                             heads=None, head_dim=None, context=None, dtype_bytes=2,
+                             gpu_memory_gb=80, weights_gb=0, from_run=run_dir, run_gpus=2)
+    assert inputs.tokens_per_second_per_gpu == pytest.approx(15.0)
+    assert inputs.avg_tokens == pytest.approx(150.0)
+    assert inputs.requests_per_day == pytest.approx(3 / 10 * 86_400)
+    assert inputs.sequence_tokens_per_second == pytest.approx(49 / 0.9)
+    assert inputs.token_mix == {"prompt tokens": 100.0, "output tokens": 50.0}
