@@ -21,7 +21,7 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
 from sidecar.backends import BackendPool
 from sidecar.core import Dispatch, SchedulingCore
@@ -556,6 +556,9 @@ def run_sidecar(config: Config, host: str, port: int) -> None:
         pass
     for warning in config.warnings:
         log.warning("config: %s", warning)
+    # No `<name>_created` series beside every counter and histogram: they double the
+    # exposition and Prometheus stores them as gauges of their own.
+    disable_created_metrics()
     sidecar = Sidecar(config)
     # handler_cancellation: a client that disconnects cancels its handler, which takes a
     # queued request out of the queue at once or aborts its backend request.

@@ -1,0 +1,175 @@
+"""A real Prometheus server on loopback for integration tests: a generated configuration
+scraping a list of targets (the emulator, the sidecar, later the load generator's
+exporters) with the project's rules files loaded, and a small client of its HTTP API.
+
+The binary is Debian's ``prometheus`` package (``.ci/run`` installs it). A missing binary is a
+failure with that hint, never a skip. The package also installs a system service; tests never
+use it: every server here has its own port, configuration and data directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from weighbridge.launch import LaunchError, ServerProcess, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
+INSTALL_HINT = ("install Debian's prometheus package (apt-get install --no-install-recommends "
+                "prometheus), as .ci/run does")
+
+
+def binary(name: str) -> str:
+    """Path of ``prometheus`` or ``promtool``; raises (the test fails) when missing."""
+    path = shutil.which(name)
+    if path is None:
+        raise LaunchError(f"{name} not found on PATH: {INSTALL_HINT}")
+    return path
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One job of one target: ``url`` is the server's base URL (``http://host:port``)."""
+
+    job: str
+    url: str
+    metrics_path: str = "/metrics"
+
+    @property
+    def address(self) -> str:
+        return httpx.URL(self.url).netloc.decode()
+
+
+def rule_files(directory: Path = RULES_DIR) -> list[Path]:
+    """Every rules file the project ships (the sidecar's, the load generator's, ...)."""
+    return sorted(directory.glob("*.yml"))
+
+
+def check_rules(paths: Sequence[Path]) -> str:
+    """``promtool check rules``; raises AssertionError with its output when a file is bad."""
+    result = subprocess.run([binary("promtool"), "check", "rules", *map(str, paths)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise AssertionError(f"promtool check rules failed:\n{output}")
+    return output
+
+
+def check_config(path: Path) -> str:
+    result = subprocess.run([binary("promtool"), "check", "config", str(path)],
+                            capture_output=True, text=True, timeout=60, check=False)
+    output = result.stdout + result.stderr
+    if result.returncode != 0:
+        raise AssertionError(f"promtool check config failed:\n{output}")
+    return output
+
+
+def prometheus_config(targets: Sequence[ScrapeTarget], rules: Sequence[Path],
+                      interval_s: float = 1.0) -> dict[str, Any]:
+    """The configuration: every target scraped and every rule evaluated each ``interval_s``;
+    one job per distinct ``job`` name, in the order given."""
+    interval = f"{int(interval_s * 1000)}ms"
+    jobs: dict[tuple[str, str], list[str]] = {}
+    for target in targets:
+        jobs.setdefault((target.job, target.metrics_path), []).append(target.address)
+    return {
+        "global": {"scrape_interval": interval, "evaluation_interval": interval,
+                   "scrape_timeout": interval},
+        "rule_files": [str(p) for p in rules],
+        "scrape_configs": [
+            {"job_name": job, "metrics_path": path,
+             "static_configs": [{"targets": addresses}]}
+            for (job, path), addresses in jobs.items()
+        ],
+    }
+
+
+def prometheus_process(targets: Sequence[ScrapeTarget], rules: Sequence[Path] = (),
+                       interval_s: float = 1.0, directory: Path | None = None,
+                       port: int | None = None) -> ServerProcess:
+    """A Prometheus child with its own configuration and data directory in ``directory``."""
+    executable = binary("prometheus")
+    port = port or free_port()
+    directory = Path(directory or tempfile.mkdtemp(prefix="weighbridge-prometheus-"))
+    config = directory / "prometheus.yml"
+    config.write_text(yaml.safe_dump(prometheus_config(targets, rules, interval_s),
+                                     sort_keys=False))
+    argv = [executable, f"--config.file={config}",
+            f"--storage.tsdb.path={directory / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--storage.tsdb.retention.time=1h", "--log.level=warn"]
+    return ServerProcess(name="prometheus", argv=argv, url=f"http://127.0.0.1:{port}",
+                         health_path="/-/ready", log_path=directory / "prometheus.log")
+
+
+class PrometheusApi:
+    """The HTTP API of a running server (``/api/v1``), over httpx."""
+
+    def __init__(self, url: str) -> None:
+        self.client = httpx.Client(base_url=url.rstrip("/") + "/api/v1", timeout=10)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _get(self, path: str, **params: Any) -> Any:
+        response = self.client.get(path, params=params)
+        body = response.json()
+        if response.status_code != 200 or body.get("status") != "success":
+            raise AssertionError(f"GET {path} {params}: {response.status_code} {body}")
+        return body["data"]
+
+    def query(self, expr: str, at_unix_s: float | None = None) -> list[dict[str, Any]]:
+        """An instant vector (or scalar) query, now or at ``at_unix_s``: the result list."""
+        params: dict[str, Any] = {"query": expr}
+        if at_unix_s is not None:
+            params["time"] = at_unix_s
+        data = self._get("/query", **params)
+        if data["resultType"] in ("scalar", "string"):
+            return [{"metric": {}, "value": data["result"]}]
+        return list(data["result"])
+
+    def series(self, match: str, window_s: float = 600) -> list[dict[str, str]]:
+        """Label sets of the series ``match`` selects seen in the last ``window_s``."""
+        now = time.time()
+        return list(self._get("/series", **{"match[]": match, "start": now - window_s,
+                                            "end": now}))
+
+    def targets(self) -> list[dict[str, Any]]:
+        return list(self._get("/targets")["activeTargets"])
+
+    def rule_groups(self) -> list[dict[str, Any]]:
+        return list(self._get("/rules")["groups"])
+
+    def wait_until_up(self, jobs: Sequence[str], timeout_s: float = 30) -> None:
+        """Every target of ``jobs`` scraped successfully at least once."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            targets = self.targets()
+            up = {t["labels"]["job"] for t in targets if t["health"] == "up"}
+            if set(jobs) <= up:
+                return
+            if time.monotonic() > deadline:
+                states = [(t["labels"]["job"], t["health"], t.get("lastError")) for t in targets]
+                raise AssertionError(f"targets not up after {timeout_s} s: {states}")
+            time.sleep(0.2)
+
+    def wait_for(self, expr: str, timeout_s: float = 30) -> list[dict[str, Any]]:
+        """The first non-empty result of ``expr`` (bounded wait)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self.query(expr)
+            if result:
+                return result
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{expr!r} still empty after {timeout_s} s")
+            time.sleep(0.25)
