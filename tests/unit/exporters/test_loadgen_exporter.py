@@ -263,3 +263,20 @@ def test_littles_law_through_the_exporter(drop_every: int) -> None:
                 assert ratio > 1.5, (tenant, level, ratio)
             else:
                 assert 0.95 <= ratio <= 1.05, (tenant, level, ratio)
+
+
+def test_docs_list_exactly_the_exported_series() -> None:
+    """docs/metrics-loadgen.md has a row per exported family, with its type and labels."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[3] / "docs" / "metrics-loadgen.md").read_text()
+    rows: dict[str, tuple[str, set[str]]] = {}
+    for line in doc.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 6 and cells[0].startswith("`weighbridge_") and cells[1] in (
+                "counter", "gauge", "histogram"):
+            name = cells[0].strip("`").removesuffix("_total")
+            labels = {x.strip() for x in cells[2].split(",") if x.strip() not in ("", "–")}
+            rows[name] = (cells[1], labels)
+    assert rows == {name: (kind, labels) for name, (kind, labels)
+                    in DOCUMENTED_FAMILIES.items()}
