@@ -202,6 +202,13 @@ class LittlesLawWindow:
             "token": LittlesLawReading(occ_tok / span, token_time / span, count, span),
         }
 
+    def expire(self, at: float) -> None:
+        """Forget what left the window ending at ``at`` (a reading does this too; call it
+        when nobody reads, so memory stays bounded by one window of events)."""
+        start = self._advance(at) - self.window_s
+        for state in self._keys.values():
+            self._expire(state, start)
+
     def in_flight(self, key: Hashable) -> tuple[float, float]:
         """(requests, declared tokens) in system now for ``key``."""
         state = self._keys.get(key)

@@ -90,6 +90,7 @@ class LoadgenExporter:
         self._in_flight = InFlightSet()
         self._keys: set[tuple[str, str]] = set()  # (tenant, tier) seen or configured
         self._scrape_errors = 0
+        self._expired_at = -math.inf
         self._server: Any = None
         self._stop = threading.Event()
         self._scraper: threading.Thread | None = None
@@ -173,6 +174,7 @@ class LoadgenExporter:
                 gaps = record.chunks - 1
                 mean_gap = max(record.last_token_s - record.first_token_s, 0.0) / gaps
                 self._itl.observe(key, mean_gap, gaps)
+            self._expire_unread()
         self._requests.labels(tenant, tier, record.status).inc()
         self._prompt_tokens.labels(tenant, tier).inc(prompt)
         self._output_tokens.labels(tenant, tier).inc(output)
@@ -182,6 +184,16 @@ class LoadgenExporter:
                 self._ttft.labels(tenant, tier).observe(max(record.ttft_s, 0.0))
             if record.decode_tps is not None:
                 self._decode.labels(tenant, tier).observe(record.decode_tps)
+
+    def _expire_unread(self) -> None:
+        # Scrapes expire old events; without scrapes (no Prometheus yet) the windows would
+        # grow for the whole run, so expire every quarter window.
+        now = self.clock()
+        if now - self._expired_at >= self.window_s / 4:
+            self._expired_at = now
+            self._littles.expire(now)
+            self._shares.expire(now)
+            self._stability.expire(now)
 
     def schedule_lag(self, tenant: str, lag_s: float) -> None:
         with self._lock:

@@ -96,6 +96,17 @@ class TokenShareWindow:
 
     def reading(self, at: float, in_flight: Collection[str] = ()) -> ShareReading:
         """The window ending at ``at``; ``in_flight``: tenants with a request in flight now."""
+        self.expire(at)
+        served = dict(self._served)
+        total = math.fsum(served.values())
+        share = {t: (s / total if total > 0 else 0.0) for t, s in served.items()}
+        active = set(self._ends) | set(in_flight)
+        entitled = entitled_shares(self.weights, sorted(active))
+        jain = jain_index([served.get(t, 0.0) / self.weights.get(t, 1.0) for t in entitled])
+        return ShareReading(served, share, entitled, jain)
+
+    def expire(self, at: float) -> None:
+        """Forget ends that left the window ending at ``at``."""
         start = at - self.window_s
         while self._ended and self._ended[0][0] <= start:
             _, _, tenant, tokens = heapq.heappop(self._ended)
@@ -105,10 +116,3 @@ class TokenShareWindow:
                 del self._ends[tenant], self._served[tenant]
             else:
                 self._served[tenant] -= tokens
-        served = dict(self._served)
-        total = math.fsum(served.values())
-        share = {t: (s / total if total > 0 else 0.0) for t, s in served.items()}
-        active = set(self._ends) | set(in_flight)
-        entitled = entitled_shares(self.weights, sorted(active))
-        jain = jain_index([served.get(t, 0.0) / self.weights.get(t, 1.0) for t in entitled])
-        return ShareReading(served, share, entitled, jain)

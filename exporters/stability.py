@@ -74,7 +74,8 @@ class StabilityWindow:
         self._seen(at)
         self._backend.append((at, float(tokens_total)))
 
-    def reading(self, at: float) -> StabilityReading:
+    def expire(self, at: float) -> None:
+        """Forget what left the window ending at ``at``."""
         start = at - self.window_s
         while self._scheduled and self._scheduled[0][0] <= start:
             heapq.heappop(self._scheduled)
@@ -82,6 +83,9 @@ class StabilityWindow:
             heapq.heappop(self._done)
         while self._backend and self._backend[0][0] < start:
             self._backend.popleft()
+
+    def reading(self, at: float) -> StabilityReading:
+        self.expire(at)
         span = self.window_s if self._first_at is None else min(self.window_s,
                                                                  at - self._first_at)
         if span <= 0:

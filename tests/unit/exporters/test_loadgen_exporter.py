@@ -276,7 +276,26 @@ def test_docs_list_exactly_the_exported_series() -> None:
         if len(cells) == 6 and cells[0].startswith("`weighbridge_") and cells[1] in (
                 "counter", "gauge", "histogram"):
             name = cells[0].strip("`").removesuffix("_total")
-            labels = {x.strip() for x in cells[2].split(",") if x.strip() not in ("", "–")}
+            labels = {x.strip() for x in cells[2].split(",") if x.strip() not in ("", "\u2013")}
             rows[name] = (cells[1], labels)
     assert rows == {name: (kind, labels) for name, (kind, labels)
                     in DOCUMENTED_FAMILIES.items()}
+
+
+def test_unscraped_exporter_keeps_about_one_window_of_events() -> None:
+    """Without scrapes the windows still forget old events (a run before Prometheus is up)."""
+    clock = FakeClock()
+    exporter = LoadgenExporter(window_s=10.0, clock=clock)
+    requests = [Sent(record("a", "standard", i * 0.1, i * 0.1 + 0.05, n=i), 300)
+                for i in range(5000)]  # 500 s at 10/s
+    run_requests(exporter, clock, requests)
+    # White-box: the event heaps hold at most 1.25 windows (expiry every quarter window).
+    state = exporter._littles._keys[("a", "standard")]
+    assert len(state.pending) <= 2 * 125 * 1.25
+    assert len(state.completions) <= 125 * 1.25
+    assert len(exporter._shares._ended) <= 125 * 1.25
+    s = scrape(exporter)
+    assert s.value("weighbridge_client_requests_total", tenant="a", tier="standard",
+                   status="ok") == 5000
+    assert s.value("weighbridge_littles_law_ratio", tenant="a", level="request") == (
+        pytest.approx(1.0, abs=0.01))
