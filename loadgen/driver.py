@@ -82,6 +82,7 @@ class TrafficDriver:
         index: int = 0,
         count: int = 1,
         until_s: float = math.inf,
+        chat_overhead: int | None = None,  # the chat template's framing, if measured
         on_record: RecordHook,
         on_start: StartHook | None = None,
         on_lag: LagHook | None = None,
@@ -102,7 +103,7 @@ class TrafficDriver:
         self.clock = clock
         self.stats = DriverStats()
         self._tenants = {t.name: t for t in workload.tenants}
-        self._framing = {t.name: ChatFraming() for t in workload.tenants}
+        self._framing = {t.name: ChatFraming(chat_overhead or 0) for t in workload.tenants}
         self._schedulers = Group()
         self._requests = Group()
         self._pending: dict[str, StreamMeter] = {}

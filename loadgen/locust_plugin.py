@@ -35,12 +35,14 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import orjson
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
+from loadgen.bodies import prompt_text
 from loadgen.client import HttpTarget
 from loadgen.driver import TrafficDriver
 from loadgen.lag import LagSummary, lag_warning
@@ -233,6 +235,29 @@ def _detect_model(host: str, options: _Options, workload: Workload) -> str | Non
         target.close()
 
 
+def _detect_chat_overhead(host: str, workload: Workload, model: str | None) -> int | None:
+    """The chat template's framing in prompt tokens, from one small request, so that chat
+    prompts are the drawn size from the first request on (None: learn it from the run)."""
+    tenant = next((t for t in workload.tenants if t.endpoint == "chat"), None)
+    if tenant is None:
+        return None
+    words = 16
+    body = {"messages": [{"role": "user", "content": prompt_text(words, 0)}],
+            "max_tokens": 1, "stream": False, **({"model": model} if model else {})}
+    headers = {"authorization": f"Bearer {tenant.api_key}"} if tenant.api_key else {}
+    target = HttpTarget(host, max_connections=1, connect_timeout_s=5, read_timeout_s=30)
+    try:
+        response = target.client.post(tenant.path, body=orjson.dumps(body), headers=headers)
+        answer = orjson.loads(response.read())
+        return int(answer["usage"]["prompt_tokens"]) - words
+    except Exception as exc:
+        log.warning("could not measure the chat template's framing (%s); learning it from "
+                    "the first responses", exc)
+        return None
+    finally:
+        target.close()
+
+
 def _begin_run(environment: Environment) -> None:
     state = _state()
     parsed = environment.parsed_options
@@ -249,6 +274,7 @@ def _begin_run(environment: Environment) -> None:
     distributed = isinstance(environment.runner, MasterRunner)
     workers = environment.runner.worker_count if distributed else 1  # type: ignore[union-attr]
     model = _detect_model(host, options, workload)
+    chat_overhead = _detect_chat_overhead(host, workload, model)
     t0_wall = time.time() + (_LEAD_DISTRIBUTED_S if distributed else _LEAD_LOCAL_S)
     limit = workload.end_s if options.run_time_s is None else min(
         workload.end_s, options.run_time_s - (t0_wall - time.time()))
@@ -265,7 +291,8 @@ def _begin_run(environment: Environment) -> None:
     )
     write_run_info(run_dir, info)
     state.run = {"run_id": run_id, "dir": str(run_dir.resolve()), "t0_wall": t0_wall,
-                 "processes": workers, "model": model, "until_s": limit}
+                 "processes": workers, "model": model, "until_s": limit,
+                 "chat_overhead": chat_overhead}
     state.run_dir = run_dir
     state.workload = workload
     state.finished = set()
@@ -338,7 +365,8 @@ def _start_sending(environment: Environment) -> None:
     state.driver = TrafficDriver(
         workload, target, run_id=str(run["run_id"]), t0=t0, seed=options.seed,
         model=run.get("model"), index=index, count=count,
-        until_s=float(run["until_s"]), on_record=on_record,
+        until_s=float(run["until_s"]), chat_overhead=run.get("chat_overhead"),
+        on_record=on_record,
         on_start=on_start if exporter is not None else None,
         on_lag=exporter.schedule_lag if exporter is not None else None,
     )

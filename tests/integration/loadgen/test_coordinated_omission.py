@@ -1,0 +1,64 @@
+"""Acceptance 2: open-loop requests scheduled while the server stalls are still sent on
+time, and their TTFT (from the scheduled time) holds the whole wait."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import gevent
+import orjson
+import pytest
+
+from loadgen.client import HttpTarget
+from loadgen.driver import TrafficDriver
+from loadgen.scenario import PhaseSpan, Workload
+from loadgen.tenants import parse_tenants
+from weighbridge.launch import ServerProcess
+from weighbridge.records import RequestRecord
+
+pytestmark = pytest.mark.integration
+
+STALL_AT_S = 1.0
+STALL_S = 2.0
+RUN_S = 4.0
+
+
+def test_requests_scheduled_during_a_stall_show_the_full_wait(
+        delay_server: ServerProcess) -> None:
+    tenants = parse_tenants({"tenants": [{
+        "name": "t", "endpoint": "completions",
+        "headers": {"x-test": orjson.dumps({"ttft_ms": 5, "itl_ms": 2}).decode()},
+        "lengths": {"prompt": 8, "output": 4},
+        "arrival": {"kind": "poisson", "rate": 25},
+    }]}, base_dir=Path("."), source="test")
+    workload = Workload("co", (PhaseSpan("p", 0.0, RUN_S),), tuple(tenants.tenants))
+    records: list[RequestRecord] = []
+    target = HttpTarget(delay_server.url)
+    t0 = time.monotonic() + 0.1
+    driver = TrafficDriver(workload, target, run_id="co", t0=t0, seed=3,
+                           on_record=records.append)
+    stall_end: list[float] = []
+
+    def stall() -> None:
+        gevent.sleep(t0 + STALL_AT_S - time.monotonic())
+        response = target.client.post(f"/stall?seconds={STALL_S}", body=b"")
+        stall_end.append(orjson.loads(response.read())["until"] - t0)
+
+    driver.start()
+    staller = gevent.spawn(stall)
+    assert driver.join(timeout=30)
+    staller.get()
+    target.close()
+
+    assert records and all(r.status == "ok" for r in records)
+    end = stall_end[0]
+    during = [r for r in records if STALL_AT_S + 0.05 < r.scheduled_s < end - 0.05]
+    assert len(during) >= 20, "too few requests fell inside the stall"
+    for r in during:
+        # Sent on schedule although nothing had come back for up to 2 s ...
+        assert r.sent_s - r.scheduled_s < 0.05, r
+        # ... and the wait from the scheduled time to the end of the stall is in the TTFT.
+        assert r.ttft_s >= end - r.scheduled_s, r
+    # The longest wait is most of the stall, not the time since a request was sent late.
+    assert max(r.ttft_s for r in during) > STALL_S * 0.9
