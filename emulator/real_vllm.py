@@ -27,13 +27,10 @@ foreground (Ctrl-C stops it).
 from __future__ import annotations
 
 import argparse
-import atexit
 import contextlib
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Literal
 
-import httpx
+from weighbridge.launch import LaunchError, ServerProcess, free_port, log_tail
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_VLLM_VENV = REPO_ROOT / ".venv-vllm"
@@ -85,13 +82,6 @@ def check_environment(python: Path | None = None, model_dir: Path | None = None)
         raise RealVllmError("; ".join(problems) + f"; {SETUP_HINT}")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago on ``host``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
 def kv_bytes_per_token(model_dir: Path, dtype: str = "float32") -> int:
     """KV-cache bytes one token occupies: 2 (K and V) x layers x kv heads x head_dim x dtype."""
     cfg = json.loads((model_dir / "config.json").read_text())
@@ -100,23 +90,6 @@ def kv_bytes_per_token(model_dir: Path, dtype: str = "float32") -> int:
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
     head_dim = int(cfg.get("head_dim") or int(cfg["hidden_size"]) // heads)
     return 2 * layers * kv_heads * head_dim * _DTYPE_BYTES[dtype]
-
-
-def _tail(path: Path | None, lines: int = 60) -> str:
-    if path is None or not path.exists():
-        return "(no server log)"
-    text = path.read_text(errors="replace").splitlines()
-    return "\n".join(text[-lines:])
-
-
-_LIVE: set[RealVllmServer] = set()
-
-
-@atexit.register
-def _stop_all() -> None:  # pragma: no cover - safety net for crashed test sessions
-    for server in list(_LIVE):
-        with contextlib.suppress(Exception):
-            server.stop()
 
 
 @dataclass(eq=False)
@@ -159,8 +132,7 @@ class RealVllmServer:
     extra_args: list[str] = field(default_factory=list)
     extra_env: dict[str, str] = field(default_factory=dict)
 
-    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
-    startup_s: float | None = field(default=None, init=False)
+    _process: ServerProcess | None = field(default=None, init=False, repr=False)
 
     # --- derived ---------------------------------------------------------------------
     @property
@@ -175,11 +147,16 @@ class RealVllmServer:
 
     @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._process is not None and self._process.is_running()
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def startup_s(self) -> float | None:
+        """How long the last start() took until /health answered."""
+        return self._process.startup_s if self._process is not None else None
 
     def _model(self) -> Path:
         return (self.model_dir or tiny_model_dir()).resolve()
@@ -259,95 +236,31 @@ class RealVllmServer:
         for attempt in range(3):
             if auto_port:
                 self.port = free_port(self.host)
+            self._process = ServerProcess(
+                name="vllm", argv=self.command(), url=self.url, health_path="/health",
+                env=self.environment(), inherit_env=False, cwd=REPO_ROOT,
+                log_path=self.log_path, startup_timeout_s=self.startup_timeout_s,
+                stop_timeout_s=self.stop_timeout_s)
             try:
-                self._launch_and_wait()
+                self._process.start()
                 return self
-            except RealVllmError:
-                log = _tail(self.log_path, 200)
+            except LaunchError as e:
+                self._process = None
+                log = log_tail(self.log_path, 200)
                 if auto_port and attempt < 2 and "address already in use" in log.lower():
                     continue
-                raise
+                raise RealVllmError(f"vLLM server did not start: {e}") from e
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _launch_and_wait(self) -> None:
-        assert self.log_path is not None
-        t0 = time.monotonic()
-        with self.log_path.open("wb") as log:
-            log.write(("$ " + " ".join(self.command()) + "\n").encode())
-            log.flush()
-            self._proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.environment(),
-                cwd=str(REPO_ROOT),
-                start_new_session=True,  # own process group: stop() kills engine + workers
-            )
-        _LIVE.add(self)
-        deadline = t0 + self.startup_timeout_s
-        with httpx.Client(timeout=2.0) as client:
-            while True:
-                code = self._proc.poll()
-                if code is not None:
-                    self._reap()
-                    raise RealVllmError(
-                        f"vLLM server exited with code {code} during startup "
-                        f"(log {self.log_path}):\n{_tail(self.log_path)}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(f"{self.url}/health").status_code == 200:
-                        self.startup_s = time.monotonic() - t0
-                        return
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RealVllmError(
-                        f"vLLM server not healthy after {self.startup_timeout_s:.0f} s "
-                        f"(log {self.log_path}):\n{_tail(self.log_path)}"
-                    )
-                time.sleep(0.5)
-
     def stop(self) -> None:
-        """SIGTERM the process group, then SIGKILL whatever is left after the timeout."""
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            pgid = os.getpgid(proc.pid)
-        except ProcessLookupError:
-            pgid = None
-        if pgid is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-                proc.wait(timeout=10)
-        self._reap(pgid)
-
-    def _reap(self, pgid: int | None = None) -> None:
-        """Kill stragglers of the group (engine core, workers) and forget the process."""
-        proc = self._proc
-        if proc is not None:
-            if pgid is None:
-                with contextlib.suppress(ProcessLookupError):
-                    pgid = os.getpgid(proc.pid)
-            pgid = pgid if pgid is not None else proc.pid
-            deadline = time.monotonic() + 5.0
-            while _group_alive(pgid) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            if _group_alive(pgid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-        self._proc = None
-        _LIVE.discard(self)
+        """SIGTERM the process group (API server, engine core, workers), SIGKILL after
+        ``stop_timeout_s``."""
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
 
     def log_tail(self, lines: int = 60) -> str:
-        return _tail(self.log_path, lines)
+        return log_tail(self.log_path, lines)
 
     def __enter__(self) -> RealVllmServer:
         return self.start()
@@ -359,16 +272,6 @@ class RealVllmServer:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # pragma: no cover
-        return True
-    return True
 
 
 @contextlib.contextmanager

@@ -59,10 +59,13 @@ class ServerProcess:
     argv: Sequence[str]
     url: str  # the server's base URL
     health_path: str = "/health"
-    env: Mapping[str, str] | None = None
+    env: Mapping[str, str] | None = None  # added to this process's environment
+    inherit_env: bool = True  # False: ``env`` is the child's whole environment
     cwd: Path | None = None
     log_path: Path | None = None  # default: a temporary file, kept for post-mortems
     startup_timeout_s: float = 60.0
+    stop_timeout_s: float = 10.0  # after SIGTERM, before SIGKILL
+    startup_s: float | None = field(default=None, init=False)  # how long start() took
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -83,8 +86,11 @@ class ServerProcess:
             fd, path = tempfile.mkstemp(prefix=f"weighbridge-{self.name}-", suffix=".log")
             os.close(fd)
             self.log_path = Path(path)
-        env = {**os.environ, **(self.env or {})}
+        env = {**os.environ, **(self.env or {})} if self.inherit_env else dict(self.env or {})
+        started = time.monotonic()
         with open(self.log_path, "wb") as log:
+            log.write(("$ " + " ".join(self.argv) + "\n").encode())
+            log.flush()
             self._proc = subprocess.Popen(
                 list(self.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env=env, cwd=self.cwd, start_new_session=True,
@@ -95,6 +101,7 @@ class ServerProcess:
         except BaseException:
             self.stop()
             raise
+        self.startup_s = time.monotonic() - started
         return self
 
     def _wait_healthy(self) -> None:
@@ -120,7 +127,8 @@ class ServerProcess:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self._proc.pid, sig)
 
-    def stop(self, timeout_s: float = 10.0) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        timeout_s = self.stop_timeout_s if timeout_s is None else timeout_s
         proc = self._proc
         if proc is None:
             return
