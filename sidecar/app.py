@@ -372,11 +372,16 @@ class Sidecar:
                             result.reason if isinstance(result, Reject) else "queued", offered)
         if isinstance(result, Reject):
             raise self._rejection(result)
+        in_system = self.metrics.in_system
+        in_system.enter(result.tenant, result.tier, result.arrival_s)
         try:
             return await self._serve(result, body, endpoint, request, trace)
         finally:
+            # _serve ends the request (the ledger's single end) on every way out.
+            end = self.clock()
+            in_system.leave(result.tenant, result.tier, result.arrival_s, end)
             self.metrics.duration.labels(result.tenant, result.tier).observe(
-                self.clock() - result.arrival_s)
+                end - result.arrival_s)
 
     def _rejection(self, reject: Reject) -> ApiError:
         headers = {}

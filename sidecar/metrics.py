@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -28,10 +29,12 @@ def _tenant_label(tenant: str) -> str:
 
 class CoreCollector(Collector):
     def __init__(self, core: SchedulingCore, pool: BackendPool | None,
-                 stability: StabilityMeter, clock: Callable[[], float] = time.monotonic) -> None:
+                 stability: StabilityMeter, in_system: TimeInSystem,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.core = core
         self.pool = pool
         self.stability = stability
+        self.in_system = in_system
         self.clock = clock
 
     def describe(self) -> list[Metric]:
@@ -55,7 +58,16 @@ class CoreCollector(Collector):
                                    "Requests waiting in the sidecar's queues.", labels=labels)
         dispatched = GaugeMetricFamily("weighbridge_requests_dispatched",
                                        "Requests in flight at a backend.", labels=labels)
-        for (tenant, tier), tally in core.ledger.tallies().items():
+        tallies = core.ledger.tallies()
+        # Every configured tenant's series exists from the first scrape, at 0: rate() over
+        # a series that appears with a value loses everything counted before its first
+        # sample (the Prometheus convention: initialise the label sets you know).
+        for tenant, spec in core.config.tenants.items():
+            if (tenant, spec.tier) not in tallies:
+                values = [tenant, spec.tier]
+                for family in (arrived, completed, cancelled, failed, queued, dispatched):
+                    family.add_metric(values, 0)
+        for (tenant, tier), tally in tallies.items():
             values = [_tenant_label(tenant), tier]
             arrived.add_metric(values, tally.arrivals)
             completed.add_metric(values, tally.completed)
@@ -66,6 +78,15 @@ class CoreCollector(Collector):
             for reason, count in tally.rejected.items():
                 rejected.add_metric([*values, reason], count)
         yield from (arrived, completed, rejected, cancelled, failed, queued, dispatched)
+        seconds = CounterMetricFamily("weighbridge_requests_in_system_seconds",
+                                      "Request-seconds spent queued or in flight (its rate "
+                                      "is the average number in the sidecar).", labels=labels)
+        totals = self.in_system.totals(now)
+        for tenant, spec in core.config.tenants.items():
+            totals.setdefault((tenant, spec.tier), 0.0)
+        for (tenant, tier), total in totals.items():
+            seconds.add_metric([tenant, tier], total)
+        yield seconds
 
         queued_tokens = GaugeMetricFamily("weighbridge_queued_tokens",
                                           "Estimated tokens waiting in a tenant's queues.",
@@ -190,6 +211,43 @@ class CoreCollector(Collector):
                     processed, age, prompt, generation, preemptions, errors)
 
 
+@dataclass(slots=True)
+class _Residents:
+    count: int = 0
+    arrivals_sum_s: float = 0.0  # sum of the arrival times of those in the system
+    left_s: float = 0.0  # time in system of those that left
+
+
+class TimeInSystem:
+    """∫ L dt, per (tenant, tier): the request-seconds spent in the sidecar so far, by
+    requests that left (their whole stay) and by those inside (until now). Its rate over a
+    window is the time-average number in the system, L, over the same window as the
+    duration histogram's rate (λ·W), so Little's Law compares like with like even on a
+    window that is only partly filled with data. O(1) per event: sum(now - a) = n*now - sum(a)."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[tuple[str, str], _Residents] = {}
+
+    def enter(self, tenant: str, tier: str, arrival_s: float) -> None:
+        r = self._by_key.get((tenant, tier))
+        if r is None:
+            r = self._by_key[(tenant, tier)] = _Residents()
+        r.count += 1
+        r.arrivals_sum_s += arrival_s
+
+    def leave(self, tenant: str, tier: str, arrival_s: float, now: float) -> None:
+        r = self._by_key[(tenant, tier)]
+        r.count -= 1
+        r.arrivals_sum_s -= arrival_s
+        r.left_s += now - arrival_s
+        if r.count == 0:
+            r.arrivals_sum_s = 0.0  # no rounding residue carried into the next busy period
+
+    def totals(self, now: float) -> dict[tuple[str, str], float]:
+        return {key: r.left_s + max(0.0, r.count * now - r.arrivals_sum_s)
+                for key, r in self._by_key.items()}
+
+
 class StreamedTokens:
     """One request's tokens counted into ``weighbridge_tokens_streamed_total`` as they pass:
     its prompt when the first token shows the prefill done, one output token per content
@@ -226,8 +284,9 @@ class SidecarMetrics:
                  stability: StabilityMeter | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.stability = stability or StabilityMeter()
+        self.in_system = TimeInSystem()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(CoreCollector(core, pool, self.stability, clock))
+        self.registry.register(CoreCollector(core, pool, self.stability, self.in_system, clock))
         r = self.registry
         labels = ["tenant", "tier"]
         self.queue_wait = Histogram("weighbridge_queue_wait_seconds",
@@ -251,6 +310,12 @@ class SidecarMetrics:
         self.offered_tokens = Counter("weighbridge_offered_tokens",
                                       "Prompt + expected output tokens of requests that "
                                       "reached the ingress checks.", labels, registry=r)
+        # Initialised at 0 for each tenant's own tier (see CoreCollector.collect).
+        for tenant, spec in core.config.tenants.items():
+            self.offered_tokens.labels(tenant, spec.tier)
+            for kind in ("prompt", "output"):
+                self.tokens.labels(tenant, spec.tier, kind)
+                self.tokens_streamed.labels(tenant, spec.tier, kind)
 
     def offer(self, tenant: str, tier: str, tokens: int) -> None:
         self.offered_tokens.labels(tenant, tier).inc(tokens)

@@ -212,7 +212,7 @@ def test_sidecar_recording_rules_evaluate(stack: Stack) -> None:
     assert 0.5 <= jain <= 1.0 + 1e-9  # two tenants: 1/n = 0.5 is the floor
     assert values("job:weighbridge_requests_unaccounted:sum")[""] == 0
     assert values("job:weighbridge_stability_ratio:rate1m")[""] > 0
-    assert values("job:weighbridge_sidecar_littles_law_ratio:1m")[""] > 0
+    assert values("job:weighbridge_sidecar_littles_law_ratio:rate1m")[""] > 0
 
 
 def test_the_sidecars_own_stability_reading_matches_the_rule_scale(stack: Stack) -> None:
