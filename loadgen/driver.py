@@ -43,6 +43,10 @@ from weighbridge.records import RequestRecord
 __all__ = ["DriverStats", "RequestCancelled", "TrafficDriver"]
 
 
+_SEND_PRIORITY = 2  # libev's highest watcher priority
+_SPAWN_AHEAD_S = 0.25
+
+
 class RequestCancelled(Exception):
     """Raised into a request's greenlet when the run ends before the request did."""
 
@@ -138,8 +142,10 @@ class TrafficDriver:
                        timeout=10)
         now = self.now()
         for meter in list(self._pending.values()):
-            meter.cancelled(now, reason)
-            self._emit(meter)
+            if meter.plan.scheduled_s <= now:  # due, and not ended: cut off by the stop
+                meter.cancelled(now, reason)
+                self._emit(meter)
+        self._pending.clear()  # the rest were not due yet: they were never requests
 
     # -- greenlets ---------------------------------------------------------------------------
 
@@ -149,19 +155,39 @@ class TrafficDriver:
             fn(*args)
 
     def _sleep_until(self, t: float) -> None:
+        """Sleep until run time ``t`` on a top-priority timer: when a step of the server
+        makes hundreds of streams readable at once, an expired send timer runs before their
+        reads instead of after all of them (which would show as schedule lag)."""
         delay = self.t0 + t - self.clock()
-        if delay > 0:
-            gevent.sleep(delay)
+        if delay <= 0:
+            return
+        hub = gevent.get_hub()
+        timer = hub.loop.timer(delay, priority=_SEND_PRIORITY)
+        try:
+            hub.wait(timer)
+        finally:
+            timer.close()
 
     def _open_loop(self, tenant: TenantSpec) -> None:
         schedule = open_loop_schedule(tenant, self.workload, self.seed, self.until_s)
         for due in share(schedule, self.index, self.count):
-            # Everything but the send is done before the due time, off the critical path.
+            # Each request's greenlet starts a little ahead and sleeps to its own due time,
+            # so the send is one timer away, not a timer and a spawn; its plan and body are
+            # made before the due time, off the critical path.
+            self._sleep_until(due.t - _SPAWN_AHEAD_S)
             plan = plan_request(tenant, open_request_id(tenant.name, due.seq), due.phase,
                                 due.t, self.seed)
             request = self._prepare(tenant, plan)
-            self._sleep_until(due.t)
-            self._requests.spawn(self._perform, tenant, self._meter(plan), *request)
+            meter = self._meter(plan)
+            self._requests.spawn(self._send_when_due, tenant, meter, *request)
+
+    def _send_when_due(self, tenant: TenantSpec, meter: StreamMeter, body: bytes,
+                       headers: dict[str, str], words: int | None) -> None:
+        try:
+            self._sleep_until(meter.plan.scheduled_s)
+        except RequestCancelled:
+            return  # stopped before it was due: stop() decides whether it gets a record
+        self._perform(tenant, meter, body, headers, words)
 
     def _closed_user(self, tenant: TenantSpec, phase: str, start: float, end: float,
                      user: int, process: Closed) -> None:

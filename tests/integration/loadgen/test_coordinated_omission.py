@@ -12,6 +12,7 @@ import pytest
 
 from loadgen.client import HttpTarget
 from loadgen.driver import TrafficDriver
+from loadgen.plan import open_loop_schedule
 from loadgen.scenario import PhaseSpan, Workload
 from loadgen.tenants import parse_tenants
 from weighbridge.launch import ServerProcess
@@ -62,3 +63,31 @@ def test_requests_scheduled_during_a_stall_show_the_full_wait(
         assert r.ttft_s >= end - r.scheduled_s, r
     # The longest wait is most of the stall, not the time since a request was sent late.
     assert max(r.ttft_s for r in during) > STALL_S * 0.9
+
+
+def test_stop_cancels_what_is_due_and_drops_what_is_not(delay_server: ServerProcess) -> None:
+    """Every due request ends in exactly one record; none is invented for later ones."""
+    tenants = parse_tenants({"tenants": [{
+        "name": "t", "endpoint": "completions",
+        "headers": {"x-test": orjson.dumps({"ttft_ms": 5000}).decode()},
+        "lengths": {"prompt": 8, "output": 4},
+        "arrival": {"kind": "poisson", "rate": 40},
+    }]}, base_dir=Path("."), source="test")
+    workload = Workload("stop", (PhaseSpan("p", 0.0, 60.0),), tuple(tenants.tenants))
+    records: list[RequestRecord] = []
+    target = HttpTarget(delay_server.url)
+    t0 = time.monotonic() + 0.1
+    driver = TrafficDriver(workload, target, run_id="stop", t0=t0, seed=5,
+                           on_record=records.append)
+    driver.start()
+    gevent.sleep(t0 + 1.0 - time.monotonic())
+    driver.stop()
+    stopped_at = time.monotonic() - t0
+    target.close()
+    due = [d for d in open_loop_schedule(tenants.tenants[0], workload, 5)
+           if d.t <= stopped_at - 0.05]
+    assert len(records) >= len(due) > 20
+    assert all(r.status == "cancelled" and r.reason == "run_ended" for r in records)
+    assert all(r.scheduled_s <= stopped_at for r in records)
+    assert all(r.sent_s is not None for r in records)  # all had been sent on time
+    assert len({r.request_id for r in records}) == len(records)
