@@ -219,5 +219,65 @@ def capacity(
             typer.echo(f"{label:>28}: {value}")
 
 
+# ----------------------------------------------------------------------------- dashboards
+
+dashboards_app = typer.Typer(
+    help="Grafana dashboards: render them from their Python definitions, upload them.",
+    no_args_is_help=True)
+app.add_typer(dashboards_app, name="dashboards")
+
+
+@dashboards_app.command("generate")
+def dashboards_generate(
+    out: Annotated[Path | None, typer.Option(
+        help="Directory for the JSON files (default: dashboards/json in the package).")] = None,
+    check: Annotated[bool, typer.Option(
+        "--check", help="Write nothing; exit 1 if a file differs from the definitions.")] = False,
+) -> None:
+    """Write the dashboards' JSON (what Grafana's provisioning and push read)."""
+    from dashboards.generate import JSON_DIR, stale_files, write
+
+    directory = out or JSON_DIR
+    if check:
+        stale = stale_files(directory)
+        for path in stale:
+            typer.echo(f"out of date: {path}", err=True)
+        if stale:
+            typer.echo("run: weighbridge dashboards generate", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"dashboards in {directory} are up to date", err=True)
+        return
+    for path in write(directory):
+        typer.echo(f"wrote {path}", err=True)
+
+
+@dashboards_app.command("push")
+def dashboards_push(
+    url: Annotated[str, typer.Option(help="Grafana's base URL, e.g. http://localhost:3000.")],
+    token: Annotated[str, typer.Option(
+        envvar="GRAFANA_TOKEN", help="Service-account token (Editor), or $GRAFANA_TOKEN.")],
+    folder: Annotated[str, typer.Option(help="Folder uid (and title) to save into.")] = (
+        "weighbridge"),
+    source: Annotated[Path | None, typer.Option(
+        "--dir", help="Directory of dashboard JSON files (default: dashboards/json).")] = None,
+) -> None:
+    """Upload the dashboards to Grafana with grafana-client (overwriting by uid)."""
+    from dashboards.generate import JSON_DIR, load
+    from dashboards.push import PushError, connect, push
+
+    directory = source or JSON_DIR
+    files = sorted(directory.glob("*.json"))
+    if not files:
+        raise typer.BadParameter(f"no *.json files in {directory}", param_hint="--dir")
+    try:
+        boards = [load(path) for path in files]
+        pushed = push(connect(url, token), boards, folder_uid=folder, folder_title=folder)
+    except (ValueError, PushError) as e:
+        typer.echo(f"weighbridge dashboards push: {e}", err=True)
+        raise typer.Exit(2) from None
+    for board in pushed:
+        typer.echo(f"{board.title}: {url.rstrip('/')}{board.url}")
+
+
 def main() -> None:
     app()

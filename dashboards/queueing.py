@@ -1,0 +1,114 @@
+"""Queueing theory: is the system stable, and does every request that entered leave?
+
+Little's Law (L = λW) checks the accounting: the time-average number in the system over
+the completion rate times the mean time in system is 1 when nothing is lost or counted
+twice. The stability margin compares the offered token load with what the engines process:
+held above 1, the backlog and every latency grow without bound.
+"""
+
+from __future__ import annotations
+
+from dashboards.model import Dashboard, Panel, Query, Row, Threshold
+from dashboards.promql import by
+from dashboards.variables import BACKEND_MATCH, STANDARD, TENANT_MATCH, TENANT_TIER
+
+__all__ = ["QUEUEING"]
+
+LITTLE_RATIO = Panel(
+    "Little's Law ratio L / λW",
+    "Near 1 when every request that entered is accounted for (over windows much longer than "
+    "a request): the sidecar's (requests queued or dispatched) and the load generator's per "
+    "tenant, at the request and the declared-token level.",
+    "none",
+    (Query("job:weighbridge_sidecar_littles_law_ratio:rate1m", "sidecar {{job}}"),
+     Query(f"tenant_level:weighbridge_littles_law_ratio:rate1m{{{TENANT_MATCH}}}",
+           "{{tenant}} {{level}} (client)")),
+    decimals=3, thresholds=(Threshold(1, "blue"),))
+
+LITTLE_TERMS = Panel(
+    "Little's Law terms: L and λW",
+    "L: the time-average number of requests in the system; λW: seconds spent in it per "
+    "second by the requests that ended.",
+    "short",
+    (Query("job:weighbridge_requests_in_system:rate1m", "sidecar L"),
+     Query("job:weighbridge_request_duration_seconds:rate1m", "sidecar λW"),
+     Query(f'tenant_level:weighbridge_littles_law_l:rate1m{{{TENANT_MATCH}, level="request"}}',
+           "{{tenant}} L (client)"),
+     Query(f"tenant_level:weighbridge_littles_law_lambda_w:rate1m{{{TENANT_MATCH}, "
+           'level="request"}', "{{tenant}} λW (client)")),
+    min=0)
+
+OFFERED_VS_CAPACITY = Panel(
+    "Offered token load against capacity",
+    "Tokens per second arriving (prompt + expected output) against tokens per second the "
+    "healthy backends process (a saturated fleet's throughput is its capacity).",
+    "suffix: tok/s",
+    (Query("job:weighbridge_offered_tokens:rate1m", "offered (sidecar)"),
+     Query("job:weighbridge_backend_processed_tokens:rate1m", "processed by backends"),
+     Query("sum(weighbridge_stability_capacity_tokens_per_second)",
+           "capacity (sidecar's 10 s window)"),
+     Query("weighbridge_offered_tokens_per_second:rate1m", "offered (client)")),
+    min=0)
+
+STABILITY = Panel(
+    "Stability margin: offered over capacity",
+    "Offered token load over processed tokens. About 1 while the system keeps up; above 1 "
+    "(and staying there) the backlog grows.",
+    "none",
+    (Query("job:weighbridge_stability_ratio:rate1m", "sidecar 1m"),
+     Query("weighbridge_stability_ratio", "sidecar 10s {{instance}}"),
+     Query("weighbridge_offered_token_load_ratio:rate1m", "client 1m")),
+    min=0, decimals=2, thresholds=(Threshold(1, "orange"), Threshold(1.1, "red")))
+
+INFLIGHT_TOKENS = Panel(
+    "In-flight tokens",
+    "Prompt + expected remaining output the sidecar has in flight per backend (what "
+    "least_tokens routing balances), prompt tokens still prefilling, and the declared "
+    "tokens of the load generator's requests in flight per tenant.",
+    "short",
+    (Query(by("backend", f"weighbridge_backend_outstanding_tokens{{{BACKEND_MATCH}}}"),
+           "{{backend}} outstanding"),
+     Query(by("backend", f"weighbridge_backend_prefill_tokens{{{BACKEND_MATCH}}}"),
+           "{{backend}} prefilling"),
+     Query(by("tenant", f"weighbridge_client_in_flight_tokens{{{TENANT_TIER}}}"),
+           "{{tenant}} (client)")),
+    min=0)
+
+IN_SYSTEM = Panel(
+    "Requests in the system",
+    "Requests queued or dispatched at the sidecar per tenant, and in flight at the client.",
+    "short",
+    (Query(f"sum by (tenant) (weighbridge_requests_queued{{{TENANT_TIER}}}) + sum by (tenant) "
+           f"(weighbridge_requests_dispatched{{{TENANT_TIER}}})", "{{tenant}} sidecar"),
+     Query(by("tenant", f"weighbridge_client_in_flight_requests{{{TENANT_TIER}}}"),
+           "{{tenant}} client")),
+    min=0, stack=True)
+
+UNACCOUNTED = Panel(
+    "Unaccounted requests",
+    "Arrived - ended - in system at the sidecar: always 0 (anything else is a ledger bug).",
+    "short",
+    (Query("sum(job:weighbridge_requests_unaccounted:sum)", "unaccounted", instant=True),),
+    type="stat", width=6, height=5,
+    thresholds=(Threshold(1, "red"),))
+
+SERVED_RATE = Panel(
+    "Measured throughput used for early rejection",
+    "Tokens per second the sidecar's wait predictor measured while requests waited: it "
+    "divides a tenant's backlog by this to predict waits.",
+    "suffix: tok/s",
+    (Query("weighbridge_served_tokens_per_second{source=\"\"}", "predictor {{instance}}"),),
+    width=6, height=5, min=0)
+
+QUEUEING = Dashboard(
+    uid="weighbridge-queueing",
+    title="weighbridge / Queueing theory",
+    description="Little's Law checks, offered load against capacity (the stability margin) "
+                "and in-flight work.",
+    variables=STANDARD,
+    rows=(
+        Row("Stability", (OFFERED_VS_CAPACITY, STABILITY)),
+        Row("Little's Law", (LITTLE_RATIO, LITTLE_TERMS)),
+        Row("Work in the system", (INFLIGHT_TOKENS, IN_SYSTEM, UNACCOUNTED, SERVED_RATE)),
+    ),
+)
