@@ -111,7 +111,7 @@ class CoreCollector(Collector):
             holds.add_metric([backend or "none", reason], count)
         yield holds
 
-        throughput = GaugeMetricFamily("weighbridge_served_tokens_per_second",
+        throughput = GaugeMetricFamily("weighbridge_predictor_tokens_per_second",
                                        "Measured token throughput feeding the wait predictor.")
         throughput.add_metric([], core.meter.tokens_per_s or 0.0)
         yield throughput
