@@ -17,7 +17,7 @@ The generator tells the exporter three things, all on the exporter's clock (``cl
 Every metric is computed at scrape time from one consistent snapshot under a lock, so the
 exporter works from plain threads, asyncio callbacks and gevent greenlets alike (Locust
 monkey-patches ``threading``; the HTTP server's threads then run as greenlets).
-docs/metrics-loadgen.md lists the series.
+docs/metrics.md ("Load generator") lists the series.
 """
 
 from __future__ import annotations

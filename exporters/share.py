@@ -1,7 +1,7 @@
 """Per-tenant token share over a sliding window, the share each tenant is entitled to, and
 Jain's fairness index on weight-normalised service.
 
-Definitions (docs/metrics-loadgen.md repeats them):
+Definitions (docs/metrics.md, "Load generator", repeats them):
 
 * **Served tokens** of a request are its prompt + output tokens from the server's usage,
   counted when the request ends (rejected requests serve 0). A tenant's **share** is its

@@ -76,7 +76,7 @@ def documented_metrics(section: str, text: str | None = None) -> list[Documented
 
 
 def test_the_docs_follow_prometheus_naming() -> None:
-    for section in ("Sidecar", "Emulator"):
+    for section in ("Sidecar", "Emulator", "Load generator"):
         for metric in documented_metrics(section):
             if metric.name.startswith("vllm:"):
                 continue  # vLLM's names, kept as vLLM exports them
