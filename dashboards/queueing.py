@@ -97,7 +97,7 @@ SERVED_RATE = Panel(
     "Tokens per second the sidecar's wait predictor measured while requests waited: it "
     "divides a tenant's backlog by this to predict waits.",
     "suffix: tok/s",
-    (Query("weighbridge_served_tokens_per_second{source=\"\"}", "predictor {{instance}}"),),
+    (Query("weighbridge_predictor_tokens_per_second", "predictor {{instance}}"),),
     width=6, height=5, min=0)
 
 QUEUEING = Dashboard(
