@@ -111,6 +111,7 @@ class TrafficDriver:
         self._schedulers = Group()
         self._requests = Group()
         self._pending: dict[str, StreamMeter] = {}
+        self._announced: set[str] = set()
         self._stopped = False
 
     def now(self) -> float:
@@ -222,8 +223,7 @@ class TrafficDriver:
     def _perform(self, tenant: TenantSpec, meter: StreamMeter, body: bytes,
                  headers: dict[str, str], words: int | None) -> None:
         plan = meter.plan
-        if self.on_start is not None:
-            self.on_start(plan)
+        self._announce(plan)
         try:
             with gevent.Timeout(tenant.timeout_s, _ClientTimeout):
                 self.target.exchange(plan.endpoint, body, headers, meter, self.t0)
@@ -237,9 +237,17 @@ class TrafficDriver:
             self._framing[tenant.name].observe(words, meter.prompt_tokens)
         self._emit(meter)
 
+    def _announce(self, plan: RequestPlan) -> None:
+        """Tell the start hook once, by the time the request is due or ends."""
+        if self.on_start is not None and plan.request_id not in self._announced:
+            self._announced.add(plan.request_id)
+            self.on_start(plan)
+
     def _emit(self, meter: StreamMeter) -> None:
         if self._pending.pop(meter.plan.request_id, None) is None:
             return  # already recorded
+        self._announce(meter.plan)  # a due request cut off before it went out
+        self._announced.discard(meter.plan.request_id)
         record = meter.record()
         stats = self.stats
         stats.statuses[record.status] += 1

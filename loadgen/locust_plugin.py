@@ -339,7 +339,10 @@ def _start_sending(environment: Environment) -> None:
         index, count = 0, 1
         state.name = "local"
     options = _resolve(environment.parsed_options)
-    workload = state.workload if state.workload is not None else options.workload()
+    # A local runner resolved the workload at the start of this run; a worker resolves the
+    # options the master sent for this run (the web UI may have changed them since).
+    workload = state.workload if isinstance(runner, LocalRunner) and state.workload else \
+        options.workload()
     state.workload = workload
     run_dir = Path(run["dir"])
     state.run_dir = run_dir
@@ -355,11 +358,13 @@ def _start_sending(environment: Environment) -> None:
         appender.append(record)
         _fire_stats(environment, record)
         if exporter is not None:
-            exporter.request_ended(record, time.monotonic())
+            exporter.request_ended(record, t0 + record.end_s)
 
     def on_start(plan: RequestPlan) -> None:
+        # The exporter's clock is time.monotonic; a request "starts" at its scheduled time,
+        # as its record's latencies do.
         exporter.request_started(plan.tenant, plan.tier, plan.prompt_tokens + plan.max_tokens,
-                                 time.monotonic())
+                                 t0 + plan.scheduled_s)
 
     target = HttpTarget(environment.host or "", max_connections=options.max_connections)
     state.driver = TrafficDriver(

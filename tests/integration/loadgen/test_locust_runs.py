@@ -4,16 +4,19 @@ emulator, alone and with ``--processes 2``, and leaves a complete run directory.
 from __future__ import annotations
 
 import collections
+import contextlib
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 
 from loadgen.plan import plan_request
 from loadgen.scenario import discover_scenarios
-from weighbridge.launch import ServerProcess
+from weighbridge.launch import ServerProcess, free_port
 from weighbridge.records import RECORD_SCHEMA, read_parquet
 from weighbridge.rundir import read_run_info
 
@@ -102,3 +105,29 @@ def test_distributed_run_merges_workers_with_unique_ids(emulator: ServerProcess,
         assert sorted(seqs) == list(range(len(seqs))), tenant
     info = read_run_info(run_dir)
     assert set(info.generator["processes"]) == {"worker-0", "worker-1"}
+
+
+def test_exporter_serves_per_tenant_metrics_during_a_run(emulator: ServerProcess,
+                                                         tmp_path: Path) -> None:
+    """--exporter-port wires exporters/loadgen.py: the tenants' series are live mid-run."""
+    port = free_port()
+    argv = [str(LOCUST), "-f", "scenarios/", "--headless", "--scenario", "steady",
+            "--host", emulator.url, "-t", "8s", "--records-dir", str(tmp_path / "run"),
+            "--exporter-port", str(port), "--only-summary"]
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        text = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and 'tenant="gamma"' not in text:
+            time.sleep(0.5)
+            with contextlib.suppress(httpx.HTTPError):
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr[-3000:]
+    for tenant in ("alpha", "beta", "gamma"):
+        assert f'weighbridge_client_requests_scheduled_total{{tenant="{tenant}"' in text, text
+    assert "weighbridge_client_ttft_seconds_bucket" in text
