@@ -219,6 +219,115 @@ def capacity(
             typer.echo(f"{label:>28}: {value}")
 
 
+# ----------------------------------------------------------------------------- demo and up
+
+_PROMETHEUS_MODES = ("auto", "on", "off")
+
+
+def _prometheus_mode(value: str) -> str:
+    if value not in _PROMETHEUS_MODES:
+        raise typer.BadParameter(f"{value!r}; choose auto, on or off", param_hint="--prometheus")
+    return value
+
+
+@app.command()
+def demo(
+    quick: Annotated[bool, typer.Option(
+        "--quick", help="Shorter phases (about 1 minute in all instead of 3).")] = False,
+    out: Annotated[Path, typer.Option(
+        help="Directory for the two run directories, report.html and summary.json.")] = Path(
+        "runs/demo"),
+    stack: Annotated[Path | None, typer.Option(
+        help="Stack file (default deploy/stacks/noisy-neighbour.yaml).")] = None,
+    prometheus: Annotated[str, typer.Option(
+        help="auto: a local Prometheus when installed; on; off.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed of the load generator.")] = 1,
+) -> None:
+    """The noisy-neighbour flood through a request-level baseline and through weighbridge,
+    side by side (docs/demo.md)."""
+    from rich.console import Console
+
+    from weighbridge.demo import DemoOptions, run_demo
+    from weighbridge.launch import LaunchError
+    from weighbridge.loadrun import LoadRunError
+    from weighbridge.stack import DEFAULT_STACK, StackError
+
+    options = DemoOptions(out=out, quick=quick, stack_file=stack or DEFAULT_STACK,
+                          prometheus=_prometheus_mode(prometheus),  # type: ignore[arg-type]
+                          seed=seed)
+    try:
+        run_demo(options, Console())
+    except (StackError, FileExistsError) as e:
+        typer.echo(f"weighbridge demo: {e}", err=True)
+        raise typer.Exit(2) from None
+    except (LaunchError, LoadRunError) as e:
+        typer.echo(f"weighbridge demo: {e}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.echo("weighbridge demo: interrupted; every child process stopped", err=True)
+        raise typer.Exit(130) from None
+
+
+@app.command()
+def up(
+    stack: Annotated[Path | None, typer.Option(
+        help="Stack file (default deploy/stacks/noisy-neighbour.yaml).")] = None,
+    prometheus: Annotated[str | None, typer.Option(
+        help="auto, on or off (default: the stack file's).")] = None,
+    directory: Annotated[Path | None, typer.Option(
+        "--dir", help="Logs, the sidecar config and Prometheus's data (default: a temporary "
+                      "directory).")] = None,
+) -> None:
+    """Start the local stack (engines, sidecar, Prometheus) and keep it running for
+    `locust -f scenarios/`; Ctrl-C stops it all."""
+    import shlex
+    import tempfile
+    import time
+
+    from rich.console import Console
+
+    from weighbridge.demo import sigterm_as_interrupt
+    from weighbridge.launch import LaunchError
+    from weighbridge.stack import DEFAULT_STACK, LocalStack, StackError, load_stack
+
+    console = Console()
+    try:
+        spec = load_stack(stack or DEFAULT_STACK)
+    except StackError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    if prometheus is not None:
+        spec = spec.model_copy(update={"prometheus": _prometheus_mode(prometheus)})
+    where = directory or Path(tempfile.mkdtemp(prefix="weighbridge-up-"))
+    try:
+        with sigterm_as_interrupt(), LocalStack(
+                spec, where, on_event=lambda m: console.print(f"[dim]{m}")) as running:
+            urls = running.urls
+            console.print(f"[bold]weighbridge stack {spec.name!r} is up[/] (Ctrl-C stops it)")
+            console.print(f"  sidecar     {urls.sidecar}  (/metrics, /admin/state)")
+            for i, url in enumerate(urls.engines):
+                console.print(f"  engine-{i}    {url}")
+            if urls.prometheus:
+                console.print(f"  prometheus  {urls.prometheus}")
+            else:
+                console.print("  prometheus  (not running: install `prometheus` or "
+                              "--prometheus on)")
+            console.print(f"  logs        {where / 'logs'}")
+            console.print("Send the scenario (Locust's web UI on http://localhost:8089):")
+            console.print("  " + shlex.join(urls.locust_command(spec)), highlight=False,
+                          soft_wrap=True)
+            while not (dead := running.dead()):
+                time.sleep(0.5)
+            names = ", ".join(p.name for p in dead)
+            console.print(f"[red]{names} exited; stopping the stack (logs in {where / 'logs'})")
+            raise typer.Exit(1)
+    except LaunchError as e:
+        typer.echo(f"weighbridge up: {e}", err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        console.print("stopped")
+
+
 # ----------------------------------------------------------------------------- dashboards
 
 dashboards_app = typer.Typer(

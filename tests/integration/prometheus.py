@@ -9,50 +9,41 @@ use it: every server here has its own port, configuration and data directory.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-from weighbridge.launch import LaunchError, ServerProcess, free_port
+# The configuration and the child process are production code (the local stack uses them);
+# this module re-exports them for the tests and adds the checks and the API client.
+from weighbridge.prometheus import (
+    INSTALL_HINT,
+    RULES_DIR,
+    ScrapeTarget,
+    binary,
+    prometheus_config,
+    prometheus_process,
+    rule_files,
+)
+
+__all__ = [
+    "INSTALL_HINT",
+    "REPO",
+    "RULES_DIR",
+    "PrometheusApi",
+    "ScrapeTarget",
+    "binary",
+    "check_config",
+    "check_rules",
+    "prometheus_config",
+    "prometheus_process",
+    "rule_files",
+]
 
 REPO = Path(__file__).resolve().parents[2]
-RULES_DIR = REPO / "deploy" / "prometheus" / "rules"
-INSTALL_HINT = ("install Debian's prometheus package (apt-get install --no-install-recommends "
-                "prometheus), as .ci/run does")
-
-
-def binary(name: str) -> str:
-    """Path of ``prometheus`` or ``promtool``; raises (the test fails) when missing."""
-    path = shutil.which(name)
-    if path is None:
-        raise LaunchError(f"{name} not found on PATH: {INSTALL_HINT}")
-    return path
-
-
-@dataclass(frozen=True)
-class ScrapeTarget:
-    """One job of one target: ``url`` is the server's base URL (``http://host:port``)."""
-
-    job: str
-    url: str
-    metrics_path: str = "/metrics"
-
-    @property
-    def address(self) -> str:
-        return httpx.URL(self.url).netloc.decode()
-
-
-def rule_files(directory: Path = RULES_DIR) -> list[Path]:
-    """Every rules file the project ships (the sidecar's, the load generator's, ...)."""
-    return sorted(directory.glob("*.yml"))
 
 
 def check_rules(paths: Sequence[Path]) -> str:
@@ -72,44 +63,6 @@ def check_config(path: Path) -> str:
     if result.returncode != 0:
         raise AssertionError(f"promtool check config failed:\n{output}")
     return output
-
-
-def prometheus_config(targets: Sequence[ScrapeTarget], rules: Sequence[Path],
-                      interval_s: float = 1.0) -> dict[str, Any]:
-    """The configuration: every target scraped and every rule evaluated each ``interval_s``;
-    one job per distinct ``job`` name, in the order given."""
-    interval = f"{int(interval_s * 1000)}ms"
-    jobs: dict[tuple[str, str], list[str]] = {}
-    for target in targets:
-        jobs.setdefault((target.job, target.metrics_path), []).append(target.address)
-    return {
-        "global": {"scrape_interval": interval, "evaluation_interval": interval,
-                   "scrape_timeout": interval},
-        "rule_files": [str(p) for p in rules],
-        "scrape_configs": [
-            {"job_name": job, "metrics_path": path,
-             "static_configs": [{"targets": addresses}]}
-            for (job, path), addresses in jobs.items()
-        ],
-    }
-
-
-def prometheus_process(targets: Sequence[ScrapeTarget], rules: Sequence[Path] = (),
-                       interval_s: float = 1.0, directory: Path | None = None,
-                       port: int | None = None) -> ServerProcess:
-    """A Prometheus child with its own configuration and data directory in ``directory``."""
-    executable = binary("prometheus")
-    port = port or free_port()
-    directory = Path(directory or tempfile.mkdtemp(prefix="weighbridge-prometheus-"))
-    config = directory / "prometheus.yml"
-    config.write_text(yaml.safe_dump(prometheus_config(targets, rules, interval_s),
-                                     sort_keys=False))
-    argv = [executable, f"--config.file={config}",
-            f"--storage.tsdb.path={directory / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--storage.tsdb.retention.time=1h", "--log.level=warn"]
-    return ServerProcess(name="prometheus", argv=argv, url=f"http://127.0.0.1:{port}",
-                         health_path="/-/ready", log_path=directory / "prometheus.log")
 
 
 class PrometheusApi:

@@ -1,0 +1,389 @@
+"""A local stack on loopback: N emulated engines, the sidecar in front of them and, when a
+``prometheus`` binary is installed, a Prometheus scraping all of them.
+
+A stack is described by a YAML file (``deploy/stacks/*.yaml``, read by ``weighbridge up
+--stack FILE``) and validated once, here, with every error naming its field. Starting it is
+:class:`LocalStack`, a context manager that owns every child (``weighbridge.launch``: own
+process groups, stopped on exit, on error and on Ctrl-C).
+
+Stack file layout::
+
+    engines:
+      count: 2
+      emulator: {profile: h100-llama3-8b, max_num_seqs: 32, ...}  # `weighbridge emulator` flags
+      priority_scheduling: null   # the sidecar sends tier priorities (default: when the
+                                  # engines run scheduling_policy: priority)
+    sidecar: {...}                # the sidecar config (docs/sidecar.md) without `backends`
+    loadgen: {scenario: noisy_neighbour, tenants_file: tenants.yaml, exporter_port: 9646}
+    prometheus: auto              # auto (when installed) | on | off
+    ports: {sidecar: 8000, engines: 8001, prometheus: 9090}  # 0: any free port
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from weighbridge.config import ConfigError, parse_config
+from weighbridge.launch import (
+    LaunchError,
+    ServerProcess,
+    emulator_process,
+    free_port,
+    sidecar_process,
+)
+
+__all__ = [
+    "DEFAULT_STACK",
+    "EmulatorOptions",
+    "LocalStack",
+    "StackError",
+    "StackSpec",
+    "StackUrls",
+    "load_stack",
+    "parse_stack",
+    "sidecar_config",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_STACK = REPO / "deploy" / "stacks" / "noisy-neighbour.yaml"
+SCENARIOS_DIR = REPO / "scenarios"
+
+# Prometheus job names as deploy/prometheus/prometheus.yml has them: the dashboards' queries
+# and the recording rules select on them.
+JOB_SIDECAR = "weighbridge-sidecar"
+JOB_ENGINES = "vllm"
+JOB_LOADGEN = "weighbridge-loadgen"
+
+PrometheusMode = Literal["auto", "on", "off"]
+
+
+class StackError(ValueError):
+    """Every problem with a stack file, each as ``dotted.path: message``."""
+
+    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
+        self.source = source
+        self.errors = errors
+        lines = [f"{source}: cannot load stack ({len(errors)} error"
+                 f"{'s' * (len(errors) != 1)})"]
+        lines += [f"  {path}: {message}" for path, message in errors]
+        super().__init__("\n".join(lines))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class EmulatorOptions(_Model):
+    """The options of ``weighbridge emulator`` (same names, Python spelling)."""
+
+    model_name: str = "weighbridge-emulator"
+    profile: str = "h100-llama3-8b"
+    max_num_seqs: int = Field(default=32, ge=1)
+    max_num_batched_tokens: int = Field(default=512, ge=1)
+    num_kv_blocks: int = Field(default=1024, ge=1)
+    block_size: int = Field(default=16, ge=1)
+    max_model_len: int = Field(default=4096, ge=1)
+    scheduling_policy: Literal["fcfs", "priority"] = "priority"
+    long_prefill_token_threshold: int = Field(default=0, ge=0)
+    no_chunked_prefill: bool = False
+    seed: int = 0
+    mean_output_tokens: float = Field(default=128.0, gt=0)
+    t_fixed: float | None = Field(default=None, ge=0)
+    t_prefill_token: float | None = Field(default=None, ge=0)
+    t_decode_seq: float | None = Field(default=None, ge=0)
+    t_kv_token: float | None = Field(default=None, ge=0)
+    t_api_serial: float | None = Field(default=None, ge=0)
+    t_api_latency: float | None = Field(default=None, ge=0)
+
+    def check(self) -> None:
+        """The emulator's own start-up checks, run at load time (ValueError)."""
+        from emulator.engine import EngineConfig
+        from emulator.profiles import get_profile
+
+        get_profile(self.profile)
+        EngineConfig(max_num_seqs=self.max_num_seqs,
+                     max_num_batched_tokens=self.max_num_batched_tokens,
+                     num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
+                     max_model_len=self.max_model_len, scheduling_policy=self.scheduling_policy,
+                     chunked_prefill=not self.no_chunked_prefill,
+                     long_prefill_token_threshold=self.long_prefill_token_threshold)
+
+    def flags(self, seed_offset: int = 0) -> dict[str, object]:
+        """Keyword arguments of :func:`weighbridge.launch.emulator_process`."""
+        flags = self.model_dump(exclude_none=True)
+        flags["seed"] = self.seed + seed_offset  # engines draw different output lengths
+        return flags
+
+
+class Engines(_Model):
+    count: int = Field(default=2, ge=1, le=64)
+    emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
+    # Whether the sidecar sends each request's tier priority (backends' priority_scheduling);
+    # None: when the engines order their queue by priority.
+    priority_scheduling: bool | None = None
+
+    @property
+    def sends_priority(self) -> bool:
+        if self.priority_scheduling is not None:
+            return self.priority_scheduling
+        return self.emulator.scheduling_policy == "priority"
+
+
+class Loadgen(_Model):
+    scenario: str = "noisy_neighbour"
+    tenants_file: str | None = None  # relative to the stack file; None: the scenario's own
+    exporter_port: int = Field(default=9646, ge=0, lt=65536)  # 0: no exporter
+
+
+class Ports(_Model):
+    """Loopback ports; 0 picks a free one. Engines take consecutive ports from ``engines``."""
+
+    sidecar: int = Field(default=0, ge=0, lt=65536)
+    engines: int = Field(default=0, ge=0, lt=65536)
+    prometheus: int = Field(default=0, ge=0, lt=65536)
+
+
+class StackSpec(_Model):
+    name: str = "stack"
+    engines: Engines = Field(default_factory=Engines)
+    sidecar: dict[str, Any] = Field(default_factory=dict)
+    loadgen: Loadgen = Field(default_factory=Loadgen)
+    prometheus: PrometheusMode = "auto"
+    ports: Ports = Field(default_factory=Ports)
+    # Where relative paths (loadgen.tenants_file) are resolved; set by load_stack.
+    base_dir: str | None = None
+
+    @property
+    def tenants_file(self) -> Path | None:
+        if self.loadgen.tenants_file is None:
+            return None
+        path = Path(self.loadgen.tenants_file)
+        return path if path.is_absolute() or self.base_dir is None else \
+            Path(self.base_dir) / path
+
+    def with_sidecar(self, **changes: Any) -> StackSpec:
+        """A copy whose sidecar section has top-level keys replaced (validated again)."""
+        return parse_stack({**self.model_dump(), "sidecar": {**self.sidecar, **changes}},
+                           source=f"{self.name} (modified)")
+
+    def with_ports(self, ports: Ports) -> StackSpec:
+        return self.model_copy(update={"ports": ports})
+
+
+def sidecar_config(spec: StackSpec, engine_urls: list[str]) -> dict[str, Any]:
+    """The sidecar's configuration mapping: the stack's ``sidecar`` section with one backend
+    per engine."""
+    backends = [{"url": url, "name": f"engine-{i}",
+                 "priority_scheduling": spec.engines.sends_priority}
+                for i, url in enumerate(engine_urls)]
+    return {**spec.sidecar, "backends": backends}
+
+
+def _dotted(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_stack(data: Any, *, source: str = "<stack>", base_dir: Path | None = None) -> StackSpec:
+    """Validate a parsed mapping: the stack's own fields, the emulator's start-up checks and
+    the sidecar section against the sidecar's schema."""
+    if not isinstance(data, Mapping):
+        raise StackError(source, [("(top level)", "must be a mapping of settings")])
+    data = dict(data)
+    if base_dir is not None:
+        data.setdefault("base_dir", str(base_dir))
+    try:
+        spec = StackSpec.model_validate(data)
+    except ValidationError as exc:
+        raise StackError(source, [(_dotted(tuple(e["loc"])), e["msg"])
+                                  for e in exc.errors(include_url=False)]) from None
+    errors: list[tuple[str, str]] = []
+    try:
+        spec.engines.emulator.check()
+    except ValueError as exc:
+        errors.append(("engines.emulator", str(exc)))
+    if "backends" in spec.sidecar:
+        errors.append(("sidecar.backends", "set by the stack (one backend per engine); "
+                                           "remove it"))
+    else:
+        placeholder = [f"http://127.0.0.1:{9 + i}" for i in range(spec.engines.count)]
+        try:
+            parse_config(sidecar_config(spec, placeholder), environ=os.environ)
+        except ConfigError as exc:
+            errors += [(f"sidecar.{path}", message) for path, message in exc.errors]
+    tenants = spec.tenants_file
+    if tenants is not None and not tenants.is_file():
+        errors.append(("loadgen.tenants_file", f"no such file: {tenants}"))
+    if errors:
+        raise StackError(source, errors)
+    return spec
+
+
+def load_stack(path: str | os.PathLike[str]) -> StackSpec:
+    """Load and validate a stack file; raises StackError naming the file."""
+    source = os.fspath(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StackError(source, [(source, exc.strerror or str(exc))]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        raise StackError(source, [(where, getattr(exc, "problem", None) or str(exc))]) \
+            from None
+    return parse_stack(data, source=source, base_dir=Path(path).resolve().parent)
+
+
+# ----------------------------------------------------------------------------- running
+
+
+@dataclass(frozen=True)
+class StackUrls:
+    sidecar: str
+    engines: tuple[str, ...]
+    prometheus: str | None
+    loadgen_exporter: str | None  # where Prometheus looks for the load generator
+
+    def locust_command(self, spec: StackSpec, *, headless: bool = False) -> list[str]:
+        """The command that sends the stack's scenario through its sidecar."""
+        argv = ["locust", "-f", _display_path(SCENARIOS_DIR) + "/", "--scenario",
+                spec.loadgen.scenario, "--host", self.sidecar]
+        if spec.tenants_file is not None:
+            argv += ["--tenants-file", _display_path(spec.tenants_file)]
+        if spec.loadgen.exporter_port != 9646:
+            argv += ["--exporter-port", str(spec.loadgen.exporter_port)]
+        if headless:
+            argv.append("--headless")
+        return argv
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+
+
+def _prometheus_available() -> bool:
+    from weighbridge.prometheus import binary
+
+    try:
+        binary("prometheus")
+    except LaunchError:
+        return False
+    return True
+
+
+@dataclass(eq=False)
+class LocalStack:
+    """The stack's processes; ``with LocalStack(spec, directory) as stack:`` starts them all
+    (engines in parallel) and stops them all at the end of the block, whatever happens."""
+
+    spec: StackSpec
+    directory: Path  # logs, the generated sidecar config and Prometheus's data
+    host: str = "127.0.0.1"
+    on_event: Callable[[str], None] | None = None  # progress messages ("engine-0 up")
+    engines: list[ServerProcess] = field(default_factory=list, init=False)
+    sidecar: ServerProcess | None = field(default=None, init=False)
+    prometheus: ServerProcess | None = field(default=None, init=False)
+
+    def _note(self, message: str) -> None:
+        if self.on_event is not None:
+            self.on_event(message)
+
+    def _port(self, wanted: int) -> int:
+        return wanted or free_port(self.host)
+
+    @property
+    def wants_prometheus(self) -> bool:
+        mode = self.spec.prometheus
+        return mode == "on" or (mode == "auto" and _prometheus_available())
+
+    def start(self) -> LocalStack:
+        logs = self.directory / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        spec, ports = self.spec, self.spec.ports
+        try:
+            for i in range(spec.engines.count):
+                port = ports.engines + i if ports.engines else free_port(self.host)
+                proc = emulator_process(name=f"engine-{i}", host=self.host, port=port,
+                                        **spec.engines.emulator.flags(seed_offset=i))
+                proc.log_path = logs / f"engine-{i}.log"
+                self.engines.append(proc)
+            self._note(f"starting {len(self.engines)} engines")
+            with ThreadPoolExecutor(max_workers=len(self.engines)) as pool:
+                for future in [pool.submit(p.start) for p in self.engines]:
+                    future.result()
+            self._note("starting the sidecar")
+            config = sidecar_config(spec, [p.url for p in self.engines])
+            self.sidecar = sidecar_process(config, name="sidecar", host=self.host,
+                                           port=self._port(ports.sidecar),
+                                           config_dir=self.directory)
+            self.sidecar.log_path = logs / "sidecar.log"
+            self.sidecar.start()
+            if self.wants_prometheus:
+                self._note("starting Prometheus")
+                self.prometheus = self._prometheus_process()
+                self.prometheus.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _prometheus_process(self) -> ServerProcess:
+        from weighbridge.prometheus import ScrapeTarget, prometheus_process, rule_files
+
+        assert self.sidecar is not None
+        targets = [ScrapeTarget(JOB_SIDECAR, self.sidecar.url)]
+        targets += [ScrapeTarget(JOB_ENGINES, p.url) for p in self.engines]
+        exporter = self.loadgen_exporter_url
+        if exporter is not None:
+            targets.append(ScrapeTarget(JOB_LOADGEN, exporter))
+        return prometheus_process(targets, rule_files(), interval_s=1.0,
+                                  directory=self.directory / "prometheus",
+                                  port=self._port(self.spec.ports.prometheus), host=self.host)
+
+    @property
+    def loadgen_exporter_url(self) -> str | None:
+        port = self.spec.loadgen.exporter_port
+        return f"http://{self.host}:{port}" if port else None
+
+    @property
+    def urls(self) -> StackUrls:
+        if self.sidecar is None:
+            raise LaunchError("the stack is not running")
+        return StackUrls(
+            sidecar=self.sidecar.url, engines=tuple(p.url for p in self.engines),
+            prometheus=self.prometheus.url if self.prometheus else None,
+            loadgen_exporter=self.loadgen_exporter_url if self.prometheus else None)
+
+    def processes(self) -> list[ServerProcess]:
+        procs = [*self.engines, self.sidecar, self.prometheus]
+        return [p for p in procs if p is not None]
+
+    def dead(self) -> list[ServerProcess]:
+        """Children that were started and have exited since (a crash while running)."""
+        return [p for p in self.processes() if p.pid is not None and not p.is_running()]
+
+    def stop(self) -> None:
+        # Front to back: the sidecar's clients first, then what it proxied to.
+        for proc in [self.prometheus, self.sidecar, *reversed(self.engines)]:
+            if proc is not None:
+                proc.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
