@@ -48,7 +48,8 @@ TARGET_RPS = 300.0
 TARGET_TOKENS_PER_S = 20_000.0
 OK_SHARE = 0.99
 T_STEP_S = 0.01
-REPEATS = 2  # per level in a full run, interleaved; the quietest is reported
+REPEATS = 3  # per level in a full run, interleaved; the quietest is reported
+NOISE_WAIT = 0.10  # run-queue wait share above which a row says more about neighbours
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,12 @@ def run(ctx: BenchContext) -> BenchResult:
 
     sustained = [lv for lv in results if lv.sustained]
     best = max(sustained, key=lambda lv: lv.offered_rps, default=None)
-    saturated = next((lv for lv in results if not lv.sustained), None)
+    # The saturation point is the first level above the best sustained one that is not
+    # sustained; a lower level that missed did so in noise (its wait column shows it).
+    floor = best.offered_rps if best is not None else 0.0
+    saturated = next((lv for lv in results if lv.offered_rps > floor and not lv.sustained),
+                     None)
+    noisy = [lv for lv in results if lv.wait > NOISE_WAIT or lv.server_wait > NOISE_WAIT]
     passed = best is not None and best.ok_rps >= TARGET_RPS * 0.97 and \
         best.tokens_per_s >= TARGET_TOKENS_PER_S * 0.97 and best.offered_rps >= TARGET_RPS
     summary = []
@@ -194,6 +200,12 @@ def run(ctx: BenchContext) -> BenchResult:
                        f"{saturated.server_wait:.0%}); limited by {limit}.")
     else:
         summary.append(f"No saturation up to {levels[-1]:g} req/s.")
+    if noisy:
+        summary.append(
+            "**Machine noise**: at " + ", ".join(f"{lv.offered_rps:g}" for lv in noisy) +
+            f" req/s even the quietest repeat waited more than {NOISE_WAIT:.0%} of the window "
+            "for a CPU (neighbours on the shared machine); those rows understate the "
+            "generator.")
     table = Table(
         columns=("offered req/s (baseline)", "completed req/s", "ratio to offered",
                  "received tok/s", "lag p50 / p99 / max (ms)", "TTFT p50 (ms)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
+import orjson
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolResponse
 from geventhttpclient.url import URL
@@ -67,8 +68,6 @@ class HttpTarget:
         self.client.close()
 
     def get_json(self, path: str, headers: Mapping[str, str] | None = None) -> object:
-        import orjson
-
         response = self.client.get(self.prefix + path, headers=dict(headers or {}))
         body = response.read()
         if response.status_code != 200:

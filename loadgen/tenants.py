@@ -123,7 +123,7 @@ def _dotted(loc: Sequence[str | int]) -> str:
 
 
 _TAGS = {"fixed", "uniform", "normal", "lognormal", "mixture", "empirical", "poisson",
-         "gamma", "burst", "on_off", "closed", "function-before[_shorthand(), ...]"}
+         "gamma", "burst", "on_off", "closed"}
 
 
 def parse_tenants(data: Any, *, base_dir: Path, source: str) -> TenantsFile:
