@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ class EngineRunner:
         self._work = asyncio.Event()
         self._seeds = 0
         self._api_free_at = 0.0  # when the (serial) API front end can take the next request
+        # Every step takes this many times its modelled duration: an engine that slows down at
+        # run time (thermal throttling, a noisy GPU neighbour) for chaos tests.
+        self.slowdown = 1.0
 
     def submit(self, seq: Sequence) -> TokenStream:
         """Hand a request to the engine after the API server's per-request work: a serial
@@ -117,7 +121,7 @@ class EngineRunner:
                 timeline = None
                 await asyncio.sleep(0)
                 continue
-            target_end = start + batch.duration_s
+            target_end = start + batch.duration_s * self.slowdown
             delay = target_end - self.clock()
             # Even a late step yields, so handlers get to write what the last one produced.
             await asyncio.sleep(max(delay, 0.0))
@@ -165,6 +169,7 @@ class Emulator:
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/metrics", self.metrics_endpoint)
+        self.app.router.add_post("/admin/slowdown", self.slowdown)
         self.app.cleanup_ctx.append(self._engine_task)
 
     async def _engine_task(self, _app: web.Application) -> AsyncIterator[None]:
@@ -214,6 +219,19 @@ class Emulator:
     async def metrics_endpoint(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def slowdown(self, request: web.Request) -> web.Response:
+        """``POST /admin/slowdown {"factor": F}``: from the next step on, every step takes F
+        times its modelled duration (1 restores the profile). Not a vLLM endpoint."""
+        try:
+            factor = orjson.loads(await request.read())["factor"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            raise ApiError(400, 'expected a JSON body {"factor": <number>}') from None
+        if isinstance(factor, bool) or not isinstance(factor, int | float) \
+                or not math.isfinite(factor) or factor <= 0:
+            raise ApiError(400, "factor must be a positive finite number")
+        self.runner.slowdown = float(factor)
+        return _json_response({"factor": self.runner.slowdown})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate("completions", request)
