@@ -106,7 +106,9 @@ def _number(value: object) -> float | None:
 def headline(summary: Mapping[str, Any]) -> Headline:
     isolation = summary.get("isolation") or {}
     tiers = summary.get("tiers") or {}
-    ranked = sorted((t for t in tiers.items() if t[1].get("rank") is not None),
+    # Tier 1: the best-ranked tier that had requests in this run.
+    ranked = sorted((t for t in tiers.items()
+                     if t[1].get("rank") is not None and t[1].get("requests", 1)),
                     key=lambda item: item[1]["rank"])
     tier1, tier = ranked[0] if ranked else (None, {})
     return Headline(

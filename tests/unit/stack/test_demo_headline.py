@@ -29,6 +29,9 @@ def test_headline_reads_the_victim_tier_one_and_throughput() -> None:
     assert head.tier1_slo_attainment == 0.9 and head.tier1_ttft_p99_s == 0.3
     assert head.jain_index == 0.8 and head.served_tokens_per_s == 1234.5
     assert head.to_json()["victim_ttft_ratio"] == 10.0
+    idle = summary()
+    idle["tiers"]["interactive"]["requests"] = 0
+    assert headline(idle).tier1 == "standard"  # tier 1 is the best tier that had requests
 
 
 def test_missing_figures_are_none_and_print_as_a_dash() -> None:
