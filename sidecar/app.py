@@ -55,16 +55,20 @@ class ApiError(Exception):
     """An OpenAI-style error answer; ``reason`` also goes in the reject-reason header."""
 
     def __init__(self, status: int, reason: str, message: str, type_: str,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, *, close: bool = False) -> None:
         super().__init__(message)
         self.status, self.reason, self.message, self.type = status, reason, message, type_
         self.headers = headers or {}
+        self.close = close  # end the connection after answering (its input is unread)
 
     def response(self) -> web.Response:
         body = {"error": {"message": self.message, "type": self.type, "code": self.reason}}
-        return web.Response(body=orjson.dumps(body), status=self.status,
-                            content_type="application/json",
-                            headers={REJECT_HEADER: self.reason, **self.headers})
+        response = web.Response(body=orjson.dumps(body), status=self.status,
+                                content_type="application/json",
+                                headers={REJECT_HEADER: self.reason, **self.headers})
+        if self.close:
+            response.force_close()
+        return response
 
 
 def _bad_request(reason: str, message: str) -> ApiError:
@@ -344,11 +348,19 @@ class Sidecar:
                       trace: RequestTrace | None) -> web.StreamResponse:
         tenant = self._authenticate(request)
         try:
-            raw = await request.read()
+            # A client dribbling its body must not hold a handler and a connection forever.
+            async with asyncio.timeout(self.config.client_timeout_ms / 1000):
+                raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.core.rejected_on_arrival("body_too_large", tenant,
                                           self.config.tenants[tenant].tier)
             raise
+        except TimeoutError:
+            self.core.rejected_on_arrival("request_timeout", tenant,
+                                          self.config.tenants[tenant].tier)
+            raise ApiError(408, "request_timeout",
+                           f"the request body took longer than {self.config.client_timeout_ms}"
+                           " ms to arrive", "invalid_request_error", close=True) from None
         body, tier, deadline_ms, prompt = self._parse(endpoint, tenant, raw, request)
         now = self.clock()
         request_id = uuid.uuid4().hex
@@ -567,5 +579,7 @@ def run_sidecar(config: Config, host: str, port: int) -> None:
     sidecar = Sidecar(config)
     # handler_cancellation: a client that disconnects cancels its handler, which takes a
     # queued request out of the queue at once or aborts its backend request.
+    # keepalive_timeout also bounds how long a new connection may take to send its headers:
+    # aiohttp closes a connection still waiting for a complete request at that time.
     web.run_app(sidecar.app, host=host, port=port, print=None, access_log=None,
-                handler_cancellation=True)
+                handler_cancellation=True, keepalive_timeout=config.client_timeout_ms / 1000)

@@ -393,6 +393,10 @@ class Config(_Model):
     admin_api_keys: list[ApiKeyField] = Field(default_factory=list)
     max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
     max_tokens_limit: PositiveInt | None = None  # requests asking for more are rejected
+    # A client gets this long to send a request's headers (from connecting, or from the end of
+    # its previous request: also the idle keep-alive timeout) and, separately, its body;
+    # slower ones are cut off (408 for a body) instead of holding a connection forever.
+    client_timeout_ms: PositiveInt = 60_000
     telemetry: Telemetry = Field(default_factory=Telemetry)
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
