@@ -234,9 +234,9 @@ def _prometheus_mode(value: str) -> str:
 def demo(
     quick: Annotated[bool, typer.Option(
         "--quick", help="Shorter phases (about 1 minute in all instead of 3).")] = False,
-    out: Annotated[Path, typer.Option(
-        help="Directory for the two run directories, report.html and summary.json.")] = Path(
-        "runs/demo"),
+    out: Annotated[Path | None, typer.Option(
+        help="Directory for the two run directories, report.html and summary.json "
+             "(default: runs/demo-<UTC time>).")] = None,
     stack: Annotated[Path | None, typer.Option(
         help="Stack file (default deploy/stacks/noisy-neighbour.yaml).")] = None,
     prometheus: Annotated[str, typer.Option(
@@ -245,6 +245,8 @@ def demo(
 ) -> None:
     """The noisy-neighbour flood through a request-level baseline and through weighbridge,
     side by side (docs/demo.md)."""
+    import datetime as dt
+
     from rich.console import Console
 
     from weighbridge.demo import DemoOptions, run_demo
@@ -252,6 +254,7 @@ def demo(
     from weighbridge.loadrun import LoadRunError
     from weighbridge.stack import DEFAULT_STACK, StackError
 
+    out = out or Path("runs") / f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
     options = DemoOptions(out=out, quick=quick, stack_file=stack or DEFAULT_STACK,
                           prometheus=_prometheus_mode(prometheus),  # type: ignore[arg-type]
                           seed=seed)
