@@ -52,6 +52,10 @@ GENERATOR_PROBES = 1
 LOCUST = Path(sys.executable).with_name("locust")
 SCENARIO_S = 60.0  # the burst scenario's own length; --stretch scales it
 
+# Each burst: 5 s at this rate, more than the engine serves, so the sidecar's queue fills and
+# the bounded queue turns part of it away (the soak exercises queueing and rejection too).
+BURST_RATE = 150
+MAX_QUEUED = 300
 # Locust's tenants: the burst scenario's two plus three steady ones (two API tenants and an
 # interactive chat), all with keys the sidecar knows.
 _PROMPT = {"kind": "lognormal", "median": 256, "sigma": 0.5, "low": 16, "high": 1024}
@@ -59,7 +63,7 @@ GENERATOR_TENANTS: list[dict[str, object]] = [
     {"name": "bursty", "api_key": "sk-soak-bursty", "tier": "standard",
      "endpoint": "completions",
      "lengths": {"prompt": _PROMPT, "output": {"kind": "uniform", "low": 16, "high": 64}},
-     "arrival": {"kind": "on_off", "rate": 30, "on_s": 5, "off_s": 10}},
+     "arrival": {"kind": "on_off", "rate": BURST_RATE, "on_s": 5, "off_s": 10}},
     {"name": "alpha", "api_key": "sk-soak-alpha", "tier": "standard",
      "endpoint": "completions",
      "lengths": {"prompt": _PROMPT, "output": {"kind": "uniform", "low": 32, "high": 128}},
@@ -80,7 +84,7 @@ ENGINE: dict[str, object] = {"max_num_seqs": 48, "num_kv_blocks": 2048,
 def sidecar_config(backend_url: str) -> dict[str, object]:
     tenants = {
         str(t["name"]): {"tier": t["tier"], "api_keys": [f"plain:{t['api_key']}"],
-                         "limits": {"max_queued": 300}}
+                         "limits": {"max_queued": MAX_QUEUED}}
         for t in GENERATOR_TENANTS
     }
     return {
@@ -334,9 +338,10 @@ def verdict(samples: Sequence[Sample], start: Ledger, end: Ledger,
                       "The sidecar over the run (every few samples):")],
         notes=[
             f"{duration_s:.0f} s of load: the `burst` scenario stretched "
-            f"{duration_s / SCENARIO_S:g}x (bursts stay 5 s on / 10 s off) with three steady "
-            "tenants added (benchmarks/soak.py GENERATOR_TENANTS), one cpu-tiny emulator of "
-            "48 sequences, every tenant `max_queued: 300`.",
+            f"{duration_s / SCENARIO_S:g}x (bursts stay 5 s on / 10 s off, at {BURST_RATE} "
+            "requests/s) with three steady tenants added (benchmarks/soak.py "
+            "GENERATOR_TENANTS), one cpu-tiny emulator of 48 sequences, every tenant "
+            f"`max_queued: {MAX_QUEUED}`.",
             "rejections by reason: " + (", ".join(f"{k} {v}" for k, v in
                                                   sorted(reasons.items())) or "none"),
             f"RSS idle after the run: {rss_after / mib:.1f} MiB. Warm-up peak is the highest "
