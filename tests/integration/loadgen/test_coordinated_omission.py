@@ -3,6 +3,7 @@ time, and their TTFT (from the scheduled time) holds the whole wait."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -91,3 +92,36 @@ def test_stop_cancels_what_is_due_and_drops_what_is_not(delay_server: ServerProc
     assert all(r.scheduled_s <= stopped_at for r in records)
     assert all(r.sent_s is not None for r in records)  # all had been sent on time
     assert len({r.request_id for r in records}) == len(records)
+
+
+def test_closed_loop_users_wait_for_their_answers(delay_server: ServerProcess) -> None:
+    """The closed-loop model, for contrast: each user's next request is scheduled after its
+    previous answer plus the think time, so a slow server lowers the rate instead."""
+    tenants = parse_tenants({"tenants": [{
+        "name": "c", "endpoint": "completions",
+        "headers": {"x-test": orjson.dumps({"ttft_ms": 50, "itl_ms": 5}).decode()},
+        "lengths": {"prompt": 8, "output": 4},
+        "phases": {"busy": {"kind": "closed", "users": 3, "think_s": 0.05,
+                            "think": "fixed"}},
+    }]}, base_dir=Path("."), source="test")
+    workload = Workload("closed", (PhaseSpan("quiet", 0.0, 0.5), PhaseSpan("busy", 0.5, 2.0)),
+                        tuple(tenants.tenants))
+    records: list[RequestRecord] = []
+    target = HttpTarget(delay_server.url)
+    driver = TrafficDriver(workload, target, run_id="closed", t0=time.monotonic() + 0.1,
+                           seed=1, on_record=records.append)
+    driver.start()
+    assert driver.join(timeout=30)
+    target.close()
+    assert records and all(r.status == "ok" and r.phase == "busy" for r in records)
+    by_user: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        by_user.setdefault(r.request_id.rsplit("-", 1)[0], []).append(r)
+    assert len(by_user) == 3
+    for user_records in by_user.values():
+        user_records.sort(key=lambda r: r.scheduled_s)
+        assert user_records[0].scheduled_s == 0.5
+        for before, after in itertools.pairwise(user_records):
+            assert after.scheduled_s >= before.end_s + 0.05 - 1e-6
+        # ~70 ms per request + 50 ms thinking over 1.5 s: far fewer than an open loop's.
+        assert 5 <= len(user_records) <= 13
