@@ -100,6 +100,38 @@ def in_flight(a: Analysis) -> bytes:
     return _png(fig)
 
 
+def victim_ttft_against_baseline(a: Analysis, base: Analysis) -> bytes | None:
+    """The isolation victim's p99 TTFT per window in this run and in the baseline, on one
+    axis: the noisy-neighbour story in one picture. None without a victim in both runs."""
+    if a.isolation is None or base.isolation is None:
+        return None
+    victim = a.isolation.victim
+    fig = Figure(figsize=(11, 3.6))
+    ax = fig.add_subplot()
+    _shade_phases(ax, a)
+    series = []
+    for label, run in ((f"baseline ({base.run.info.run_id})", base),
+                       (f"this run ({a.run.info.run_id})", a)):
+        p99 = run.windows.ttft_p99_s.get(victim)
+        if p99 is None:
+            continue
+        mid = (run.windows.edges[:-1] + run.windows.edges[1:]) / 2
+        ax.plot(mid, p99 * 1000, marker=".", label=label)
+        series.append(p99[~np.isnan(p99)])
+    if not series:
+        return None
+    ax.set(xlabel="seconds since run start (request scheduled)", ylabel="p99 TTFT (ms)")
+    ax.set_title(f"Victim ({victim}) p99 TTFT per {a.window_s:g} s window: this run against "
+                 "the baseline, phases shaded", pad=14)
+    values = np.concatenate(series)
+    if values.size and values.min() > 0 and values.max() / values.min() > 50:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+    ax.legend(loc="upper left", fontsize=8)
+    return _png(fig)
+
+
 FIGURES = {
     "Per-tenant token share over time": token_share,
     "TTFT CDF per tier": ttft_cdf,

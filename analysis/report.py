@@ -84,9 +84,10 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
     with progress:
         analysis = _analyse(request.run_dir, request, progress)
         this = summary(analysis)
-        rows = baseline_id = None
+        rows = baseline_id = base_analysis = None
         if request.baseline_dir is not None:
-            base = summary(_analyse(request.baseline_dir, request, progress))
+            base_analysis = _analyse(request.baseline_dir, request, progress)
+            base = summary(base_analysis)
             rows = compare(this, base)
             baseline_id = base["run"]["run_id"]
             this["baseline"] = comparison_json(base, rows)
@@ -106,6 +107,10 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
         if "html" in request.formats:
             task = progress.add_task("plotting", total=len(plots.FIGURES))
             figures = {}
+            if base_analysis is not None:
+                compared = plots.victim_ttft_against_baseline(analysis, base_analysis)
+                if compared is not None:
+                    figures["Victim TTFT against the baseline"] = compared
             for name, draw in plots.FIGURES.items():
                 figures[name] = draw(analysis)
                 progress.advance(task)

@@ -99,3 +99,28 @@ def test_capacity_json_and_text() -> None:
     assert "binding constraint" in text.output
     missing = runner.invoke(app, ["capacity", "--avg-tokens", "1"])
     assert missing.exit_code == 2 and "--requests-per-day" in missing.output
+
+
+def flood_run(run_dir: Path, *, flood_ttft: float, run_id: str) -> Path:
+    """A victim sending one request a second through a quiet and a flood phase; its TTFT is
+    0.05 s when quiet and ``flood_ttft`` in the flood."""
+    records = [rec("victim", scheduled=float(i), ttft=0.05 if i < 10 else flood_ttft,
+                   duration=2.0, phase="quiet" if i < 10 else "flood") for i in range(20)]
+    records += [rec("flooder", scheduled=10 + i / 10, ttft=1.0, duration=3.0, phase="flood")
+                for i in range(100)]
+    return write_run(run_dir, records, tenants=[("victim", "standard", 1.0),
+                                                ("flooder", "standard", 1.0)],
+                     phases=[("quiet", 0.0, 10.0), ("flood", 10.0, 20.0)], duration=23.0,
+                     options={"victim": "victim"}, run_id=run_id)
+
+
+def test_baseline_report_plots_the_victim_against_the_baseline(tmp_path: Path) -> None:
+    this = flood_run(tmp_path / "wb", flood_ttft=0.08, run_id="wb")
+    base = flood_run(tmp_path / "fifo", flood_ttft=4.0, run_id="fifo")
+    out = tmp_path / "o"
+    result = runner.invoke(app, ["report", str(this), "--baseline", str(base),
+                                 "--format", "html", "--out", str(out), "--window", "2s"])
+    assert result.exit_code == 0, result.output
+    html = (out / "report.html").read_text()
+    assert "Victim TTFT against the baseline" in html
+    assert html.count("data:image/png;base64,") == 5  # the four figures and the comparison
