@@ -78,9 +78,14 @@ def _bad_request(reason: str, message: str) -> ApiError:
 def _bearer(request: web.Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
         return None
-    return key.strip()
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 (kept as surrogates): no key of ours
+        return None
+    return key
 
 
 class Sidecar:

@@ -128,7 +128,9 @@ header_names = st.sampled_from([
 
 
 @FUZZ
-@given(headers=st.dictionaries(header_names, header_text, max_size=5),
+@given(headers=st.dictionaries(header_names,
+                               header_text | header_text.map(lambda v: f"Bearer {v}".strip()),
+                               max_size=5),
        keyed=st.sampled_from([None, KEY, "sk-fuzz-gold", ADMIN_KEY]))
 def test_fuzzed_headers(stack: Stack, headers: dict[str, str], keyed: str | None) -> None:
     if keyed is not None:
