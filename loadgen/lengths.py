@@ -36,6 +36,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    NonNegativeInt,
     PositiveFloat,
     PositiveInt,
     ValidationInfo,
@@ -163,9 +164,20 @@ class LogNormal(_Model):
 
 
 class HistogramBin(_Model):
-    low: PositiveInt
+    """``{low, high, count}``, or ``[low, high, count]`` as `weighbridge report` writes it."""
+
+    low: NonNegativeInt  # a bin at 0 is drawn as 1: a prompt or output has at least one token
     high: PositiveInt  # exclusive
     count: float = Field(ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_triple(cls, data: Any) -> Any:
+        if isinstance(data, list | tuple):
+            if len(data) != 3:
+                raise ValueError(f"a bin is [low, high, count], got {list(data)!r}")
+            return {"low": data[0], "high": data[1], "count": data[2]}
+        return data
 
     @model_validator(mode="after")
     def _ordered(self) -> HistogramBin:
@@ -174,10 +186,22 @@ class HistogramBin(_Model):
         return self
 
 
-def _read_histogram(path: Path) -> list[dict[str, Any]]:
-    """Bins from a CSV (header ``low,high,count``) or JSON (``{"bins": [...]}``) file."""
+def _read_histogram(path: Path, select: tuple[str, str, str] | None = None) -> list[Any]:
+    """Bins from a CSV (header ``low,high,count``) or JSON (``{"bins": [...]}``) file, or from
+    the ``lengths.json`` of `weighbridge report` (``{"lengths": {tenant: {endpoint: {measure:
+    {"kind": "empirical", "bins": [[low, high, count], ...]}}}}}``), where ``select`` names
+    the tenant, endpoint and measure (``prompt_tokens`` or ``output_tokens``)."""
     if path.suffix == ".json":
         data = json.loads(path.read_text())
+        if isinstance(data, dict) and "lengths" in data:
+            if select is None:
+                raise ValueError("a report's lengths.json needs tenant, endpoint and measure")
+            tenant, endpoint, measure = select
+            try:
+                data = data["lengths"][tenant][endpoint][measure]
+            except KeyError:
+                raise ValueError(f"no {measure} histogram for tenant {tenant!r} on "
+                                 f"{endpoint} in it") from None
         bins = data["bins"] if isinstance(data, dict) else data
         return list(bins)
     with path.open(newline="") as file:
@@ -193,6 +217,10 @@ class Empirical(_Model):
 
     kind: Literal["empirical"] = "empirical"
     file: str | None = None  # relative to the tenants file
+    # With a report's lengths.json as ``file``: which histogram in it.
+    tenant: str | None = None
+    endpoint: str | None = None  # e.g. /v1/completions
+    measure: Literal["prompt_tokens", "output_tokens"] | None = None
     bins: list[HistogramBin] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -202,8 +230,11 @@ class Empirical(_Model):
             base = Path((info.context or {}).get("base_dir", "."))
             path = Path(data["file"])
             path = path if path.is_absolute() else base / path
+            select = None
+            if data.get("tenant") and data.get("endpoint") and data.get("measure"):
+                select = (data["tenant"], data["endpoint"], data["measure"])
             try:
-                data = {**data, "bins": _read_histogram(path)}
+                data = {**data, "bins": _read_histogram(path, select)}
             except (OSError, ValueError, KeyError) as exc:
                 raise ValueError(f"cannot read histogram {path}: {exc}") from None
         return data
@@ -216,14 +247,14 @@ class Empirical(_Model):
 
     def sample(self, rng: random.Random) -> int:
         chosen = _pick(rng, self._cumulative(), self.bins)
-        return rng.randrange(chosen.low, chosen.high)
+        return max(1, rng.randrange(chosen.low, chosen.high))
 
     def _cumulative(self) -> list[float]:
         return list(itertools.accumulate(b.count for b in self.bins))
 
     def bounds(self) -> tuple[int, int]:
         used = [b for b in self.bins if b.count > 0]
-        return min(b.low for b in used), max(b.high - 1 for b in used)
+        return max(1, min(b.low for b in used)), max(1, max(b.high - 1 for b in used))
 
     def mean(self) -> float:
         total = sum(b.count for b in self.bins)

@@ -114,3 +114,35 @@ def test_empirical_reads_a_histogram_file(tmp_path: Path) -> None:
 def test_bad_distributions_are_refused(spec: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ADAPTER.validate_python(spec)
+
+
+def test_empirical_reads_the_reports_lengths_json(tmp_path: Path) -> None:
+    """The round trip the issue asks for: `weighbridge report` measures a run's lengths and
+    the load generator replays them."""
+    import json
+
+    import pandas as pd
+
+    from analysis.lengths import length_histograms
+
+    rng = random.Random(3)
+    outputs = [rng.choice((0, 16, 17, 400)) for _ in range(500)]
+    frame = pd.DataFrame({"tenant": "a", "endpoint": "/v1/completions", "status": "ok",
+                          "prompt_tokens": [rng.randrange(50, 60) for _ in outputs],
+                          "output_tokens": outputs})
+    (tmp_path / "lengths.json").write_text(json.dumps(
+        {"run_id": "r", "lengths": length_histograms(frame)}))
+    spec = {"kind": "empirical", "file": "lengths.json", "tenant": "a",
+            "endpoint": "/v1/completions", "measure": "output_tokens"}
+    dist = ADAPTER.validate_python(spec, context={"base_dir": tmp_path})
+    draws = [dist.sample(random.Random(s)) for s in range(2000)]
+    assert min(draws) >= 1  # the 0-token bin is drawn as 1
+    assert dist.bounds()[1] == 400
+    share_long = sum(d >= 400 for d in draws) / len(draws)
+    assert abs(share_long - outputs.count(400) / len(outputs)) < 0.05
+    with pytest.raises(ValidationError, match="no prompt_tokens histogram for tenant 'b'"):
+        ADAPTER.validate_python({**spec, "tenant": "b", "measure": "prompt_tokens"},
+                                context={"base_dir": tmp_path})
+    with pytest.raises(ValidationError, match="needs tenant, endpoint and measure"):
+        ADAPTER.validate_python({"kind": "empirical", "file": "lengths.json"},
+                                context={"base_dir": tmp_path})
