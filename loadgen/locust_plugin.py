@@ -89,7 +89,11 @@ class _Options:
     records_dir: Path | None
     run_id: str | None
     exporter_port: int | None  # None: the default (on when exporters are installed)
+    exporter_host: str
     max_connections: int
+    # Test-only fault: the exporter never hears the end of every Nth request, as if the
+    # generator lost it (the Little's Law check must then depart from 1). 0: off.
+    test_drop_every: int
     run_time_s: float | None
 
     def workload(self) -> Workload:
@@ -147,6 +151,12 @@ def _add_arguments(parser: Any) -> None:
     group.add_argument("--exporter-port", type=int, default=None,
                        help=f"Prometheus port of the per-tenant exporter (default "
                             f"{DEFAULT_EXPORTER_PORT}; 0 = off; worker N uses port + N)")
+    group.add_argument("--exporter-host", default="127.0.0.1",
+                       help="Address the exporter listens on (0.0.0.0 to be scraped from "
+                            "other hosts, e.g. in docker compose)")
+    group.add_argument("--test-drop-every", type=int, default=0, include_in_web_ui=False,
+                       help="TEST ONLY: hide every Nth finished request from the exporter, "
+                            "so its Little's Law check must fail (docs/metrics.md)")
     group.add_argument("--max-connections", type=int, default=10_000,
                        help="Connection pool size of each process", include_in_web_ui=False)
 
@@ -163,18 +173,23 @@ def _resolve(parsed: Any) -> _Options:
         seed = int(parsed.seed)
         max_connections = int(parsed.max_connections)
         port = None if parsed.exporter_port in (None, "") else int(parsed.exporter_port)
+        drop_every = int(getattr(parsed, "test_drop_every", 0) or 0)
     except (TypeError, ValueError) as exc:
         raise ScenarioError(f"bad number in the weighbridge options: {exc}") from None
     if max_connections < 1:
         raise ScenarioError("--max-connections must be >= 1")
     if port is not None and not 0 <= port < 65536:
         raise ScenarioError(f"--exporter-port must be 0-65535, got {port}")
+    if drop_every < 0:
+        raise ScenarioError("--test-drop-every must be >= 0")
     options = _Options(
         scenario=scenarios[name],
         tenants_file=Path(parsed.tenants_file) if parsed.tenants_file else None,
         scale=scale, stretch=stretch, seed=seed, model=parsed.model or None,
         records_dir=Path(parsed.records_dir) if parsed.records_dir else None,
-        run_id=parsed.run_id or None, exporter_port=port, max_connections=max_connections,
+        run_id=parsed.run_id or None, exporter_port=port,
+        exporter_host=getattr(parsed, "exporter_host", None) or "127.0.0.1",
+        test_drop_every=drop_every, max_connections=max_connections,
         run_time_s=float(parsed.run_time) if getattr(parsed, "run_time", None) else None,
     )
     options.workload()  # loads and checks the tenants now, not mid-run
@@ -287,7 +302,8 @@ def _begin_run(environment: Environment) -> None:
                  str(options.tenants_file or options.scenario.tenants_file),
                  "scale": options.scale, "stretch": options.stretch, "seed": options.seed,
                  "model": model, "run_time_s": options.run_time_s,
-                 "processes": workers, "host": host},
+                 "processes": workers, "host": host,
+                 **({"victim": workload.victim} if workload.victim else {})},
     )
     write_run_info(run_dir, info)
     state.run = {"run_id": run_id, "dir": str(run_dir.resolve()), "t0_wall": t0_wall,
@@ -354,10 +370,15 @@ def _start_sending(environment: Environment) -> None:
 
     exporter = _start_exporter(options, workload, index, isinstance(runner, WorkerRunner))
 
+    ended = 0
+
     def on_record(record: RequestRecord) -> None:
+        nonlocal ended
         appender.append(record)
         _fire_stats(environment, record)
-        if exporter is not None:
+        ended += 1
+        if exporter is not None and not (
+                options.test_drop_every and ended % options.test_drop_every == 0):
             exporter.request_ended(record, t0 + record.end_s)
 
     def on_start(plan: RequestPlan) -> None:
@@ -388,8 +409,8 @@ def _start_exporter(options: _Options, workload: Workload, index: int, worker: b
     port = (options.exporter_port or DEFAULT_EXPORTER_PORT) + (index if worker else 0)
     exporter = cls(weights={t.name: t.weight for t in workload.tenants},
                    tiers={t.name: t.tier for t in workload.tenants})
-    exporter.serve(port)
-    log.info("per-tenant metrics on :%d/metrics", port)
+    exporter.serve(port, options.exporter_host)
+    log.info("per-tenant metrics on %s:%d/metrics", options.exporter_host, port)
     state.exporter = exporter
     return exporter
 

@@ -8,6 +8,7 @@ never has to choose between several shapes.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 from collections.abc import Sequence
@@ -48,6 +49,9 @@ class Scenario:
     phases: tuple[Phase, ...]
     tenants_file: Path  # relative paths are relative to the scenario's module
     notes: str = ""  # how to scale it up, what to look at
+    # The tenant whose latency the scenario is about (run.json options.victim, which the
+    # report's isolation section reads); None, or a name the tenants file lacks: none.
+    victim: str | None = None
 
     def __post_init__(self) -> None:
         if not self.phases:
@@ -73,10 +77,12 @@ class Scenario:
             end = math.inf if phase.duration_s is None else t + phase.duration_s * stretch
             spans.append(PhaseSpan(phase.name, t, end))
             t = end
+        names = {t.name for t in tenants.tenants}
         return Workload(
             scenario=self.name,
             phases=tuple(spans),
             tenants=tuple(t.scaled(scale) for t in tenants.tenants),
+            victim=self.victim if self.victim in names else None,
         )
 
 
@@ -85,6 +91,7 @@ class Workload:
     scenario: str
     phases: tuple[PhaseSpan, ...]
     tenants: tuple[TenantSpec, ...] = field(default=())
+    victim: str | None = None
 
     @property
     def end_s(self) -> float:
@@ -125,8 +132,7 @@ def _load_module_scenario(path: Path) -> Scenario | None:
     tenants_file = scenario.tenants_file
     if not tenants_file.is_absolute():
         tenants_file = path.parent / tenants_file
-    return Scenario(scenario.name, scenario.description, scenario.phases, tenants_file,
-                    scenario.notes)
+    return dataclasses.replace(scenario, tenants_file=tenants_file)
 
 
 def discover_scenarios(directory: Path, exclude: Sequence[Path] = ()) -> dict[str, Scenario]:

@@ -15,4 +15,5 @@ SCENARIO = Scenario(
     phases=(Phase("quiet", 15.0), Phase("flood", 20.0), Phase("recovery", 25.0)),
     tenants_file=Path("tenants/noisy_neighbour.yaml"),
     notes="--scale multiplies every rate and the flood's size (--scale 0.2: 2,000 requests).",
+    victim="victim",
 )

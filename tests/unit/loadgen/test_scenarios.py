@@ -43,6 +43,16 @@ def test_noisy_neighbour_floods_10000_requests() -> None:
     assert [p.name for p in workload.phases] == ["quiet", "flood", "recovery"]
 
 
+def test_noisy_neighbour_names_its_victim_when_the_tenants_have_it(tmp_path: Path) -> None:
+    scenario = discover_scenarios(SCENARIOS, [LOCUSTFILE])["noisy_neighbour"]
+    assert scenario.workload().victim == "victim"
+    other = tmp_path / "tenants.yaml"
+    other.write_text("tenants:\n  - {name: solo, api_key: k, tier: standard, endpoint: "
+                     "completions, lengths: {prompt: {kind: fixed, value: 8}, output: "
+                     "{kind: fixed, value: 8}}, arrival: {kind: poisson, rate: 1}}\n")
+    assert scenario.workload(tenants_file=other).victim is None
+
+
 def test_noisy_neighbour_keys_match_the_sidecar_example() -> None:
     workload = discover_scenarios(SCENARIOS, [LOCUSTFILE])["noisy_neighbour"].workload()
     config = load_config(REPO / "deploy/examples/noisy-neighbour-sidecar.yaml")
