@@ -228,11 +228,20 @@ _SIDECAR_END = {"ok": "completed", "rejected": "rejected", "error": "failed",
                 "cancelled": "cancelled", "timeout": "cancelled"}
 
 
+# Answers the generator records as rejected (they carry a reject-reason header) that the
+# sidecar counts as failed: the backend's fault, not a decision to turn the request away.
+_SIDECAR_FAILURES = frozenset({"backend_failed", "backend_unavailable"})
+
+
 def records_by_end(records: Sequence[RequestRecord]) -> dict[str, int]:
     """What the generator saw of each request it *sent*, in the sidecar's terms."""
     counts: dict[str, int] = collections.Counter()
     for r in records:
-        if r.sent_s is not None:
+        if r.sent_s is None:
+            continue
+        if r.status == "rejected" and r.reason in _SIDECAR_FAILURES:
+            counts["failed"] += 1
+        else:
             counts[_SIDECAR_END[r.status]] += 1
     return dict(counts)
 
