@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from emulator.engine import EngineConfig, Sequence, StepModel
 from emulator.profiles import get_profile
+from loadgen.measure import percentile
 
 ENGINE = EngineConfig(max_num_seqs=64, max_num_batched_tokens=512, num_kv_blocks=6000,
                       block_size=16, max_model_len=4096, scheduling_policy="priority",
@@ -48,14 +49,6 @@ class Point:
     victim_p50_s: float
     victim_p99_s: float
     flood_tokens_per_s: float
-
-
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def simulate(cap: int, seconds: float, seed: int = 7) -> Point:
@@ -92,7 +85,8 @@ def simulate(cap: int, seconds: float, seed: int = 7) -> Point:
         now = result.end_s
     ttfts = [s.first_token_s - s.arrival_s for s in victims
              if s.arrival_s >= WARMUP_S and s.first_token_s is not None]
-    return Point(cap, _percentile(ttfts, 0.5), _percentile(ttfts, 0.99),
+    ttfts.sort()
+    return Point(cap, percentile(ttfts, 0.5), percentile(ttfts, 0.99),
                  flood_tokens / (seconds - WARMUP_S))
 
 

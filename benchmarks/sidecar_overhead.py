@@ -49,6 +49,7 @@ import uvloop
 
 from benchmarks import _system
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from loadgen.measure import percentile
 from weighbridge.launch import emulator_process, sidecar_process
 
 MODEL = "m"
@@ -134,15 +135,6 @@ async def drive(direct_url: str, sidecar_url: str, rate: float, seconds: float, 
     return direct, side
 
 
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 @dataclass(frozen=True, slots=True)
 class Overhead:
     requests: int
@@ -188,10 +180,13 @@ def measure(rate: float, seconds: float, passes: int, overlay: dict[str, object]
             direct += d.ttft_s
             side += s.ttft_s
             failures += d.failures + s.failures
-            log(f"pass {k + 1}/{passes}: direct p50 {percentile(d.ttft_s, 0.5) * 1e3:.2f} ms "
-                f"p99 {percentile(d.ttft_s, 0.99) * 1e3:.2f} ms; sidecar p50 "
-                f"{percentile(s.ttft_s, 0.5) * 1e3:.2f} ms p99 "
-                f"{percentile(s.ttft_s, 0.99) * 1e3:.2f} ms")
+            d_ttft, s_ttft = sorted(d.ttft_s), sorted(s.ttft_s)
+            log(f"pass {k + 1}/{passes}: direct p50 {percentile(d_ttft, 0.5) * 1e3:.2f} ms "
+                f"p99 {percentile(d_ttft, 0.99) * 1e3:.2f} ms; sidecar p50 "
+                f"{percentile(s_ttft, 0.5) * 1e3:.2f} ms p99 "
+                f"{percentile(s_ttft, 0.99) * 1e3:.2f} ms")
+    direct.sort()
+    side.sort()
     return Overhead(
         requests=len(side), failures=failures,
         direct_p50_s=percentile(direct, 0.5), direct_p99_s=percentile(direct, 0.99),
