@@ -29,6 +29,16 @@ def _shade_phases(ax: Axes, a: Analysis) -> None:
                 transform=ax.get_xaxis_transform(), fontsize=8, color="0.3")
 
 
+def _latency_axis(ax: Axes, series: list[np.ndarray]) -> None:
+    """Log scale when the latencies span more than 50x (a flood moves TTFT by orders of
+    magnitude), else linear from 0. NaN (windows without requests) is ignored."""
+    values = np.concatenate([v[~np.isnan(v)] for v in series] + [np.array([])])
+    if values.size and values.min() > 0 and values.max() / values.min() > 50:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
+
+
 def token_share(a: Analysis) -> bytes:
     w = a.windows
     names = list(w.service)
@@ -76,11 +86,7 @@ def ttft_over_time(a: Analysis) -> bytes:
         ax.plot(mid, p99 * 1000, marker=".", label=name)
     ax.set(xlabel="seconds since run start (request scheduled)", ylabel="p99 TTFT (ms)")
     ax.set_title(f"Per-tenant p99 TTFT per {a.window_s:g} s window, phases shaded", pad=14)
-    values = np.concatenate([v[~np.isnan(v)] for v in w.ttft_p99_s.values()] + [np.array([])])
-    if values.size and values.min() > 0 and values.max() / values.min() > 50:
-        ax.set_yscale("log")  # a flood moves TTFT by orders of magnitude
-    else:
-        ax.set_ylim(bottom=0)
+    _latency_axis(ax, list(w.ttft_p99_s.values()))
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     return _png(fig)
 
@@ -117,17 +123,13 @@ def victim_ttft_against_baseline(a: Analysis, base: Analysis) -> bytes | None:
             continue
         mid = (run.windows.edges[:-1] + run.windows.edges[1:]) / 2
         ax.plot(mid, p99 * 1000, marker=".", label=label)
-        series.append(p99[~np.isnan(p99)])
+        series.append(p99)
     if not series:
         return None
     ax.set(xlabel="seconds since run start (request scheduled)", ylabel="p99 TTFT (ms)")
     ax.set_title(f"Victim ({victim}) p99 TTFT per {a.window_s:g} s window: this run against "
                  "the baseline, phases shaded", pad=14)
-    values = np.concatenate(series)
-    if values.size and values.min() > 0 and values.max() / values.min() > 50:
-        ax.set_yscale("log")
-    else:
-        ax.set_ylim(bottom=0)
+    _latency_axis(ax, series)
     ax.legend(loc="upper left", fontsize=8)
     return _png(fig)
 
