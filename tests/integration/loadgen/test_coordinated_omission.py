@@ -24,6 +24,9 @@ pytestmark = pytest.mark.integration
 STALL_AT_S = 1.0
 STALL_S = 2.0
 RUN_S = 4.0
+# How late a request may be sent on a loaded 2-core machine: ten times the lag measured on
+# a quiet one (< 50 ms), room for a neighbour holding the core.
+SEND_LAG_ROOM_S = 0.5
 
 
 def test_requests_scheduled_during_a_stall_show_the_full_wait(
@@ -57,10 +60,14 @@ def test_requests_scheduled_during_a_stall_show_the_full_wait(
     end = stall_end[0]
     during = [r for r in records if STALL_AT_S + 0.05 < r.scheduled_s < end - 0.05]
     assert len(during) >= 20, "too few requests fell inside the stall"
+    early = [r for r in during if r.scheduled_s < end - SEND_LAG_ROOM_S]
+    assert len(early) >= 10
+    for r in early:
+        # Sent on schedule although nothing had come back for up to 2 s: a sender that waited
+        # for answers would send at the stall's end, these were sent before it.
+        assert r.sent_s is not None and r.sent_s < end, r
     for r in during:
-        # Sent on schedule although nothing had come back for up to 2 s ...
-        assert r.sent_s - r.scheduled_s < 0.05, r
-        # ... and the wait from the scheduled time to the end of the stall is in the TTFT.
+        # The wait from the scheduled time to the end of the stall is in the TTFT.
         assert r.ttft_s >= end - r.scheduled_s, r
     # The longest wait is most of the stall, not the time since a request was sent late.
     assert max(r.ttft_s for r in during) > STALL_S * 0.9
@@ -90,7 +97,10 @@ def test_stop_cancels_what_is_due_and_drops_what_is_not(delay_server: ServerProc
     assert len(records) >= len(due) > 20
     assert all(r.status == "cancelled" and r.reason == "run_ended" for r in records)
     assert all(r.scheduled_s <= stopped_at for r in records)
-    assert all(r.sent_s is not None for r in records)  # all had been sent on time
+    # Those due well before the stop had been sent on time; one due in the last moments may
+    # be cancelled before its greenlet ran (a loaded machine), still with its one record.
+    assert all(r.sent_s is not None for r in records
+               if r.scheduled_s < stopped_at - SEND_LAG_ROOM_S)
     assert len({r.request_id for r in records}) == len(records)
 
 

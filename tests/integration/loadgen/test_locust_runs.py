@@ -46,7 +46,8 @@ def _check_run_dir(run_dir: Path, result: subprocess.CompletedProcess[str]) -> l
     info = read_run_info(run_dir)
     assert info.scenario == "steady"
     assert {t.name for t in info.tenants} == {"alpha", "beta", "gamma"}
-    assert info.duration_s is not None and 18 < info.duration_s < 25
+    # The run's -t 20s, give or take starting and stopping (bounded well under twice it).
+    assert info.duration_s is not None and 18 < info.duration_s < 40
     assert info.generator["requests"] == len(records)
     assert info.git_commit
     assert [p.name for p in info.phases] == ["steady"]

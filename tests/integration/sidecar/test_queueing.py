@@ -151,14 +151,14 @@ async def test_deadline_unmeetable_is_decided_at_once(stack: Stack, holder: RawC
                     timeout_s=5, what="a throughput measurement")
 
     async with httpx.AsyncClient(timeout=10) as client:
-        await client.get(stack.sidecar + "/healthz")  # a warm connection: time only the decision
-        started = time.perf_counter()
         response = await client.post(
             stack.sidecar + "/v1/completions", json=completion(),
             headers={**auth("sk-hurry"), "x-weighbridge-deadline-ms": "50"})
-        took = time.perf_counter() - started
+        # Decided at arrival, not by waiting: deadline_unmeetable is the ingress check's
+        # reason only (core.arrive), and the backlog ahead of it has not moved (the holder
+        # keeps the only slot), so nothing was served while it was decided.
         error = assert_rejected(response, 503, "deadline_unmeetable")
-        assert took < 0.1, f"rejection took {took * 1000:.1f} ms"
+        assert await asyncio.to_thread(queued, stack, "backlog") == 2
         assert error["type"] == "server_error"
         assert "predicted wait" in error["message"]
         assert response.headers["retry-after"].isdigit()
@@ -179,10 +179,11 @@ async def test_disconnect_while_queued_leaves_at_once(stack: Stack, holder: RawC
     seen = await asyncio.to_thread(backend_finished, stack.emulator)
     client = await send(stack, "sk-leaver", completion())
     await await_for(lambda: queued(stack, "leaver") == 1)
-    started = time.monotonic()
     client.close()
-    await await_for(lambda: queued(stack, "leaver") == 0, timeout_s=2, interval_s=0.01)
-    assert time.monotonic() - started < 1.0
+    # At once: it leaves the queue while the holder still keeps the only slot (its stream
+    # lasts ~100 s), so it was not noticed at dispatch. The deadline only bounds the wait.
+    await await_for(lambda: queued(stack, "leaver") == 0, timeout_s=30)
+    assert await asyncio.to_thread(running, stack.emulator) == 1
     delta = await asyncio.to_thread(ledger, stack.sidecar, tenant="leaver") - before
     assert delta.arrived == 1 and delta.cancelled == 1 and delta.dispatched == 0
     state = await asyncio.to_thread(admin_state, stack.sidecar)
