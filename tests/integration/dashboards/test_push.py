@@ -1,5 +1,5 @@
 """``weighbridge dashboards push`` against a stand-in Grafana HTTP API on loopback: the
-requests grafana-client sends (token, folder, every dashboard saved with overwrite), and a
+requests push sends (token, folder, every dashboard saved with overwrite), and a
 refused token failing with Grafana's message.
 
 No Grafana server can run here (no package, no Docker), so the stand-in answers the three
