@@ -1,6 +1,9 @@
-# The weighbridge image: the sidecar, the engine emulator and the Locust load generator
-# (docker-compose.yml runs each from it). Build: docker build -t weighbridge .
-FROM python:3.11-slim
+# The weighbridge images, one per role (docs/architecture.md, "Installs"):
+#   docker build --target sidecar -t weighbridge-sidecar .   # the sidecar alone: `.[sidecar]`
+#   docker build -t weighbridge .                            # everything: `.[all]`
+# docker-compose.yml runs the sidecar from the first and the engine emulator and the Locust
+# load generator from the second.
+FROM python:3.11-slim AS source
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -19,7 +22,16 @@ COPY loadgen ./loadgen
 COPY exporters ./exporters
 COPY analysis ./analysis
 COPY dashboards ./dashboards
-RUN pip install .
+
+# The sidecar: no Locust, gevent, pandas or matplotlib.
+FROM source AS sidecar
+RUN pip install '.[sidecar]'
+EXPOSE 8000
+CMD ["weighbridge", "sidecar", "--help"]
+
+# Everything (the default target): the engine emulator and the Locust load generator.
+FROM source AS full
+RUN pip install '.[all]'
 
 COPY scenarios ./scenarios
 COPY deploy ./deploy
@@ -28,6 +40,6 @@ COPY deploy ./deploy
 # host, whose owner the image cannot know.
 RUN mkdir -p /app/runs
 
-# 8000 sidecar, 8001 emulator, 8089 Locust's web UI, 9646+ the load generator's exporters.
-EXPOSE 8000 8001 8089 9646
+# 8001 emulator, 8089 Locust's web UI, 9646+ the load generator's exporters.
+EXPOSE 8001 8089 9646
 CMD ["weighbridge", "--help"]

@@ -105,7 +105,11 @@ def test_every_mounted_path_and_the_build_context_exist() -> None:
             if source.startswith("./"):
                 assert (REPO / source).exists() or source == "./runs", (name, source)
         if "build" in service:
-            assert (REPO / service["build"] / "Dockerfile").is_file()
+            build = service["build"]
+            build = build if isinstance(build, dict) else {"context": build}
+            assert (REPO / build["context"] / "Dockerfile").is_file()
+            if "target" in build:
+                assert f" AS {build['target']}" in DOCKERFILE.read_text(), (name, build)
     named = {v.split(":")[0] for s in _services().values() for v in s.get("volumes", [])
              if not v.startswith((".", "/", "~"))}
     assert named <= set(_compose().get("volumes", {})), named
@@ -123,6 +127,13 @@ def test_dockerfile_copies_existing_paths_and_every_package() -> None:
     assert include
     packages = {p.strip(' "*\n') for p in include.group(1).split(",")}
     assert packages <= copied, packages - copied
+
+
+def test_the_sidecar_image_installs_the_sidecars_dependencies_only() -> None:
+    stages = re.split(r"^FROM ", DOCKERFILE.read_text(), flags=re.M)
+    sidecar = next(s for s in stages if s.split("\n", 1)[0].endswith(" AS sidecar"))
+    assert "pip install '.[sidecar]'" in sidecar
+    assert _services()["sidecar"]["build"]["target"] == "sidecar"
 
 
 # ----------------------------------------------------------------------------- commands
