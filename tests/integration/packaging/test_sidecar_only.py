@@ -24,7 +24,7 @@ SIDECAR_YAML = REPO / "deploy" / "compose" / "sidecar.yaml"
 # Modules of the other roles' dependencies; urllib3_future is how urllib3-future shows up
 # when it did not install over urllib3 (it replaces urllib3's files otherwise: checked in
 # the venv test through the installed distributions).
-FOREIGN = ("locust", "gevent", "geventhttpclient", "pandas", "matplotlib", "pyarrow",
+FOREIGN = ("locust", "gevent", "geventhttpclient", "pandas", "matplotlib", "pyarrow", "bokeh",
            "niquests", "urllib3_future", "grafana_client")
 
 # What `weighbridge sidecar --config ...` runs, short of listening: the CLI module, the
@@ -64,7 +64,7 @@ def test_a_sidecar_only_install_serves_without_the_other_roles(
     installed = {line.split("==")[0].lower() for line in listed.split()}
     assert "aiohttp" in installed
     assert not installed & {"locust", "gevent", "geventhttpclient", "pandas", "matplotlib",
-                            "pyarrow", "grafana-client", "niquests", "urllib3-future"}, \
+                            "pyarrow", "bokeh", "grafana-client", "niquests", "urllib3-future"}, \
         sorted(installed)
     # Outside the checkout, so that nothing is imported from its folders.
     loaded = _top_level_modules(python, tmp_path)
