@@ -1,5 +1,11 @@
-"""The slice of Grafana's dashboard model weighbridge uses, as frozen dataclasses that render
-to Grafana 10+ JSON (schemaVersion 39).
+"""The slice of Grafana's dashboard model weighbridge uses, as frozen dataclasses, rendered to
+Grafana 10+ JSON (schemaVersion 39) through grafana-foundation-sdk's typed builders.
+
+The dataclasses are the declarative tables the dashboards are written in (and what the
+panel-has-data tests read); the SDK owns the JSON model: every field name, enum and default
+comes from its builders, none is spelt here. The one thing computed here is the layout:
+the SDK's automatic placement lets a panel that does not fit run past the grid's right
+edge, so each panel gets its gridPos from ``Dashboard.build``.
 
 Every panel and query reads its Prometheus data source from the ``${datasource}`` template
 variable, so one JSON file works after provisioning, import or ``weighbridge dashboards push``
@@ -9,8 +15,19 @@ order of rows and panels, never written by hand.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from grafana_foundation_sdk.builders import common as common_builder
+from grafana_foundation_sdk.builders import dashboard as dashboard_builder
+from grafana_foundation_sdk.builders import prometheus as prometheus_builder
+from grafana_foundation_sdk.builders import stat as stat_builder
+from grafana_foundation_sdk.builders import timeseries as timeseries_builder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import common as sdk_common
+from grafana_foundation_sdk.models import dashboard as sdk
+from grafana_foundation_sdk.models import prometheus as sdk_prometheus
 
 __all__ = [
     "DATASOURCE",
@@ -29,7 +46,7 @@ __all__ = [
 
 SCHEMA_VERSION = 39
 GRID_WIDTH = 24  # Grafana's grid is 24 columns wide
-DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE = sdk.DataSourceRef(type_val="prometheus", uid="${datasource}")
 
 PanelType = Literal["timeseries", "stat"]
 
@@ -42,16 +59,11 @@ class Query:
     legend: str = ""
     instant: bool = False
 
-    def to_json(self, ref_id: str) -> dict[str, Any]:
-        return {
-            "datasource": DATASOURCE,
-            "editorMode": "code",
-            "expr": self.expr,
-            "instant": self.instant,
-            "legendFormat": self.legend or "__auto",
-            "range": not self.instant,
-            "refId": ref_id,
-        }
+    def build(self, ref_id: str) -> prometheus_builder.Dataquery:
+        query = (prometheus_builder.Dataquery().datasource(DATASOURCE).editor_mode(
+            sdk_prometheus.QueryEditorMode.CODE).expr(self.expr)
+                 .legend_format(self.legend or "__auto").ref_id(ref_id))
+        return query.instant() if self.instant else query.range()
 
 
 @dataclass(frozen=True)
@@ -84,58 +96,62 @@ class Panel:
         if not 1 <= self.width <= GRID_WIDTH:
             raise ValueError(f"panel {self.title!r}: width must be 1-{GRID_WIDTH}")
 
-    def to_json(self, panel_id: int, x: int, y: int) -> dict[str, Any]:
-        defaults: dict[str, Any] = {"unit": self.unit, "color": {"mode": "palette-classic"}}
-        for key in ("min", "max", "decimals"):
-            if getattr(self, key) is not None:
-                defaults[key] = getattr(self, key)
-        steps: list[dict[str, Any]] = [{"color": "green", "value": None}]
-        steps += [{"color": t.color, "value": t.value} for t in self.thresholds]
-        defaults["thresholds"] = {"mode": "absolute", "steps": steps}
-        if self.type == "timeseries":
-            defaults["custom"] = {
-                "drawStyle": "line",
-                "lineWidth": 1,
-                "fillOpacity": 10 if self.stack else 0,
-                "showPoints": "never",
-                "spanNulls": False,
-                "stacking": {"mode": "normal" if self.stack else "none", "group": "A"},
-                "thresholdsStyle": {"mode": "dashed" if self.thresholds else "off"},
-            }
-            options: dict[str, Any] = {
-                "legend": {"displayMode": "table", "placement": "bottom", "showLegend": True,
-                           "calcs": ["lastNotNull", "max"]},
-                "tooltip": {"mode": "multi", "sort": "desc"},
-            }
-        else:
-            defaults["color"] = {"mode": "thresholds"}
-            options = {
-                "colorMode": "background",
-                "graphMode": "none",
-                "justifyMode": "auto",
-                "orientation": "auto",
-                "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                "textMode": "value_and_name",
-            }
+    def build(self, panel_id: int, x: int, y: int) -> dashboard_builder.Panel:
+        steps = [sdk.Threshold(None, "green")]
+        steps += [sdk.Threshold(t.value, t.color) for t in self.thresholds]
+        mappings: list[sdk.ValueMapping] = []
         if self.mappings:
-            defaults["mappings"] = [{
-                "type": "value",
-                "options": {value: {"text": text, "color": color, "index": i}
-                            for i, (value, text, color) in enumerate(self.mappings)},
-            }]
+            mappings.append(sdk.ValueMap({
+                value: sdk.ValueMappingResult(text=text, color=color, index=i)
+                for i, (value, text, color) in enumerate(self.mappings)}))
+        panel: timeseries_builder.Panel | stat_builder.Panel
+        if self.type == "timeseries":
+            panel = (timeseries_builder.Panel()
+                     .color_scheme(dashboard_builder.FieldColor().mode(
+                         sdk.FieldColorModeId.PALETTE_CLASSIC))
+                     .draw_style(sdk_common.GraphDrawStyle.LINE)
+                     .line_width(1)
+                     .fill_opacity(10 if self.stack else 0)
+                     .show_points(sdk_common.VisibilityMode.NEVER)
+                     .span_nulls(False)
+                     .stacking(common_builder.StackingConfig().mode(
+                         sdk_common.StackingMode.NORMAL if self.stack
+                         else sdk_common.StackingMode.NONE).group("A"))
+                     .thresholds_style(common_builder.GraphThresholdsStyleConfig().mode(
+                         sdk_common.GraphThresholdsStyleMode.DASHED if self.thresholds
+                         else sdk_common.GraphThresholdsStyleMode.OFF))
+                     .legend(common_builder.VizLegendOptions()
+                             .display_mode(sdk_common.LegendDisplayMode.TABLE)
+                             .placement(sdk_common.LegendPlacement.BOTTOM)
+                             .show_legend(True).calcs(["lastNotNull", "max"]))
+                     .tooltip(common_builder.VizTooltipOptions()
+                              .mode(sdk_common.TooltipDisplayMode.MULTI)
+                              .sort(sdk_common.SortOrder.DESCENDING)))
         else:
-            defaults["mappings"] = []
-        return {
-            "id": panel_id,
-            "type": self.type,
-            "title": self.title,
-            "description": self.description,
-            "datasource": DATASOURCE,
-            "gridPos": {"h": self.height, "w": self.width, "x": x, "y": y},
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": options,
-            "targets": [q.to_json(_ref_id(i)) for i, q in enumerate(self.queries)],
-        }
+            panel = (stat_builder.Panel()
+                     .color_scheme(dashboard_builder.FieldColor().mode(
+                         sdk.FieldColorModeId.THRESHOLDS))
+                     .color_mode(sdk_common.BigValueColorMode.BACKGROUND)
+                     .graph_mode(sdk_common.BigValueGraphMode.NONE)
+                     .justify_mode(sdk_common.BigValueJustifyMode.AUTO)
+                     .orientation(sdk_common.VizOrientation.AUTO)
+                     .reduce_options(common_builder.ReduceDataOptions()
+                                     .calcs(["lastNotNull"]).fields("").values(False))
+                     .text_mode(sdk_common.BigValueTextMode.VALUE_AND_NAME))
+        panel = (panel.id(panel_id).title(self.title).description(self.description)
+                 .datasource(DATASOURCE)
+                 .grid_pos(sdk.GridPos(h=self.height, w=self.width, x=x, y=y))
+                 .unit(self.unit).mappings(mappings)
+                 .thresholds(dashboard_builder.ThresholdsConfig()
+                             .mode(sdk.ThresholdsMode.ABSOLUTE).steps(steps))
+                 .targets([q.build(_ref_id(i)) for i, q in enumerate(self.queries)]))
+        if self.min is not None:
+            panel = panel.min(self.min)
+        if self.max is not None:
+            panel = panel.max(self.max)
+        if self.decimals is not None:
+            panel = panel.decimals(self.decimals)
+        return panel
 
 
 def _ref_id(index: int) -> str:
@@ -155,11 +171,10 @@ class DatasourceVariable:
     name: str = "datasource"
     label: str = "Data source"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "label": self.label, "type": "datasource",
-                "query": "prometheus", "current": {}, "hide": 0, "includeAll": False,
-                "multi": False, "options": [], "refresh": 1, "regex": "",
-                "skipUrlSync": False}
+    def build(self) -> dashboard_builder.DatasourceVariable:
+        return (dashboard_builder.DatasourceVariable(self.name).label(self.label)
+                .type("prometheus").hide(sdk.VariableHide.DONT_HIDE)
+                .include_all(False).multi(False).regex(""))
 
 
 @dataclass(frozen=True)
@@ -175,13 +190,14 @@ class LabelVariable:
     def definition(self) -> str:
         return f"label_values({self.selector}, {self.name})"
 
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "label": self.label, "type": "query",
-                "datasource": DATASOURCE, "definition": self.definition,
-                "query": {"query": self.definition, "refId": "PrometheusVariableQueryEditor"},
-                "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
-                "hide": 0, "includeAll": True, "allValue": ".*", "multi": True,
-                "options": [], "refresh": 2, "regex": "", "sort": 1, "skipUrlSync": False}
+    def build(self) -> dashboard_builder.QueryVariable:
+        return (dashboard_builder.QueryVariable(self.name).label(self.label)
+                .datasource(DATASOURCE)
+                .query({"query": self.definition, "refId": "PrometheusVariableQueryEditor"})
+                .current(sdk.VariableOption(selected=True, text=["All"], value=["$__all"]))
+                .hide(sdk.VariableHide.DONT_HIDE).include_all(True).all_value(".*")
+                .multi(True).options([]).refresh(sdk.VariableRefresh.ON_TIME_RANGE_CHANGED)
+                .regex("").sort(sdk.VariableSort.ALPHABETICAL_ASC))
 
 
 @dataclass(frozen=True)
@@ -193,16 +209,15 @@ class Custom:
     choices: tuple[tuple[str, str], ...]
     description: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        options = [{"selected": i == 0, "text": text, "value": value}
-                   for i, (text, value) in enumerate(self.choices)]
+    def build(self) -> dashboard_builder.CustomVariable:
         text, value = self.choices[0]
-        return {"name": self.name, "label": self.label, "type": "custom",
-                "description": self.description,
-                "query": ",".join(f"{t} : {v}" for t, v in self.choices),
-                "current": {"selected": True, "text": text, "value": value},
-                "options": options, "hide": 0, "includeAll": False, "multi": False,
-                "skipUrlSync": False}
+        return (dashboard_builder.CustomVariable(self.name).label(self.label)
+                .description(self.description)
+                .values(",".join(f"{t} : {v}" for t, v in self.choices))
+                .current(sdk.VariableOption(selected=True, text=text, value=value))
+                .options([sdk.VariableOption(selected=i == 0, text=t, value=v)
+                          for i, (t, v) in enumerate(self.choices)])
+                .hide(sdk.VariableHide.DONT_HIDE).include_all(False).multi(False))
 
     @property
     def default(self) -> str:
@@ -229,45 +244,42 @@ class Dashboard:
     def queries(self) -> list[tuple[Panel, Query]]:
         return [(panel, query) for panel in self.panels() for query in panel.queries]
 
-    def to_json(self) -> dict[str, Any]:
-        panels: list[dict[str, Any]] = []
+    def build(self) -> dashboard_builder.Dashboard:
+        board = (dashboard_builder.Dashboard(self.title).uid(self.uid)
+                 .description(self.description).tags(list(self.tags)).editable()
+                 .tooltip(sdk.DashboardCursorSync.CROSSHAIR)  # compare panels at one instant
+                 .version(1).refresh(self.refresh).time(self.time_from, "now")
+                 .timezone("browser").fiscal_year_start_month(0).live_now(False)
+                 .week_start("")
+                 .annotation(dashboard_builder.AnnotationQuery()
+                             .name("Annotations & Alerts").built_in(1)
+                             .datasource(sdk.DataSourceRef(type_val="grafana",
+                                                           uid="-- Grafana --"))
+                             .enable(True).hide(True).icon_color("rgba(0, 211, 255, 1)")
+                             .type("dashboard"))
+                 .link(dashboard_builder.DashboardLink("weighbridge")
+                       .type(sdk.DashboardLinkType.DASHBOARDS).tags(["weighbridge"])
+                       .as_dropdown(True).include_vars(True).keep_time(True))
+                 .variables([v.build() for v in self.variables]))
         next_id, y = 1, 0
         for row in self.rows:
-            panels.append({"id": next_id, "type": "row", "title": row.title, "collapsed": False,
-                           "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y}, "panels": []})
+            board = board.with_row(dashboard_builder.Row(row.title).id(next_id).collapsed(False)
+                                   .grid_pos(sdk.GridPos(h=1, w=GRID_WIDTH, x=0, y=y)))
             next_id += 1
             y += 1
             x, line_height = 0, 0
             for panel in row.panels:
                 if x + panel.width > GRID_WIDTH:
                     x, y, line_height = 0, y + line_height, 0
-                panels.append(panel.to_json(next_id, x, y))
+                board = board.with_panel(panel.build(next_id, x, y))
                 next_id += 1
                 x += panel.width
                 line_height = max(line_height, panel.height)
             y += line_height
-        return {
-            "uid": self.uid,
-            "title": self.title,
-            "description": self.description,
-            "tags": list(self.tags),
-            "editable": True,
-            "graphTooltip": 1,  # shared crosshair: compare panels at one instant
-            "schemaVersion": SCHEMA_VERSION,
-            "version": 1,
-            "refresh": self.refresh,
-            "time": {"from": self.time_from, "to": "now"},
-            "timepicker": {},
-            "timezone": "browser",
-            "fiscalYearStartMonth": 0,
-            "liveNow": False,
-            "weekStart": "",
-            "annotations": {"list": [{
-                "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-                "enable": True, "hide": True, "iconColor": "rgba(0, 211, 255, 1)",
-                "name": "Annotations & Alerts", "type": "dashboard"}]},
-            "links": [{"type": "dashboards", "tags": ["weighbridge"], "asDropdown": True,
-                       "title": "weighbridge", "includeVars": True, "keepTime": True}],
-            "templating": {"list": [v.to_json() for v in self.variables]},
-            "panels": panels,
-        }
+        return board
+
+    def to_json(self) -> dict[str, Any]:
+        """The dashboard as Grafana's JSON model (what provisioning and the API read)."""
+        model = self.build().build()
+        model.schema_version = SCHEMA_VERSION
+        return json.loads(JSONEncoder().encode(model))

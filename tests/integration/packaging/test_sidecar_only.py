@@ -25,7 +25,7 @@ SIDECAR_YAML = REPO / "deploy" / "compose" / "sidecar.yaml"
 # when it did not install over urllib3 (it replaces urllib3's files otherwise: checked in
 # the venv test through the installed distributions).
 FOREIGN = ("locust", "gevent", "geventhttpclient", "pandas", "matplotlib", "pyarrow", "bokeh",
-           "niquests", "urllib3_future", "grafana_client")
+           "niquests", "urllib3_future", "grafana_client", "grafana_foundation_sdk")
 
 # What `weighbridge sidecar --config ...` runs, short of listening: the CLI module, the
 # config, the whole Sidecar application object.
