@@ -12,8 +12,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 
 WORKDIR /app
 
-# The package first (its layer changes only with the code), then what is mounted or read
-# at run time.
+# The package's sources and its package data; each target below installs from them.
 COPY pyproject.toml README.md ./
 COPY weighbridge ./weighbridge
 COPY emulator ./emulator
@@ -22,6 +21,10 @@ COPY loadgen ./loadgen
 COPY exporters ./exporters
 COPY analysis ./analysis
 COPY dashboards ./dashboards
+# Package data (weighbridge.scenarios, weighbridge.deploy): the image's weighbridge finds
+# them in site-packages; /app/scenarios and /app/deploy are what compose mounts over.
+COPY scenarios ./scenarios
+COPY deploy ./deploy
 
 # The sidecar: no Locust, gevent, pandas or matplotlib.
 FROM source AS sidecar
@@ -32,9 +35,6 @@ CMD ["weighbridge", "sidecar", "--help"]
 # Everything (the default target): the engine emulator and the Locust load generator.
 FROM source AS full
 RUN pip install '.[all]'
-
-COPY scenarios ./scenarios
-COPY deploy ./deploy
 
 # Root in the container: Locust writes run directories into ./runs, bind-mounted from the
 # host, whose owner the image cannot know.

@@ -20,7 +20,8 @@ from typing import Any
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.demo import Headline, headline
-from weighbridge.loadrun import SCENARIOS_DIR, LoadRun
+from weighbridge.loadrun import LoadRun
+from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.stack import DEFAULT_STACK, Loadgen, LocalStack, Ports, StackSpec, load_stack
 
 REPORT_WINDOW_S = 2.0

@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weighbridge.launch import log_tail
+from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.rundir import REQUESTS_PARQUET
 
 __all__ = ["LoadRun", "LoadRunError", "scenario_duration_s"]
 
-REPO = Path(__file__).resolve().parents[1]
-SCENARIOS_DIR = REPO / "scenarios"
 _FINISH_GRACE_S = 60.0  # after the scenario's end: in-flight requests, merging the records
 
 
@@ -91,7 +90,7 @@ class LoadRun:
             log.write(("$ " + " ".join(self.argv()) + "\n").encode())
             log.flush()
             proc = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, cwd=REPO,
+                                    stdin=subprocess.DEVNULL,
                                     start_new_session=True)
             try:
                 while proc.poll() is None:

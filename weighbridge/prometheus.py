@@ -21,6 +21,7 @@ import httpx
 import yaml
 
 from weighbridge.launch import LaunchError, ServerProcess, free_port
+from weighbridge.resources import DEPLOY_DIR
 
 __all__ = [
     "INSTALL_HINT",
@@ -32,7 +33,7 @@ __all__ = [
     "rule_files",
 ]
 
-RULES_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus" / "rules"
+RULES_DIR = DEPLOY_DIR / "prometheus" / "rules"
 INSTALL_HINT = ("install Debian's prometheus package (apt-get install --no-install-recommends "
                 "prometheus), as .ci/run does")
 

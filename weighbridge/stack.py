@@ -40,6 +40,7 @@ from weighbridge.launch import (
     free_port,
     sidecar_process,
 )
+from weighbridge.resources import DEPLOY_DIR, SCENARIOS_DIR
 
 __all__ = [
     "DEFAULT_STACK",
@@ -53,9 +54,7 @@ __all__ = [
     "sidecar_config",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_STACK = REPO / "deploy" / "stacks" / "noisy-neighbour.yaml"
-SCENARIOS_DIR = REPO / "scenarios"
+DEFAULT_STACK = DEPLOY_DIR / "stacks" / "noisy-neighbour.yaml"
 
 # Prometheus job names as deploy/prometheus/prometheus.yml has them: the dashboards' queries
 # and the recording rules select on them.
@@ -268,10 +267,13 @@ class StackUrls:
 
 
 def _display_path(path: Path) -> str:
+    """Relative to the working directory when under it (a checkout), else absolute (an
+    installed package's files)."""
     try:
-        return os.path.relpath(path)
+        relative = os.path.relpath(path)
     except ValueError:  # another drive (Windows)
         return str(path)
+    return str(path) if relative.startswith("..") else relative
 
 
 def _prometheus_available() -> bool:

@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -123,10 +124,11 @@ def test_dockerfile_copies_existing_paths_and_every_package() -> None:
             for source in sources:
                 assert (REPO / source).exists(), source
                 copied.add(source)
-    include = re.search(r"include = \[(.*?)\]", (REPO / "pyproject.toml").read_text(), re.S)
-    assert include
-    packages = {p.strip(' "*\n') for p in include.group(1).split(",")}
-    assert packages <= copied, packages - copied
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    # Every package's source folder: its own name, or where package-dir puts it.
+    folders = {setuptools["package-dir"].get(p, p.replace(".", "/"))
+               for p in setuptools["packages"]}
+    assert folders <= copied, folders - copied
 
 
 def test_the_sidecar_image_installs_the_sidecars_dependencies_only() -> None:
