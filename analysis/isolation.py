@@ -1,8 +1,9 @@
 """Isolation: how much a flood by others hurt a victim tenant's tail latency.
 
-``leakage = max(0, 1 - quiet / flood)`` with ``quiet`` and ``flood`` the victim's p99 TTFT in
-the quiet and the flood phase: 0 when the flood did not slow the victim down, approaching 1
-as its p99 TTFT grows without bound.
+``flood_over_quiet = flood / quiet`` and ``leakage = max(0, 1 - quiet / flood)``, with
+``quiet`` and ``flood`` the victim's p99 TTFT in the quiet and the flood phase: a ratio of 1
+and a leakage of 0 when the flood did not slow the victim down; leakage approaches 1 as its
+p99 TTFT grows without bound.
 
 The victim is ``options.victim`` (or ``options.victim_tenant``) of run.json, else the tenant
 that sent the fewest requests. The flood phase is ``options.flood_phase``, else the phase
@@ -32,6 +33,14 @@ class Isolation:
     quiet_ttft_p99_s: float | None
     flood_requests: int  # the victim's requests with a TTFT in the flood phase
     quiet_requests: int
+
+    @property
+    def flood_over_quiet(self) -> float | None:
+        """The victim's p99 TTFT in the flood over the quiet phase: 1 when the flood did not
+        slow it, 43 when it multiplied its tail latency by 43."""
+        if self.flood_ttft_p99_s is None or not self.quiet_ttft_p99_s:
+            return None
+        return self.flood_ttft_p99_s / self.quiet_ttft_p99_s
 
     @property
     def leakage(self) -> float | None:

@@ -12,12 +12,14 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from analysis import plots
+from analysis import interactive, plots
 from analysis.compare import compare, comparison_json
 from analysis.frame import load_run
 from analysis.gate import Check, Verdict, evaluate
+from analysis.headline import headline
 from analysis.lengths import length_histograms
 from analysis.render import to_html, to_markdown, to_terminal
+from analysis.series import charts
 from analysis.summary import (
     DEFAULT_BACKLOG_FRACTION,
     DEFAULT_WINDOW_S,
@@ -32,6 +34,7 @@ SUMMARY_JSON = "summary.json"
 LENGTHS_JSON = "lengths.json"
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
+FIGURES_DIR = "figures"  # report.md's PNGs, one per chart: figures/<chart key>.png
 
 
 @dataclass(frozen=True)
@@ -84,16 +87,19 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
     with progress:
         analysis = _analyse(request.run_dir, request, progress)
         this = summary(analysis)
-        rows = baseline_id = base_analysis = None
+        rows = baseline_id = base_analysis = base = None
         if request.baseline_dir is not None:
             base_analysis = _analyse(request.baseline_dir, request, progress)
             base = summary(base_analysis)
             rows = compare(this, base)
             baseline_id = base["run"]["run_id"]
             this["baseline"] = comparison_json(base, rows)
+        # The gates are the first thing the report says, so they are judged before it is
+        # written.
+        result = ReportResult(this, verdicts=[evaluate(c, this) for c in request.checks])
+        head = headline(this, base, result.verdicts)
         tables = report_tables(this, rows, baseline_id)
         title = f"weighbridge report: {this['run']['scenario']} ({this['run']['run_id']})"
-        result = ReportResult(this)
         out = request.out
         if set(request.formats) - {"text"}:
             out.mkdir(parents=True, exist_ok=True)
@@ -102,22 +108,28 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
             lengths = {"run_id": this["run"]["run_id"],
                        "lengths": length_histograms(analysis.run.frame)}
             result.written.append(_write(out / LENGTHS_JSON, json.dumps(lengths, indent=2)))
+        drawn = charts(analysis, base_analysis) if {"md", "html"} & set(request.formats) \
+            else []
         if "md" in request.formats:
-            result.written.append(_write(out / REPORT_MD, to_markdown(title, tables)))
-        if "html" in request.formats:
-            task = progress.add_task("plotting", total=len(plots.FIGURES))
-            figures = {}
-            if base_analysis is not None:
-                compared = plots.victim_ttft_against_baseline(analysis, base_analysis)
-                if compared is not None:
-                    figures["Victim TTFT against the baseline"] = compared
-            for name, draw in plots.FIGURES.items():
-                figures[name] = draw(analysis)
+            task = progress.add_task("plotting PNGs", total=len(drawn))
+            images = []
+            (out / FIGURES_DIR).mkdir(exist_ok=True)
+            for chart in drawn:
+                path = out / FIGURES_DIR / f"{chart.key}.png"
+                path.write_bytes(plots.png(chart))
+                result.written.append(path)
+                images.append((chart, f"{FIGURES_DIR}/{path.name}"))
                 progress.advance(task)
-            result.written.append(_write(out / REPORT_HTML, to_html(title, tables, figures)))
+            result.written.append(_write(out / REPORT_MD,
+                                         to_markdown(title, head, tables, images)))
+        if "html" in request.formats:
+            task = progress.add_task("plotting interactive charts", total=None)
+            rendered = interactive.render(drawn)
+            progress.update(task, total=1, completed=1)
+            result.written.append(_write(out / REPORT_HTML,
+                                         to_html(title, head, tables, drawn, rendered)))
     if "text" in request.formats:
-        to_terminal(tables, console)
-    result.verdicts = [evaluate(c, this) for c in request.checks]
+        to_terminal(head, tables, console)
     return result
 
 

@@ -91,7 +91,7 @@ def summary(a: Analysis) -> dict[str, Any]:
             "flood_phase": i.flood_phase, "quiet_phase": i.quiet_phase,
             "flood_ttft_p99_s": i.flood_ttft_p99_s, "quiet_ttft_p99_s": i.quiet_ttft_p99_s,
             "flood_requests": i.flood_requests, "quiet_requests": i.quiet_requests,
-            "leakage": i.leakage,
+            "flood_over_quiet": i.flood_over_quiet, "leakage": i.leakage,
         }
     return json_safe(out)
 

@@ -1,12 +1,38 @@
 """The report's tables, built once from summary.json's content; the text, Markdown and HTML
-renderers only lay them out. Latencies are shown in milliseconds, tokens in tokens."""
+renderers only lay them out.
+
+Every number is shown in the unit analysis/units.py declares for its key (latencies in
+milliseconds, rates in tokens per second, attainment in percent), and every undefined value
+says why in its own cell (analysis/explain.py). Tables come in groups, in the order a reader
+asks: tiers and fairness, isolation, tenants, the run's health, the comparison with the
+baseline (collapsed: it is long), and the run's metadata.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis import explain
 from analysis.compare import Difference
+from analysis.headline import slo_target
+from analysis.units import (
+    INDEX,
+    MINUS,
+    RATIO,
+    TIMES,
+    WEIGHTED_TOKENS,
+    Unit,
+    number,
+    unit_of,
+)
+
+SERVICE = "Service: tiers and fairness"
+ISOLATION = "Isolation"
+TENANTS = "Tenants"
+HEALTH = "The run's health: Little's Law and stability"
+COMPARISON = "Against the baseline"
+RUN = "Run"
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,35 +41,31 @@ class Table:
     columns: tuple[str, ...]
     rows: list[tuple[str, ...]]
     notes: list[str] = field(default_factory=list)
+    group: str = ""
+    collapsed: bool = False  # HTML and Markdown: folded under its title until opened
 
 
-def ms(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x * 1000:,.0f}" if abs(x) >= 0.1 else f"{x * 1000:.1f}"
+def cell(value: float | None, unit: Unit, why: str | None) -> str:
+    """A value in its unit (the unit's label is in the column header), or why it is
+    undefined."""
+    if value is None:
+        return explain.undefined(why or "not measured")
+    return unit.format(value)
 
 
-def num(x: float | None, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, int) or (float(x).is_integer() and abs(x) >= 1):
-        return f"{int(x):,}"
-    return f"{x:,.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.1f}%"
+def count(x: int | float) -> str:
+    return f"{x:,.0f}"
 
 
 def report_tables(s: dict[str, Any], comparison: list[Difference] | None = None,
                   baseline_id: str | None = None) -> list[Table]:
-    tables = [run_table(s), tenant_table(s), latency_table(s), tier_table(s),
-              fairness_table(s)]
+    tables = [tier_table(s), fairness_table(s)]
     if "isolation" in s:
         tables.append(isolation_table(s))
-    tables += [littles_law_table(s), stability_table(s)]
+    tables += [tenant_table(s), latency_table(s), littles_law_table(s), stability_table(s)]
     if comparison is not None:
         tables.append(comparison_table(comparison, s["run"]["run_id"], baseline_id or "baseline"))
+    tables.append(run_table(s))
     return tables
 
 
@@ -54,111 +76,152 @@ def run_table(s: dict[str, Any]) -> Table:
             ("records", f"{r['records']:,}"), ("window", f"{r['window_s']:g} s")]
     if r.get("git_commit"):
         rows.append(("commit", r["git_commit"]))
-    return Table("Run", ("", ""), rows)
+    return Table("Run", ("", ""), rows, group=RUN)
 
 
 def tenant_table(s: dict[str, Any]) -> Table:
     rows = []
     for name, t in s["tenants"].items():
-        rejections = ", ".join(f"{k} {v}" for k, v in t["rejections"].items()) or "-"
-        rows.append((name, t["tier"], num(t["weight"]), num(t["requests"]), num(t["ok"]),
-                     num(t["rejected"]), num(t["failed"]), num(t["cancelled"]),
-                     num(t["prompt_tokens"]), num(t["output_tokens"]), rejections))
+        rejections = ", ".join(f"{k} {v:,}" for k, v in t["rejections"].items()) or "none"
+        rows.append((name, t["tier"], number(t["weight"]), count(t["requests"]),
+                     count(t["ok"]), count(t["rejected"]), count(t["failed"]),
+                     count(t["cancelled"]), count(t["prompt_tokens"]),
+                     count(t["output_tokens"]), rejections))
     return Table("Tenants: requests and tokens",
                  ("tenant", "tier", "weight", "requests", "ok", "rejected", "failed",
-                  "cancelled", "prompt tok", "output tok", "rejections"), rows)
+                  "cancelled", "prompt tokens", "output tokens", "rejections"), rows,
+                 group=TENANTS)
+
+
+LATENCY_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "ttft_p999_s", "e2e_p50_s",
+                "e2e_p99_s", "itl_p50_s", "itl_p99_s", "decode_tps_p50")
 
 
 def latency_table(s: dict[str, Any]) -> Table:
     rows = []
     for name, t in s["tenants"].items():
-        rows.append((name, ms(t["ttft_p50_s"]), ms(t["ttft_p90_s"]), ms(t["ttft_p99_s"]),
-                     ms(t["ttft_p999_s"]), ms(t["e2e_p50_s"]), ms(t["e2e_p99_s"]),
-                     ms(t["itl_p50_s"]), ms(t["itl_p99_s"]), num(t["decode_tps_p50"])))
-    return Table("Tenants: latency (ms) and decode speed",
-                 ("tenant", "TTFT p50", "TTFT p90", "TTFT p99", "TTFT p99.9", "E2E p50",
-                  "E2E p99", "ITL p50", "ITL p99", "decode tok/s p50"), rows,
+        rows.append((name, *(cell(t[k], unit_of(k), explain.tenant_figure(t, k))
+                             for k in LATENCY_KEYS)))
+    return Table("Tenants: latency and decode speed",
+                 ("tenant", "TTFT p50 ms", "TTFT p90 ms", "TTFT p99 ms", "TTFT p99.9 ms",
+                  "E2E p50 ms", "E2E p99 ms", "ITL p50 ms", "ITL p99 ms",
+                  "decode p50 tok/s"), rows,
                  ["TTFT over requests that got a first token; E2E over ok requests; "
-                  "ITL p50 over the requests' median gaps, p99 over their p99 gaps."])
+                  "ITL p50 over the requests' median gaps, p99 over their p99 gaps."],
+                 group=TENANTS)
 
 
 def tier_table(s: dict[str, Any]) -> Table:
     rows = []
     for name, t in s["tiers"].items():
-        targets = [f"TTFT ≤ {ms(t['ttft_slo_s'])} ms" if t["ttft_slo_s"] else "",
-                   f"E2E ≤ {ms(t['e2e_slo_s'])} ms" if t["e2e_slo_s"] else ""]
-        slo = ", ".join(x for x in targets if x) or "completion"
-        rows.append((name, slo, num(t["requests"]), f"{t['met']:,}/{t['judged']:,}",
-                     pct(t["slo_attainment"]), num(t["goodput_tokens_per_s"]),
-                     ms(t["ttft_p50_s"]), ms(t["ttft_p99_s"]), ms(t["ttft_p999_s"]),
-                     ms(t["e2e_p99_s"])))
-    return Table("Tiers", ("tier", "SLO", "requests", "met/judged", "attainment",
+        def c(key: str, t: dict[str, Any] = t) -> str:
+            return cell(t[key], unit_of(key), explain.tier_figure(t, key))
+
+        rows.append((name, slo_target(t), count(t["requests"]),
+                     f"{t['met']:,}/{t['judged']:,}", c("slo_attainment"),
+                     c("goodput_tokens_per_s"), c("ttft_p50_s"), c("ttft_p99_s"),
+                     c("ttft_p999_s"), c("e2e_p99_s")))
+    return Table("Tiers", ("tier", "SLO", "requests", "met/judged", "attainment %",
                            "goodput tok/s", "TTFT p50 ms", "TTFT p99 ms", "TTFT p99.9 ms",
                            "E2E p99 ms"), rows,
-                 ["Rejected and failed requests are misses; cancelled ones are not judged."])
+                 ["Rejected and failed requests are misses; cancelled ones are not judged. "
+                  "Goodput: tokens of the requests that met the SLO, per second of the run."],
+                 group=SERVICE)
 
 
 def fairness_table(s: dict[str, Any]) -> Table:
     f = s["fairness"]
-    rows = [("run (worst tier)", "", "", num(f["jain_index"]), num(f["max_min_share_ratio"]),
-             num(f["max_service_difference"]), "")]
+    window, fraction = s["run"]["window_s"], f["backlog_fraction"]
+    run_why = explain.run_fairness(f, window)
+    rows = [("run (worst tier)", "", "", cell(f["jain_index"], INDEX, run_why),
+             cell(f["max_min_share_ratio"], RATIO, explain.run_share_ratio(f, window)),
+             cell(f["max_service_difference"], WEIGHTED_TOKENS, run_why), "")]
     for name, t in f["tiers"].items():
+        why = explain.tier_fairness(t, window, fraction)
         ratios = ", ".join(f"{k} {v:.2f}" for k, v in t["service_over_entitlement"].items())
         rows.append((name, ", ".join(t["tenants"]), str(t["judged_windows"]),
-                     num(t["jain_index"]), num(t["max_min_share_ratio"]),
-                     num(t["max_service_difference"]), ratios or "-"))
+                     cell(t["jain_index"], INDEX, why),
+                     cell(t["max_min_share_ratio"], RATIO,
+                          explain.share_ratio(t, window, fraction)),
+                     cell(t["max_service_difference"], WEIGHTED_TOKENS, why),
+                     ratios or explain.undefined(why or "no tenant was backlogged")))
     return Table("Fairness (weight-normalised token service of backlogged tenants)",
-                 ("tier", "tenants", "judged windows", "Jain", "max/min share",
-                  "max service diff (tok)", "service / entitlement"), rows,
+                 ("tier", "tenants", "judged windows", "Jain", f"max/min share {TIMES}",
+                  "max service diff tokens/weight", "service / entitlement"), rows,
                  [f"Backlogged: a request waiting for its first token during at least "
-                  f"{f['backlog_fraction']:.0%} of a {s['run']['window_s']:g} s window; "
-                  f"'-' means no window had two backlogged tenants (or one was starved: "
-                  f"max/min unbounded)."])
+                  f"{fraction:.0%} of a {window:g} s window. A window is judged when two or "
+                  f"more tenants of the tier were backlogged in it."],
+                 group=SERVICE)
 
 
 def isolation_table(s: dict[str, Any]) -> Table:
     i = s["isolation"]
+
+    def c(key: str) -> str:
+        return cell(i[key], unit_of(key), explain.isolation_figure(i, key))
+
     return Table("Isolation", ("victim", "quiet phase", "quiet TTFT p99 ms", "flood phase",
-                               "flood TTFT p99 ms", "leakage"),
+                               "flood TTFT p99 ms", f"flood / quiet {TIMES}", "leakage"),
                  [(f"{i['victim']} ({i['victim_from']})", i["quiet_phase"],
-                   ms(i["quiet_ttft_p99_s"]), i["flood_phase"], ms(i["flood_ttft_p99_s"]),
-                   num(i["leakage"]))],
-                 ["leakage = max(0, 1 - quiet / flood) of the victim's p99 TTFT."])
+                   c("quiet_ttft_p99_s"), i["flood_phase"], c("flood_ttft_p99_s"),
+                   c("flood_over_quiet"), c("leakage"))],
+                 [f"flood / quiet and leakage = max(0, 1 {MINUS} quiet / flood) of the victim's "
+                  "p99 TTFT."], group=ISOLATION)
 
 
 def littles_law_table(s: dict[str, Any]) -> Table:
     rows = []
     for name, v in s["littles_law"].items():
-        w = v["time_in_system_s"]
-        wk = v["token_time_in_system_s"]
-        rows.append((name, num(v["arrivals"]), num(v["in_flight"]),
-                     num(v["arrival_rate"] * w if w is not None else None),
-                     num(v["request_ratio"]), num(v["tokens_in_flight"]),
-                     num(v["token_arrival_rate"] * wk if wk is not None else None),
-                     num(v["token_ratio"])))
+        w, wk = v["time_in_system_s"], v["token_time_in_system_s"]
+        why_r, why_k = explain.littles_law(v, "request_ratio"), explain.littles_law(v,
+                                                                                   "token_ratio")
+        rows.append((name, count(v["arrivals"]), number(v["in_flight"]),
+                     cell(v["arrival_rate"] * w if w is not None else None, INDEX, why_r),
+                     cell(v["request_ratio"], INDEX, why_r), number(v["tokens_in_flight"]),
+                     cell(v["token_arrival_rate"] * wk if wk is not None else None, INDEX,
+                          why_k),
+                     cell(v["token_ratio"], INDEX, why_k)))
     return Table("Little's Law (L against λ·W over the run)",
                  ("tenant", "arrivals", "L requests", "λ·W requests", "ratio", "L tokens",
-                  "λ·W tokens", "ratio"), rows)
+                  "λ·W tokens", "ratio"), rows, group=HEALTH)
 
 
 def stability_table(s: dict[str, Any]) -> Table:
     st = s["stability"]
-    verdict = {True: "stable", False: "UNSTABLE", None: "-"}[st["stable"]]
+    verdict = {True: "stable", False: "UNSTABLE",
+               None: explain.undefined(explain.stability(st, "served_over_offered") or "")}
     return Table("Stability", ("offered tok/s", "served tok/s", "served / offered", "verdict"),
-                 [(num(st["offered_tokens_per_s"]), num(st["served_tokens_per_s"]),
-                   num(st["served_over_offered"]), verdict)])
+                 [(*(cell(st[k], unit_of(k), explain.stability(st, k))
+                     for k in ("offered_tokens_per_s", "served_tokens_per_s",
+                               "served_over_offered")), verdict[st["stable"]])],
+                 group=HEALTH)
+
+
+def _size(r: Difference) -> tuple[int, float, str]:
+    """Sort key: the largest relative change first; undefined ones last, by path."""
+    rel = r.relative
+    return (0, -abs(rel), r.path) if rel is not None else (1, 0.0, r.path)
 
 
 def comparison_table(rows: list[Difference], this_id: str, baseline_id: str) -> Table:
-    def cell(path: str, x: float | None) -> str:
-        return ms(x) if path.endswith("_s") else num(x)
-
     out = []
-    for r in rows:
+    for r in sorted(rows, key=_size):
         if r.this is None and r.baseline is None:
             continue
-        unit = " (ms)" if r.path.endswith("_s") else ""
-        out.append((r.path + unit, cell(r.path, r.this), cell(r.path, r.baseline),
-                    cell(r.path, r.difference), pct(r.relative)))
-    return Table(f"Comparison: {this_id} against baseline {baseline_id}",
-                 ("metric", this_id, baseline_id, "difference", "relative"), out)
+        unit = unit_of(r.path)
+        label = f"{r.path} ({unit.name})" if unit.name else r.path
+        why_this = "undefined in this run" if r.this is None else None
+        why_base = "undefined in the baseline" if r.baseline is None else None
+        relative = (explain.undefined(explain.relative(r.this, r.baseline) or "")
+                    if r.relative is None else f"{r.relative:+.1%}".replace("-", MINUS))
+        out.append((label, cell(r.this, unit, why_this), cell(r.baseline, unit, why_base),
+                    explain.undefined(explain.difference(r.this, r.baseline) or "")
+                    if r.difference is None else unit.format_difference(r.difference),
+                    relative))
+    return Table(f"Comparison: {this_id} against baseline {baseline_id} "
+                 f"({len(out)} figures, largest relative change first)",
+                 ("metric (unit)", this_id, baseline_id, "difference", "relative"), out,
+                 [f"difference = this {MINUS} baseline; relative = difference / |baseline|."],
+                 group=COMPARISON, collapsed=True)
+
+

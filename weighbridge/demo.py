@@ -10,6 +10,7 @@ report compares them. Output directory::
 
     DIR/baseline/  DIR/weighbridge/   run directories (run.json, requests.parquet)
     DIR/report.html DIR/report.md     the weighbridge run against the baseline
+    DIR/figures/*.png                 report.md's plots (victim-ttft.png: the README's)
     DIR/summary.json                  the report's summary, plus "demo": the headline
     DIR/stacks/<arm>/                 logs, the sidecar config, Prometheus's data
 """

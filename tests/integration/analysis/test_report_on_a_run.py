@@ -110,11 +110,13 @@ def test_report_on_a_locust_run_renders_everywhere(tmp_path: Path) -> None:
     # The flood backs the standard tier up: its tenants are backlogged together.
     assert summary["fairness"]["tiers"]["standard"]["judged_windows"] >= 1
     assert "## Tenants" in (out / "report.md").read_text()
+    assert (out / "figures" / "victim-ttft.png").is_file()
     lengths = json.loads((out / "lengths.json").read_text())["lengths"]
     assert lengths["victim"]["/v1/chat/completions"]["output_tokens"]["kind"] == "empirical"
 
     html = out / "report.html"
-    assert html.read_text().count("data:image/png;base64,") == 4
+    page = html.read_text()
+    assert page.index("id='headline'") < page.index("id='chart-victim-ttft'")
     screenshot = tmp_path / "report.png"
     profile = tmp_path / "chromium-profile"
     shown = subprocess.run(

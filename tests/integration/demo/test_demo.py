@@ -48,7 +48,9 @@ def test_quick_demo_writes_the_report_and_weighbridge_protects_the_victim(
         assert info.scenario == "noisy_neighbour"
         assert [p.name for p in info.phases] == ["quiet", "flood", "recovery"]
     html = (out / "report.html").read_text()
-    assert "data:image/png;base64," in html
+    # The answer first (issue 18), and the README's picture beside report.md.
+    assert html.index("id='headline'") < html.index("id='chart-victim-ttft'")
+    assert (out / "figures" / "victim-ttft.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads((out / "summary.json").read_text())
     # The report's own summary (the weighbridge run, the baseline beside it) ...
     assert summary["run"]["run_id"] == "demo-weighbridge"

@@ -57,3 +57,16 @@ def write_run(run_dir: Path, records: Iterable[RequestRecord], *,
     if finish:
         finish_run(run_dir)
     return run_dir
+
+
+def flood_run(run_dir: Path, *, flood_ttft: float, run_id: str) -> Path:
+    """A victim sending one request a second through a quiet and a flood phase; its TTFT is
+    0.05 s when quiet and ``flood_ttft`` in the flood."""
+    records = [rec("victim", scheduled=float(i), ttft=0.05 if i < 10 else flood_ttft,
+                   duration=2.0, phase="quiet" if i < 10 else "flood") for i in range(20)]
+    records += [rec("flooder", scheduled=10 + i / 10, ttft=1.0, duration=3.0, phase="flood")
+                for i in range(100)]
+    return write_run(run_dir, records, tenants=[("victim", "standard", 1.0),
+                                                ("flooder", "standard", 1.0)],
+                     phases=[("quiet", 0.0, 10.0), ("flood", 10.0, 20.0)], duration=23.0,
+                     options={"victim": "victim"}, run_id=run_id)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.unit.analysis.conftest import rec, write_run
+from tests.unit.analysis.conftest import flood_run, rec, write_run
 from weighbridge.cli import app
 
 runner = CliRunner()
@@ -32,13 +32,23 @@ def test_report_writes_every_format(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "Fairness" in result.output and "Tenants" in result.output
     assert {p.name for p in out.iterdir()} == {"summary.json", "lengths.json", "report.md",
-                                              "report.html"}
+                                              "report.html", "figures"}
     summary = json.loads((out / "summary.json").read_text())
     assert summary["fairness"]["jain_index"] == pytest.approx(1.0)
     assert summary["run"]["window_s"] == 5.0
-    assert "## Fairness" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert "### Fairness" in md
+    # report.md shows the static PNGs beside it; report.html the interactive charts, with
+    # bokeh's library inlined: nothing is fetched from anywhere.
+    pngs = sorted(p.name for p in (out / "figures").iterdir())
+    assert pngs == ["in-flight.png", "tenant-ttft.png", "token-share.png", "ttft-cdf.png"]
+    assert all(f"](figures/{name})" in md for name in pngs)
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 4 and "<script" not in html
+    assert "<img" not in html and "Bokeh" in html
+    assert "<script src" not in html and "<link" not in html
+    assert [key for key in ("token-share", "ttft-cdf", "in-flight", "tenant-ttft")
+            if f"id='chart-{key}'" in html] == ["token-share", "ttft-cdf", "in-flight",
+                                                 "tenant-ttft"]
     lengths = json.loads((out / "lengths.json").read_text())
     assert lengths["lengths"]["a"]["/v1/completions"]["output_tokens"] == {
         "kind": "empirical", "bins": [[20, 21, 30]]}
@@ -101,19 +111,6 @@ def test_capacity_json_and_text() -> None:
     assert missing.exit_code == 2 and "--requests-per-day" in missing.output
 
 
-def flood_run(run_dir: Path, *, flood_ttft: float, run_id: str) -> Path:
-    """A victim sending one request a second through a quiet and a flood phase; its TTFT is
-    0.05 s when quiet and ``flood_ttft`` in the flood."""
-    records = [rec("victim", scheduled=float(i), ttft=0.05 if i < 10 else flood_ttft,
-                   duration=2.0, phase="quiet" if i < 10 else "flood") for i in range(20)]
-    records += [rec("flooder", scheduled=10 + i / 10, ttft=1.0, duration=3.0, phase="flood")
-                for i in range(100)]
-    return write_run(run_dir, records, tenants=[("victim", "standard", 1.0),
-                                                ("flooder", "standard", 1.0)],
-                     phases=[("quiet", 0.0, 10.0), ("flood", 10.0, 20.0)], duration=23.0,
-                     options={"victim": "victim"}, run_id=run_id)
-
-
 def test_baseline_report_plots_the_victim_against_the_baseline(tmp_path: Path) -> None:
     this = flood_run(tmp_path / "wb", flood_ttft=0.08, run_id="wb")
     base = flood_run(tmp_path / "fifo", flood_ttft=4.0, run_id="fifo")
@@ -122,5 +119,7 @@ def test_baseline_report_plots_the_victim_against_the_baseline(tmp_path: Path) -
                                  "--format", "html", "--out", str(out), "--window", "2s"])
     assert result.exit_code == 0, result.output
     html = (out / "report.html").read_text()
-    assert "Victim TTFT against the baseline" in html
-    assert html.count("data:image/png;base64,") == 5  # the four figures and the comparison
+    # The victim against the baseline is the first chart, right after the headline.
+    assert html.index("id='headline'") < html.index("id='chart-victim-ttft'") \
+        < html.index("id='chart-token-share'")
+    assert "p99 TTFT per 2 s window against the baseline" in html

@@ -1,0 +1,159 @@
+"""The report's answer, first: the ``--check`` verdicts, four figures against the baseline,
+and one sentence that reads them.
+
+The figures, from summary.json (docs/analysis.md defines each):
+
+* the victim's p99 TTFT in the flood over the quiet phase (``isolation.flood_over_quiet``),
+  with both latencies;
+* each tier's SLO attainment (``tiers.<tier>.slo_attainment``), with met/judged;
+* fairness: the worst tier's Jain index (``fairness.jain_index``);
+* throughput: tokens served per second (``stability.served_tokens_per_s``).
+
+An undefined figure carries its reason (analysis/explain.py), never a bare dash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from analysis import explain
+from analysis.gate import Verdict
+from analysis.units import MILLISECONDS, PERCENT, TIMES, TOKENS_PER_S, number
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    label: str
+    this: str
+    baseline: str | None  # None: no baseline given
+
+
+@dataclass(frozen=True)
+class Headline:
+    reading: str
+    rows: list[Row]
+    checks: list[Verdict] = field(default_factory=list)
+    baseline_id: str | None = None
+
+    @property
+    def passed(self) -> bool | None:
+        """None without checks."""
+        return all(v.passed for v in self.checks) if self.checks else None
+
+
+def times(x: float) -> str:
+    """A multiplier: 1.5 times, 43 times (with the times sign)."""
+    return f"{x:.1f}{TIMES}" if abs(x) < 10 else f"{x:,.0f}{TIMES}"
+
+
+def _victim(s: dict[str, Any]) -> str:
+    i = s.get("isolation")
+    if i is None:
+        return explain.undefined("the run has no quiet and flood phases")
+    ratio = i.get("flood_over_quiet")
+    if ratio is None:
+        return explain.undefined(explain.isolation_figure(i, "flood_over_quiet") or "")
+    return (f"{times(ratio)} ({MILLISECONDS.with_label(i['quiet_ttft_p99_s'])} → "
+            f"{MILLISECONDS.with_label(i['flood_ttft_p99_s'])})")
+
+
+def _attainment(s: dict[str, Any], tier: str) -> str:
+    t = s.get("tiers", {}).get(tier)
+    if t is None:
+        return explain.undefined("no requests in this tier")
+    why = explain.tier_figure(t, "slo_attainment")
+    if why is not None:
+        return explain.undefined(why)
+    return f"{PERCENT.with_label(t['slo_attainment'])} ({t['met']:,} of {t['judged']:,})"
+
+
+def _fairness(s: dict[str, Any]) -> str:
+    f = s["fairness"]
+    why = explain.run_fairness(f, s["run"]["window_s"])
+    return explain.undefined(why) if why else number(f["jain_index"])
+
+
+def _throughput(s: dict[str, Any]) -> str:
+    st = s["stability"]
+    why = explain.stability(st, "served_tokens_per_s")
+    return explain.undefined(why) if why else TOKENS_PER_S.with_label(st["served_tokens_per_s"])
+
+
+def slo_target(t: dict[str, Any]) -> str:
+    targets = [f"TTFT ≤ {MILLISECONDS.with_label(t['ttft_slo_s'])}" if t.get("ttft_slo_s")
+               else "",
+               f"E2E ≤ {MILLISECONDS.with_label(t['e2e_slo_s'])}" if t.get("e2e_slo_s") else ""]
+    return ", ".join(x for x in targets if x) or "completion"
+
+
+def tier_one(s: dict[str, Any]) -> str | None:
+    """The best-ranked tier that had requests."""
+    ranked = sorted((n for n, t in s.get("tiers", {}).items()
+                     if t.get("rank") is not None and t.get("requests")),
+                    key=lambda n: s["tiers"][n]["rank"])
+    return ranked[0] if ranked else None
+
+
+def _tiers(this: dict[str, Any], baseline: dict[str, Any] | None) -> list[str]:
+    names = [n for n, t in this.get("tiers", {}).items() if t.get("requests")]
+    if baseline is not None:
+        names += [n for n, t in baseline.get("tiers", {}).items()
+                  if t.get("requests") and n not in names]
+    return names
+
+
+def headline(this: dict[str, Any], baseline: dict[str, Any] | None = None,
+             checks: Sequence[Verdict] = ()) -> Headline:
+    def pair(label: str, value: Any) -> Row:
+        return Row(label, value(this), None if baseline is None else value(baseline))
+
+    victim = (this.get("isolation") or (baseline or {}).get("isolation") or {}).get("victim")
+    figures = [pair(f"{victim or 'victim'}: p99 TTFT, flood over quiet", _victim)]
+    for tier in _tiers(this, baseline):
+        t = this.get("tiers", {}).get(tier) or (baseline or {}).get("tiers", {}).get(tier, {})
+        figures.append(pair(f"{tier}: SLO attainment ({slo_target(t)})",
+                            lambda s, tier=tier: _attainment(s, tier)))
+    figures.append(pair("fairness: Jain's index, worst tier", _fairness))
+    figures.append(pair("throughput: tokens served", _throughput))
+    return Headline(reading(this, baseline), figures, list(checks),
+                    None if baseline is None else baseline["run"]["run_id"])
+
+
+def reading(this: dict[str, Any], baseline: dict[str, Any] | None = None) -> str:
+    """One sentence: what the flood did to the victim, how tier 1 fared, at what
+    throughput; each against the baseline when there is one."""
+    def against(value: str | None) -> str:
+        return f" (baseline: {value})" if baseline is not None and value is not None else ""
+
+    def ratio(s: dict[str, Any] | None) -> float | None:
+        return ((s or {}).get("isolation") or {}).get("flood_over_quiet")
+
+    parts = []
+    i = this.get("isolation")
+    if i is None:
+        parts.append("no flood to read: the run has no quiet and flood phases")
+    elif (r := ratio(this)) is None:
+        parts.append(f"no flood reading: {explain.isolation_figure(i, 'flood_over_quiet')}")
+    else:
+        b = ratio(baseline)
+        parts.append(f"the flood multiplied {i['victim']}'s p99 TTFT by {times(r)}"
+                     + against(times(b) if b is not None else "undefined"))
+    tier = tier_one(this)
+    if tier is not None:
+        att = this["tiers"][tier]["slo_attainment"]
+        if att is not None:
+            b_att = ((baseline or {}).get("tiers", {}).get(tier) or {}).get("slo_attainment")
+            parts.append(f"{tier} met its SLO for {PERCENT.with_label(att)} of its requests"
+                         + against(PERCENT.with_label(b_att) if b_att is not None
+                                   else "undefined"))
+    served = this["stability"]["served_tokens_per_s"]
+    tail = ""
+    if served is not None:
+        b_served = ((baseline or {}).get("stability") or {}).get("served_tokens_per_s")
+        tail = (f", at {TOKENS_PER_S.with_label(served)}"
+                + against(TOKENS_PER_S.with_label(b_served) if b_served is not None
+                          else "undefined"))
+    text = "; ".join(parts) + tail
+    return text[0].upper() + text[1:] + "."
