@@ -9,7 +9,6 @@ sooner (docs/analysis.md, "Interactive plots").
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -38,11 +37,6 @@ class Rendered:
     library: str  # <script> tags with bokeh's JS inlined
     script: str  # the charts' data and their placement
     divs: dict[str, str]  # chart key -> its <div>
-
-
-def _finite(values: np.ndarray) -> list[float | None]:
-    # JSON has no NaN: a gap in a line is a None, which bokeh draws as a break.
-    return [float(v) if math.isfinite(v) else None for v in values]
 
 
 def _figure(chart: Chart):  # type: ignore[no-untyped-def]  # bokeh's figure is untyped
@@ -74,7 +68,10 @@ def figure_of(chart: Chart):  # type: ignore[no-untyped-def]
     for line in chart.lines:
         colour = colours.setdefault(line.group or line.name,
                                     Category10_10[len(colours) % len(Category10_10)])
-        source = ColumnDataSource({"x": _finite(line.x), "y": _finite(line.y),
+        # numpy arrays, not lists: bokeh sends them as typed arrays that keep NaN, which it
+        # draws as a gap (a list's None would arrive as 0).
+        source = ColumnDataSource({"x": np.asarray(line.x, dtype=np.float64),
+                                   "y": np.asarray(line.y, dtype=np.float64),
                                    "name": [line.name] * len(line.x)})
         style = {"line_color": colour, "line_width": 2,
                  "line_dash": "dashed" if line.dashed else "solid"}

@@ -51,7 +51,7 @@ LEGEND = "((key) => {" + FIGURE + """
 POINT = "((key) => {" + FIGURE + """
   const line = fig.renderers[fig.renderers.length - 1];
   const data = line.data_source.data;
-  const i = data.y.findIndex((v) => v != null);
+  const i = data.y.findIndex((v) => Number.isFinite(v));
   const canvas = view.canvas_view.el.getBoundingClientRect();
   return JSON.stringify({x: canvas.left + view.frame.x_scale.compute(data.x[i]),
                          y: canvas.top + view.frame.y_scale.compute(data.y[i]),
@@ -93,6 +93,8 @@ async def check_report_page(html: Path, tmp_path: Path, first_chart: str) -> Pat
             assert box["height"] > 0, selector
             assert box["top"] >= 0 and box["bottom"] <= height, (selector, box)
             assert box["left"] >= 0 and box["right"] <= width, (selector, box)
+        shot = tmp_path / "first-screen.png"  # what a reader sees first, untouched
+        await page.screenshot(shot)
 
         # A click on the first legend entry hides its line; a second click shows it again.
         legend = json.loads(await page.evaluate(_call(LEGEND, first_chart)))
@@ -109,9 +111,6 @@ async def check_report_page(html: Path, tmp_path: Path, first_chart: str) -> Pat
         await page.hover(point["x"], point["y"])
         assert point["name"] in await page.evaluate(TOOLTIP)
 
-        shot = tmp_path / "first-screen.png"
-        await page.hover(0, 0)  # the tooltip off the screenshot
-        await page.screenshot(shot)
         assert page.console_errors == []
         # Offline: the page asked for nothing but itself and inline data.
         assert [u for u in page.requests
