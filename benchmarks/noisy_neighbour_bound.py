@@ -16,20 +16,21 @@ victim shares carries the flood's decodes, its KV reads and a chunk of one of it
 it is ~2x longer than the victim's steps alone, and a TTFT is about 1.5 steps. Only shrinking
 the flood's batch shortens the steps, and that costs the flood throughput in proportion.
 
+The model is ``weighbridge.simulation.ideal`` (the same code ``weighbridge simulate --ideal``
+runs for a stack and scenario).
+
 ``python -m benchmarks.noisy_neighbour_bound [--quick]``
 """
 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-from dataclasses import dataclass
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from emulator.engine import EngineConfig, Sequence, StepModel
+from emulator.engine import EngineConfig
 from emulator.profiles import get_profile
-from loadgen.measure import percentile
+from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run
 
 ENGINE = EngineConfig(max_num_seqs=64, max_num_batched_tokens=512, num_kv_blocks=6000,
                       block_size=16, max_model_len=4096, scheduling_policy="priority",
@@ -43,54 +44,15 @@ CAPS = (56, 48, 40, 32, 24, 16, 8)  # 56 = the test's 64 slots minus 8 headroom 
 TARGET_RATIO = 1.5
 
 
-@dataclass(frozen=True, slots=True)
-class Point:
-    cap: int  # flood sequences kept in the engine; 0 = no flood
-    victim_p50_s: float
-    victim_p99_s: float
-    flood_tokens_per_s: float
+SHAPE = IdealShape(engine=ENGINE, profile=get_profile(PROFILE), victim_rate=VICTIM_RATE,
+                   victim=lambda _rng: VICTIM, flood=lambda _rng: FLOOD, warmup_s=WARMUP_S)
 
 
-def simulate(cap: int, seconds: float, seed: int = 7) -> Point:
-    model = StepModel(ENGINE, get_profile(PROFILE))
-    rng = random.Random(seed)
-    arrivals: list[float] = []
-    t = 1.0
-    while t < seconds:
-        t += rng.expovariate(VICTIM_RATE)
-        arrivals.append(t)
-    flood: dict[str, Sequence] = {}
-    victims: list[Sequence] = []
-    now, k, n, flood_tokens = 0.0, 0, 0, 0
-    while now < seconds:
-        # The ideal sidecar: top the flood up to its cap, one unprefilled prompt at a time.
-        while len(flood) < cap and all(s.first_token_s is not None for s in flood.values()):
-            seq = Sequence(f"a{n}", FLOOD[0], FLOOD[1], FLOOD[1], now, priority=1)
-            n += 1
-            model.add(seq)
-            flood[seq.request_id] = seq
-        while k < len(arrivals) and arrivals[k] <= now:
-            seq = Sequence(f"b{k}", VICTIM[0], VICTIM[1], VICTIM[1], arrivals[k], priority=0)
-            model.add(seq)
-            victims.append(seq)
-            k += 1
-        result = model.step(now)
-        if result is None:  # idle: jump to the next victim arrival
-            now = arrivals[k] if k < len(arrivals) else seconds
-            continue
-        if now >= WARMUP_S:
-            flood_tokens += sum(1 for s in result.emitted if s.request_id in flood)
-        for seq in result.finished:
-            flood.pop(seq.request_id, None)
-        now = result.end_s
-    ttfts = [s.first_token_s - s.arrival_s for s in victims
-             if s.arrival_s >= WARMUP_S and s.first_token_s is not None]
-    ttfts.sort()
-    return Point(cap, percentile(ttfts, 0.5), percentile(ttfts, 0.99),
-                 flood_tokens / (seconds - WARMUP_S))
+def simulate(cap: int, seconds: float, seed: int = 7) -> IdealPoint:
+    return ideal_run(SHAPE, cap, seconds, seed)
 
 
-def measure(seconds: float) -> tuple[Point, list[Point]]:
+def measure(seconds: float) -> tuple[IdealPoint, list[IdealPoint]]:
     return simulate(0, seconds), [simulate(cap, seconds) for cap in CAPS]
 
 

@@ -29,6 +29,7 @@ from emulator.api import (
 )
 from emulator.engine import EngineConfig, Sequence, StepModel
 from emulator.eos import EosModel
+from emulator.frontend import ApiFrontEnd
 from emulator.metrics import EngineMetrics
 from emulator.profiles import StepTimeProfile
 
@@ -66,7 +67,7 @@ class EngineRunner:
         self._streams: dict[str, TokenStream] = {}
         self._work = asyncio.Event()
         self._seeds = 0
-        self._api_free_at = 0.0  # when the (serial) API front end can take the next request
+        self._front_end = ApiFrontEnd(model.profile)
         # Every step takes this many times its modelled duration: an engine that slows down at
         # run time (thermal throttling, a noisy GPU neighbour) for chaos tests.
         self.slowdown = 1.0
@@ -78,14 +79,12 @@ class EngineRunner:
         self._seeds += 1
         stream = TokenStream(seq=seq, seed=self._seeds)
         self._streams[seq.request_id] = stream
-        profile = self.model.profile
-        if profile.t_api_serial or profile.t_api_latency:
-            now = self.clock()
-            self._api_free_at = max(now, self._api_free_at) + profile.t_api_serial
-            ready = self._api_free_at + profile.t_api_latency
-            asyncio.get_running_loop().call_later(ready - now, self._enter_engine, seq)
-        else:
+        if self._front_end.instant:
             self._enter_engine(seq)
+        else:
+            now = self.clock()
+            ready = self._front_end.ready_at(now)
+            asyncio.get_running_loop().call_later(ready - now, self._enter_engine, seq)
         return stream
 
     def _enter_engine(self, seq: Sequence) -> None:

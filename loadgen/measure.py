@@ -159,6 +159,16 @@ class StreamMeter:
     def failed(self, t: float, reason: str) -> None:
         self.end_s, self.status, self.reason = t, "error", reason
 
+    def content(self, t: float) -> None:
+        """A chunk carrying generated content arrived at ``t`` (the SSE parser calls this;
+        so does the simulator, whose chunks are never bytes)."""
+        if self.first_token_s is None:
+            self.first_token_s = t
+        else:
+            self.gaps.append(t - self.last_token_s)  # type: ignore[operator]
+        self.last_token_s = t
+        self.chunks += 1
+
     # -- SSE -------------------------------------------------------------------------------
 
     def _event(self, event: bytes, t: float) -> None:
@@ -183,12 +193,7 @@ class StreamMeter:
             return
         choices = chunk.get("choices")
         if choices and any(_has_content(c) for c in choices):
-            if self.first_token_s is None:
-                self.first_token_s = t
-            else:
-                self.gaps.append(t - self.last_token_s)  # type: ignore[operator]
-            self.last_token_s = t
-            self.chunks += 1
+            self.content(t)
         if usage := chunk.get("usage"):
             self._usage(usage)
 

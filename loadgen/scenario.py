@@ -18,7 +18,8 @@ from pathlib import Path
 from loadgen.tenants import ENDPOINT_PATHS, TenantSpec, load_tenants
 from weighbridge.rundir import PhaseInfo, TenantInfo
 
-__all__ = ["Phase", "PhaseSpan", "Scenario", "ScenarioError", "Workload", "discover_scenarios"]
+__all__ = ["Phase", "PhaseSpan", "Scenario", "ScenarioError", "Workload", "discover_scenarios",
+           "load_scenario"]
 
 
 class ScenarioError(ValueError):
@@ -133,6 +134,14 @@ def _load_module_scenario(path: Path) -> Scenario | None:
     if not tenants_file.is_absolute():
         tenants_file = path.parent / tenants_file
     return dataclasses.replace(scenario, tenants_file=tenants_file)
+
+
+def load_scenario(path: Path) -> Scenario:
+    """The ``SCENARIO`` a scenario file defines (its tenants file resolved next to it)."""
+    scenario = _load_module_scenario(path)
+    if scenario is None:
+        raise ScenarioError(f"{path}: defines no SCENARIO")
+    return scenario
 
 
 def discover_scenarios(directory: Path, exclude: Sequence[Path] = ()) -> dict[str, Scenario]:

@@ -272,6 +272,83 @@ def demo(
 
 
 @app.command()
+def simulate(
+    scenario: Annotated[str | None, typer.Argument(
+        help="Scenario name in scenarios/ or a scenario .py file (default: the stack's).")
+    ] = None,
+    stack: Annotated[Path | None, typer.Option(
+        help="Stack file: engines and the sidecar config (default "
+             "deploy/stacks/noisy-neighbour.yaml).")] = None,
+    tenants_file: Annotated[Path | None, typer.Option(
+        help="Tenants file (default: the stack's for its own scenario, else the "
+             "scenario's).")] = None,
+    trace: Annotated[Path | None, typer.Option(
+        help="Replay a CSV/Parquet trace (a live run's requests.parquet too) instead of "
+             "the scenario.")] = None,
+    duration: Annotated[float | None, typer.Option(
+        help="Seconds of traffic to simulate (default: the scenario's phases).")] = None,
+    stretch: Annotated[float, typer.Option(help="Multiply every phase's length.")] = 1.0,
+    scale: Annotated[float, typer.Option(help="Multiply every tenant's load.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="Seed of the clients (as the load generator's).")
+                    ] = 0,
+    policy: Annotated[list[str] | None, typer.Option(
+        help="Scheduling policy: drr, rr, fcfs, passthrough or baseline (the demo's "
+             "request-level baseline); repeat or comma-separate for a side-by-side run "
+             "(default: the stack's).")] = None,
+    sweep: Annotated[str | None, typer.Option(
+        help="KEY=V1,V2,...: vary one stack or sidecar value, e.g. "
+             "admission.headroom_slots=0,2,4 or engines.count=2,3,4.")] = None,
+    ideal: Annotated[bool, typer.Option(
+        "--ideal", help="Add the zero-overhead bound for the same shape.")] = False,
+    out: Annotated[Path | None, typer.Option(
+        help="Directory for the run directories and summary.json "
+             "(default: runs/simulate-<UTC time>).")] = None,
+    window: Annotated[str | None, typer.Option(
+        help="Window of the figures (default: 2s for runs under 5 minutes, else 10s).")
+    ] = None,
+) -> None:
+    """The whole sidecar against the engine model in virtual time: an hour of traffic in
+    seconds, written as live run directories (docs/simulate.md)."""
+    import datetime as dt
+
+    from rich.console import Console
+
+    from analysis.report import parse_window
+    from loadgen.scenario import ScenarioError
+    from weighbridge.config import ConfigError
+    from weighbridge.simulation.batch import SUMMARY_JSON, BatchRequest, run_batch
+    from weighbridge.simulation.figures import figures_table
+    from weighbridge.simulation.run import Inputs
+    from weighbridge.simulation.sweep import parse_sweep
+    from weighbridge.simulation.trace import TraceError
+    from weighbridge.stack import DEFAULT_STACK, StackError, load_stack
+
+    console = Console()
+    out = out or Path("runs") / f"simulate-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
+    policies = tuple(p.strip() for value in policy or [] for p in value.split(",") if p.strip())
+    try:
+        request = BatchRequest(
+            inputs=Inputs(stack=load_stack(stack or DEFAULT_STACK), scenario=scenario,
+                          tenants_file=tenants_file, trace=trace, duration_s=duration,
+                          stretch=stretch, scale=scale, seed=seed),
+            out=out, policies=policies or (None,),
+            sweep=parse_sweep(sweep) if sweep else None, ideal=ideal,
+            window_s=parse_window(window) if window else None)
+        summary = run_batch(request, lambda m: console.print(m, highlight=False))
+    except (StackError, ScenarioError, ConfigError, TraceError, FileExistsError,
+            ValueError) as e:
+        typer.echo(f"weighbridge simulate: {e}", err=True)
+        raise typer.Exit(2) from None
+    points = summary["sweep"]["points"] if "sweep" in summary else {"": summary}
+    for label, point in points.items():
+        console.print(figures_table(f"simulated{': ' + label if label else ''}",
+                                    point["runs"]))
+        if "ideal" in point:
+            console.print_json(data=point["ideal"])
+    console.print(f"wrote {out / SUMMARY_JSON}", highlight=False)
+
+
+@app.command()
 def up(
     stack: Annotated[Path | None, typer.Option(
         help="Stack file (default deploy/stacks/noisy-neighbour.yaml).")] = None,

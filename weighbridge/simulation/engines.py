@@ -1,0 +1,101 @@
+"""One emulated engine in virtual time: the emulator's StepModel, its API front end, and the
+counters its ``/metrics`` would show.
+
+The step model is the live emulator's own class (``emulator.engine.StepModel``); only the
+clock differs. What a scrape returns is built from the model's state and the counters the
+emulator's ``EngineMetrics`` keeps, as ``sidecar.scrape.BackendSample``: rendering and parsing
+the Prometheus text on every poll (as live) costs ~1 ms per scrape and would dominate an
+hour-long run, so the equality of both paths is a test instead
+(tests/unit/simulation/test_engines.py renders the live exposition and parses it with the
+sidecar's parser).
+"""
+
+from __future__ import annotations
+
+from emulator.engine import Batch, EngineConfig, Sequence, StepModel, StepResult
+from emulator.eos import EosModel
+from emulator.frontend import ApiFrontEnd
+from emulator.profiles import StepTimeProfile, get_profile
+from sidecar.scrape import BackendSample
+from weighbridge.stack import EmulatorOptions
+
+__all__ = ["SimEngine", "engine_config", "engine_profile"]
+
+
+def engine_config(options: EmulatorOptions) -> EngineConfig:
+    """The EngineConfig ``weighbridge emulator`` builds from the same options."""
+    return EngineConfig(
+        max_num_seqs=options.max_num_seqs,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        num_kv_blocks=options.num_kv_blocks, block_size=options.block_size,
+        max_model_len=options.max_model_len, scheduling_policy=options.scheduling_policy,
+        chunked_prefill=not options.no_chunked_prefill,
+        long_prefill_token_threshold=options.long_prefill_token_threshold)
+
+
+def engine_profile(options: EmulatorOptions) -> StepTimeProfile:
+    return get_profile(options.profile).with_overrides(
+        t_fixed=options.t_fixed, t_prefill_token=options.t_prefill_token,
+        t_decode_seq=options.t_decode_seq, t_kv_token=options.t_kv_token,
+        t_api_serial=options.t_api_serial, t_api_latency=options.t_api_latency)
+
+
+class SimEngine:
+    def __init__(self, name: str, options: EmulatorOptions, seed_offset: int = 0) -> None:
+        self.name = name
+        self.model = StepModel(engine_config(options), engine_profile(options))
+        self.front_end = ApiFrontEnd(self.model.profile)
+        # As `weighbridge up`: engine i draws its output lengths from seed + i.
+        self.eos = EosModel(options.mean_output_tokens, options.seed + seed_offset)
+        self.priority_queue = options.scheduling_policy == "priority"
+        self.batch: Batch | None = None  # the step in flight
+        self.steps = 0
+        # vLLM's counters, as emulator.metrics.EngineMetrics.on_step counts them.
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.preemptions_total = 0
+
+    @property
+    def busy(self) -> bool:
+        return self.batch is not None
+
+    def sequence(self, request_id: str, prompt_tokens: int, max_tokens: int, ignore_eos: bool,
+                 priority: int | None, now: float) -> Sequence:
+        """The Sequence the emulator's handler makes of a request (its length drawn)."""
+        return Sequence(
+            request_id=request_id, prompt_tokens=prompt_tokens,
+            target_output_tokens=self.eos.output_tokens(max_tokens, ignore_eos),
+            max_tokens=max_tokens, arrival_s=now,
+            priority=(priority or 0) if self.priority_queue else 0)
+
+    def start_step(self, now: float) -> float | None:
+        """Schedule a step at ``now`` if there is work; returns when it ends."""
+        batch = self.model.schedule(now)
+        if batch is None:
+            return None
+        self.batch = batch
+        return now + batch.duration_s
+
+    def finish_step(self, end_s: float) -> StepResult:
+        batch = self.batch
+        assert batch is not None
+        self.batch = None
+        result = self.model.complete(batch, end_s)
+        self.steps += 1
+        self.preemptions_total += len(batch.preempted)
+        emitted = result.emitted
+        self.generation_tokens_total += len(emitted)
+        for seq in emitted:
+            if seq.output_tokens == 1:
+                self.prompt_tokens_total += seq.prompt_tokens
+        return result
+
+    def sample(self, at_s: float) -> BackendSample:
+        """What a scrape sent at ``at_s`` reads (the sidecar stamps the send time)."""
+        model = self.model
+        return BackendSample(
+            at_s=at_s, waiting=float(model.num_waiting), running=float(model.num_running),
+            kv_cache_usage=model.kv_cache_usage,
+            generation_tokens_total=float(self.generation_tokens_total),
+            prompt_tokens_total=float(self.prompt_tokens_total),
+            preemptions_total=float(self.preemptions_total))

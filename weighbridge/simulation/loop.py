@@ -1,0 +1,378 @@
+"""The discrete-event loop: the sidecar's SchedulingCore in front of StepModel engines, in
+virtual time, with the clients of a load-generator run.
+
+Everything that decides is the live system's own code: ``sidecar.core.SchedulingCore`` (rate
+limits, early rejection, queues, tiers, DRR, admission gates, routing, accounting),
+``emulator.engine.StepModel`` (vLLM's scheduler and KV cache) and ``loadgen.measure.
+StreamMeter`` (what a client records). This module only replaces the sockets and the wall
+clock with a heap of timed events, calling each class where its HTTP shell would:
+
+* a client sends: ``core.arrive`` (a rejection is answered at once), then a dispatch pass;
+* a dispatch: the engine's API front end delays the request (``emulator.frontend``), then it
+  joins the engine's waiting queue; an idle engine starts a step at once;
+* a step ends: the engine schedules its next step before anything else runs (as the
+  emulator's loop does), then every emitted token reaches the sidecar
+  (``core.on_tokens_streamed``, one per chunk) and the client; finished requests are
+  completed (``core.on_completed`` with the usage) and a dispatch pass follows;
+* every ``admission.metrics_poll_ms`` each engine is scraped (``core.on_backend_metrics``
+  with the engine's state at that instant, stamped with the send time as the poller does)
+  and the periodic dispatch tick runs, so the gates see metrics exactly as stale as live;
+* a client's ``timeout_s`` or the run's end cut a request off: a queued one leaves the queue
+  (``core.cancel``), one in flight is aborted at its engine and ended with what streamed
+  (``core.on_client_gone``).
+
+What live runs have and this does not: network and CPU time (the sidecar adds ~2 ms at
+p50), chunk coalescing for slow readers, and engine faults.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from emulator.engine import Sequence
+from loadgen.measure import StreamMeter
+from sidecar.app import _STATUS_BY_REASON, DEADLINE_HEADER, REJECT_HEADER, TIER_HEADER
+from sidecar.core import SchedulingCore
+from sidecar.rejection import Reject
+from sidecar.request import QueuedRequest, RequestState
+from weighbridge.config import Config
+from weighbridge.records import RequestRecord
+from weighbridge.simulation.clients import ClientRequest, Clients
+from weighbridge.simulation.engines import SimEngine
+
+__all__ = ["Simulation", "SimulationResult"]
+
+# Event kinds; at equal times events run in the order they were scheduled.
+_ARRIVE, _ENTER, _STEP, _POLL, _TIMEOUT = range(5)
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """One request from its send to its record."""
+
+    client: ClientRequest
+    meter: StreamMeter
+    queued: QueuedRequest | None = None
+    engine: SimEngine | None = None
+    seq: Sequence | None = None
+    ended: bool = False
+    unreported: int = 0  # tokens streamed that the core has not been told of yet
+    last_token_s: float = 0.0
+
+
+@dataclass
+class SimulationResult:
+    records: list[RequestRecord]
+    end_s: float  # the run's end in virtual time
+    engine_steps: int
+    events: int
+    wall_s: float  # CPU-bound wall time the loop took
+    holds: dict[str, int] = field(default_factory=dict)  # dispatch holds by backend/reason
+    ledger: dict[str, Any] = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(self, config: Config, engines: list[SimEngine], clients: Clients, *,
+                 run_id: str, scenario: str, until_s: float) -> None:
+        names = [b.name for b in config.backends]
+        if names != [e.name for e in engines]:
+            raise ValueError(f"engines {[e.name for e in engines]} do not match the config's "
+                             f"backends {names}")
+        if not math.isfinite(until_s):
+            raise ValueError("a simulation needs a finite end (--duration)")
+        self.config = config
+        self.core = SchedulingCore(config)
+        self.engines = engines
+        self._by_name = {e.name: e for e in engines}
+        self.clients = clients
+        self.run_id = run_id
+        self.scenario = scenario
+        self.until_s = until_s
+        self.poll_s = config.admission.metrics_poll_ms / 1000
+        self.records: list[RequestRecord] = []
+        self._flights: dict[str, _Flight] = {}
+        self._heap: list[tuple[float, int, int, Any]] = []
+        # Flights with tokens the core has not been told of (see _flush).
+        self._unreported: dict[str, _Flight] = {}
+        self._tenant_of_key: dict[str, str | None] = {}
+        self._order = 0
+        self._events = 0
+
+    # ------------------------------------------------------------------ the loop
+
+    def _push(self, t: float, kind: int, obj: Any) -> None:
+        self._order += 1
+        heapq.heappush(self._heap, (t, self._order, kind, obj))
+
+    def run(self) -> SimulationResult:
+        started = time.perf_counter()
+        until = self.until_s
+        for client in sorted(self.clients.initial(),
+                             key=lambda c: (c.plan.scheduled_s, c.plan.request_id)):
+            if client.plan.scheduled_s < until:
+                self._push(client.plan.scheduled_s, _ARRIVE, client)
+        self._push(0.0, _POLL, None)
+        heap = self._heap
+        pop = heapq.heappop
+        while heap:
+            t, _, kind, obj = pop(heap)
+            if t >= until:
+                break
+            self._events += 1
+            if kind == _STEP:
+                self._step_end(obj, t)
+            elif kind == _ARRIVE:
+                self._arrive(obj, t)
+            elif kind == _POLL:
+                self._poll(t)
+            elif kind == _ENTER:
+                self._enter(obj, t)
+            else:
+                self._timeout(obj, t)
+        self._end_run(until)
+        holds = {f"{backend or '-'}/{reason}": n
+                 for (backend, reason), n in sorted(self.core.holds.items())}
+        return SimulationResult(
+            records=self.records, end_s=until,
+            engine_steps=sum(e.steps for e in self.engines), events=self._events,
+            wall_s=time.perf_counter() - started, holds=holds,
+            ledger=self.core.ledger.snapshot())
+
+    # ------------------------------------------------------------------ clients
+
+    def _arrive(self, client: ClientRequest, now: float) -> None:
+        plan = client.plan
+        meter = StreamMeter(plan, self.run_id, self.scenario)
+        meter.sent(now)
+        core, config = self.core, self.config
+        tenant = client.tenant
+        if tenant is None and client.api_key is not None:
+            key = client.api_key
+            if key not in self._tenant_of_key:
+                self._tenant_of_key[key] = config.tenant_for_key(key)
+            tenant = self._tenant_of_key[key]
+        if tenant is None or tenant not in config.tenants:
+            core.rejected_on_arrival("unauthorized")
+            self._answer(client, meter, now, 401, "unauthorized")
+            return
+        own = config.tenants[tenant].tier
+        tier = own
+        headers = {k.lower(): v for k, v in client.headers.items()}
+        asked = headers.get(TIER_HEADER)
+        if asked is not None:
+            tier = asked.strip()
+            if tier not in config.tiers or not config.tier_allowed(tenant, tier):
+                reason = "unknown_tier" if tier not in config.tiers else "tier_not_allowed"
+                core.rejected_on_arrival(reason, tenant, own)
+                self._answer(client, meter, now, 400 if reason == "unknown_tier" else 403,
+                             reason)
+                return
+        deadline_ms: float | None = None
+        if (raw := headers.get(DEADLINE_HEADER)) is not None:
+            deadline_ms = float(raw)
+        limit = config.max_tokens_limit
+        if limit is not None and plan.max_tokens > limit:
+            core.rejected_on_arrival("max_tokens_too_large", tenant, own)
+            self._answer(client, meter, now, 400, "max_tokens_too_large")
+            return
+        self._flush()
+        result = core.arrive(
+            request_id=plan.request_id, tenant=tenant, tier=tier, endpoint=plan.endpoint,
+            prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens, now=now,
+            user=plan.user, priority=client.priority or 0,
+            deadline_s=core.deadline_for(tier, now, deadline_ms))
+        if isinstance(result, Reject):
+            self._answer(client, meter, now, _STATUS_BY_REASON.get(result.reason, 429),
+                         result.reason)
+            return
+        flight = _Flight(client, meter, queued=result)
+        self._flights[plan.request_id] = flight
+        deadline = now + client.timeout_s
+        if deadline < self.until_s:
+            self._push(deadline, _TIMEOUT, flight)
+        self._dispatch(now)
+
+    def _answer(self, client: ClientRequest, meter: StreamMeter, now: float, status: int,
+                reason: str) -> None:
+        """The sidecar's error answer (every one carries the reject-reason header)."""
+        meter.response(now, status, {REJECT_HEADER: reason})
+        meter.finish(now)
+        self._record(client, meter, now)
+
+    def _record(self, client: ClientRequest, meter: StreamMeter, now: float) -> None:
+        self.records.append(meter.record())
+        follow = self.clients.after(client, now)
+        if follow is not None and follow.plan.scheduled_s < self.until_s:
+            self._push(follow.plan.scheduled_s, _ARRIVE, follow)
+
+    def _timeout(self, flight: _Flight, now: float) -> None:
+        if flight.ended:
+            return
+        flight.meter.timed_out(now)
+        self._client_gone(flight, now)
+        self._record(flight.client, flight.meter, now)
+        self._dispatch(now)
+
+    def _client_gone(self, flight: _Flight, now: float) -> None:
+        """The client went away: as the sidecar's handler reacts to its cancellation."""
+        self._flush_one(flight)
+        flight.ended = True
+        del self._flights[flight.client.plan.request_id]
+        request = flight.queued
+        assert request is not None
+        if request.state is RequestState.QUEUED:
+            self.core.cancel(request.id, now)
+            return
+        if flight.engine is not None and flight.seq is not None:
+            flight.engine.model.abort(flight.seq.request_id, now)
+        self.core.on_client_gone(request, request.prompt_tokens,
+                                 request.streamed_output_tokens, now)
+
+    def _end_run(self, now: float) -> None:
+        """The load generator stops: whatever is still in flight is cut off."""
+        for flight in list(self._flights.values()):
+            flight.meter.cancelled(now)
+            self._client_gone(flight, now)
+            self.records.append(flight.meter.record())
+
+    # ------------------------------------------------------------------ sidecar -> engines
+
+    def _dispatch(self, now: float) -> None:
+        kicked: list[SimEngine] = []
+        for d in self.core.dispatch_ready(now):
+            flight = self._flights[d.request.id]
+            engine = self._by_name[d.backend]
+            client = flight.client
+            plan = client.plan
+            seq = engine.sequence(plan.request_id, plan.prompt_tokens, plan.max_tokens,
+                                  client.ignore_eos, d.vllm_priority, now)
+            headers = {"x-weighbridge-backend": d.backend,
+                       "x-weighbridge-queue-ms": f"{(now - d.request.arrival_s) * 1000:.1f}"}
+            try:
+                engine.model.check(seq)
+            except ValueError as e:
+                # The emulator answers 400; the sidecar relays it and ends the request failed.
+                flight.meter.response(now, 400, headers)
+                flight.meter.body(orjson.dumps({"error": {"message": str(e), "code": 400}}),
+                                  now)
+                flight.meter.finish(now)
+                flight.ended = True
+                del self._flights[plan.request_id]
+                self.core.on_failed(d.request, 0, 0, now)
+                self._record(client, flight.meter, now)
+                continue
+            flight.meter.response(now, 200, headers)
+            flight.engine, flight.seq = engine, seq
+            if engine.front_end.instant:
+                engine.model.add(seq)
+                if not engine.busy:
+                    kicked.append(engine)
+            else:
+                self._push(engine.front_end.ready_at(now), _ENTER, flight)
+        for engine in kicked:
+            if not engine.busy:
+                self._start(engine, now)
+
+    def _enter(self, flight: _Flight, now: float) -> None:
+        if flight.ended:
+            return  # aborted while the API server was still on it
+        engine, seq = flight.engine, flight.seq
+        assert engine is not None and seq is not None
+        engine.model.add(seq)
+        if not engine.busy:
+            self._start(engine, now)
+
+    def _start(self, engine: SimEngine, now: float) -> None:
+        end = engine.start_step(now)
+        if end is not None:
+            self._push(end, _STEP, engine)
+
+    def _poll(self, now: float) -> None:
+        core = self.core
+        self._flush()  # the gates count first tokens against each scrape
+        for engine in self.engines:
+            core.on_backend_metrics(engine.name, engine.sample(now))
+        self._dispatch(now)
+        self._push(now + self.poll_s, _POLL, None)
+
+    # ------------------------------------------------------------------ engines -> clients
+
+    def _flush_one(self, flight: _Flight) -> None:
+        if flight.unreported:
+            n, flight.unreported = flight.unreported, 0
+            del self._unreported[flight.client.plan.request_id]
+            self.core.on_tokens_streamed(flight.queued, n, flight.last_token_s)  # type: ignore[arg-type]
+
+    def _flush(self) -> None:
+        """Tell the core of every token streamed so far.
+
+        Live, the sidecar reports each chunk as it passes (``core.on_tokens_streamed(req,
+        1, t)``). While nothing is queued no dispatch decision reads what those calls
+        change (DRR deficits, the router's outstanding tokens, the gates' first tokens,
+        the throughput meter, which only measures while requests wait), so the simulation
+        holds them until the core is next consulted (an arrival, a scrape, a request's
+        end) and reports each request's tokens in one call: the same sums, a fraction of
+        the calls. While requests are queued, tokens are reported step by step as live.
+        """
+        if not self._unreported:
+            return
+        core = self.core
+        for flight in self._unreported.values():
+            n, flight.unreported = flight.unreported, 0
+            core.on_tokens_streamed(flight.queued, n, flight.last_token_s)  # type: ignore[arg-type]
+        self._unreported.clear()
+
+    def _step_end(self, engine: SimEngine, now: float) -> None:
+        result = engine.finish_step(now)
+        # The emulator's loop schedules its next step before any handler runs.
+        if engine.model.has_work:
+            self._start(engine, now)
+        flights = self._flights
+        core = self.core
+        if core.scheduler.queued_requests:
+            self._flush()
+            for seq in result.emitted:
+                flight = flights.get(seq.request_id)
+                if flight is None or not flight.client.plan.stream:
+                    continue
+                core.on_tokens_streamed(flight.queued, 1, now)  # type: ignore[arg-type]
+                flight.meter.content(now)
+        else:
+            unreported = self._unreported
+            for seq in result.emitted:
+                flight = flights.get(seq.request_id)
+                if flight is None or not flight.client.plan.stream:
+                    continue
+                if not flight.unreported:
+                    unreported[seq.request_id] = flight
+                flight.unreported += 1
+                flight.last_token_s = now
+                flight.meter.content(now)
+        if not result.finished:
+            return
+        for seq in result.finished:
+            flight = flights.pop(seq.request_id, None)
+            if flight is None:
+                continue
+            self._flush_one(flight)
+            flight.ended = True
+            request = flight.queued
+            assert request is not None
+            meter = flight.meter
+            usage = {"prompt_tokens": seq.prompt_tokens, "completion_tokens": seq.output_tokens}
+            if flight.client.plan.stream:
+                meter.feed(b'data: {"choices":[],"usage":' + orjson.dumps(usage)
+                           + b"}\n\ndata: [DONE]\n\n", now)
+            else:
+                core.on_tokens_streamed(request, seq.output_tokens, now)
+                meter.body(orjson.dumps({"choices": [{"text": "x"}], "usage": usage}), now)
+            meter.finish(now)
+            core.on_completed(request, seq.prompt_tokens, seq.output_tokens, now)
+            self._record(flight.client, meter, now)
+        self._dispatch(now)

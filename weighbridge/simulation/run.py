@@ -1,0 +1,204 @@
+"""``weighbridge simulate``'s inputs made into simulated runs: the files a live run takes
+(a stack, a scenario or a trace), one run directory per policy, and their summaries.
+
+A simulated run directory is a live one (``weighbridge.rundir``): ``run.json`` (with
+``options.simulated: true`` and ``target: simulated``) and ``requests.parquet`` in the
+records' schema, so ``weighbridge report`` reads it unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loadgen.scenario import Scenario, ScenarioError, Workload, discover_scenarios, load_scenario
+from weighbridge.config import Config, parse_config
+from weighbridge.records import write_parquet
+from weighbridge.rundir import (
+    REQUESTS_PARQUET,
+    PhaseInfo,
+    RunInfo,
+    TenantInfo,
+    read_run_info,
+    write_run_info,
+)
+from weighbridge.simulation.clients import Clients, TraceClients, WorkloadClients
+from weighbridge.simulation.engines import SimEngine
+from weighbridge.simulation.loop import Simulation, SimulationResult
+from weighbridge.simulation.trace import read_trace
+from weighbridge.stack import SCENARIOS_DIR, StackSpec, sidecar_config
+
+__all__ = ["BASELINE", "Inputs", "RunOutcome", "policy_stack", "run_policy", "sidecar_for"]
+
+BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.demo.baseline_stack)
+POLICIES = ("drr", "rr", "fcfs", "passthrough", BASELINE)
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What one simulated run is made of, as a live run takes it."""
+
+    stack: StackSpec
+    scenario: str | None = None  # a name in scenarios/ or a file; None: the stack's
+    tenants_file: Path | None = None  # None: the stack's, else the scenario's own
+    trace: Path | None = None  # replaces the scenario's clients
+    duration_s: float | None = None  # None: the scenario's (or the trace's) end
+    stretch: float = 1.0
+    scale: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    policy: str
+    run_dir: Path
+    result: SimulationResult
+
+
+def policy_stack(stack: StackSpec, policy: str | None) -> StackSpec:
+    """The stack with the sidecar's scheduling policy replaced (None: as written);
+    ``baseline`` is the demo's request-level baseline of the stack."""
+    if policy is None:
+        return stack
+    if policy == BASELINE:
+        from weighbridge.demo import baseline_stack
+
+        return baseline_stack(stack)
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
+    return stack.with_sidecar(scheduler={**stack.sidecar.get("scheduler", {}),
+                                         "policy": policy})
+
+
+def sidecar_for(stack: StackSpec) -> Config:
+    """The sidecar config a live stack runs, with one backend per engine."""
+    urls = [f"http://127.0.0.1:{9 + i}" for i in range(stack.engines.count)]
+    return parse_config(sidecar_config(stack, urls), environ=os.environ)
+
+
+def engines_for(stack: StackSpec) -> list[SimEngine]:
+    return [SimEngine(f"engine-{i}", stack.engines.emulator, seed_offset=i)
+            for i in range(stack.engines.count)]
+
+
+def find_scenario(name_or_file: str) -> Scenario:
+    path = Path(name_or_file)
+    if path.suffix == ".py" and path.is_file():
+        return load_scenario(path.resolve())
+    scenarios = discover_scenarios(SCENARIOS_DIR, exclude=(SCENARIOS_DIR / "locustfile.py",))
+    if name_or_file not in scenarios:
+        raise ScenarioError(f"unknown scenario {name_or_file!r}; known: "
+                            f"{', '.join(sorted(scenarios))} (or a scenario .py file)")
+    return scenarios[name_or_file]
+
+
+@dataclass(frozen=True)
+class _Load:
+    """The clients of a run and what run.json says about them."""
+
+    clients: Clients
+    scenario: str
+    until_s: float
+    tenants: list[TenantInfo]
+    phases: list[PhaseInfo]
+    options: dict[str, Any]
+
+
+def _workload_load(inputs: Inputs, run_id: str) -> _Load:
+    del run_id
+    scenario = find_scenario(inputs.scenario or inputs.stack.loadgen.scenario)
+    tenants_file = inputs.tenants_file or (inputs.stack.tenants_file
+                                           if inputs.scenario is None else None)
+    workload: Workload = scenario.workload(tenants_file=tenants_file, scale=inputs.scale,
+                                           stretch=inputs.stretch)
+    until = workload.end_s if inputs.duration_s is None else min(workload.end_s,
+                                                                 inputs.duration_s)
+    if until == float("inf"):
+        raise ScenarioError(f"scenario {scenario.name!r} is open-ended: give --duration")
+    options: dict[str, Any] = {
+        "scenario": scenario.name,
+        "tenants_file": str(tenants_file or scenario.tenants_file),
+        "scale": inputs.scale, "stretch": inputs.stretch, "seed": inputs.seed,
+        "run_time_s": inputs.duration_s, "processes": 1,
+        **({"victim": workload.victim} if workload.victim else {})}
+    return _Load(WorkloadClients(workload, inputs.seed, until), scenario.name, until,
+                 workload.tenant_infos(), workload.phase_infos(until), options)
+
+
+def _trace_load(inputs: Inputs, config: Config, run_id: str) -> _Load:
+    assert inputs.trace is not None
+    trace = read_trace(inputs.trace, run_id=run_id)
+    requests = []
+    for request in trace.requests:
+        tenant = config.tenants.get(request.tenant or "")
+        if tenant is None:
+            raise ValueError(f"{inputs.trace}: tenant {request.tenant!r} is not in the "
+                             f"sidecar config (tenants: {', '.join(config.tenants)})")
+        request.plan = dataclasses.replace(request.plan, tier=tenant.tier)
+        requests.append(request)
+    end = trace.end_s + 1e-9 if inputs.duration_s is None else inputs.duration_s
+    # A recorded run's own run.json, beside its requests.parquet, gives the phases and the
+    # victim, so the replay's report has the same isolation section.
+    phases = [PhaseInfo(name="trace", start_s=0.0, end_s=end)]
+    options: dict[str, Any] = {"trace": str(inputs.trace), "filled_prompts": trace.filled_prompts,
+                               "seed": inputs.seed, "processes": 1}
+    scenario = f"trace:{inputs.trace.stem}"
+    recorded = inputs.trace.parent / "run.json"
+    if recorded.is_file():
+        info = read_run_info(inputs.trace.parent)
+        if info.duration_s and inputs.duration_s is None:
+            end = info.duration_s
+        phases = [p for p in info.phases if p.start_s < end] or phases
+        scenario = info.scenario
+        if "victim" in info.options:
+            options["victim"] = info.options["victim"]
+    used = {r.tenant for r in requests}
+    tenants = [TenantInfo(name=name, tier=t.tier, weight=t.weight)
+               for name, t in config.tenants.items() if name in used]
+    return _Load(TraceClients(requests), scenario, end, tenants, phases, options)
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).resolve().parent, timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
+               *, label: str | None = None) -> RunOutcome:
+    """Simulate ``inputs`` under ``policy`` into ``run_dir`` (which must be empty)."""
+    if (run_dir / REQUESTS_PARQUET).exists():
+        raise FileExistsError(f"{run_dir} already holds a run: choose another --out")
+    stack = policy_stack(inputs.stack, policy)
+    config = sidecar_for(stack)
+    name = label or policy or config.scheduler.policy
+    run_id = f"simulated-{name}"
+    load = _trace_load(inputs, config, run_id) if inputs.trace is not None \
+        else _workload_load(inputs, run_id)
+    simulation = Simulation(config, engines_for(stack), load.clients, run_id=run_id,
+                            scenario=load.scenario, until_s=load.until_s)
+    result = simulation.run()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_parquet(result.records, run_dir / REQUESTS_PARQUET)
+    statuses = Counter(r.status for r in result.records)
+    info = RunInfo.now(
+        run_id=run_id, scenario=load.scenario, target="simulated", git_commit=_git_commit(),
+        duration_s=load.until_s, tenants=load.tenants, phases=load.phases,
+        options={**load.options, "simulated": True, "policy": name, "stack": stack.name,
+                 "engines": stack.engines.count, "model": stack.engines.emulator.model_name},
+        generator={"simulated": True, "requests": len(result.records),
+                   "statuses": dict(sorted(statuses.items())),
+                   "engine_steps": result.engine_steps, "events": result.events,
+                   "wall_s": result.wall_s,
+                   "speedup": load.until_s / result.wall_s if result.wall_s > 0 else None,
+                   "holds": result.holds})
+    write_run_info(run_dir, info)
+    return RunOutcome(name, run_dir, result)
