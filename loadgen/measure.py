@@ -23,6 +23,7 @@ rules are tested exactly:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -168,6 +169,22 @@ class StreamMeter:
             self.gaps.append(t - self.last_token_s)  # type: ignore[operator]
         self.last_token_s = t
         self.chunks += 1
+
+    def contents(self, times: Sequence[float]) -> None:
+        """Content chunks that arrived at ``times`` (in order): the same as ``content(t)``
+        for each, in bulk (the simulator records a request's chunk times as it streams)."""
+        if not times:
+            return
+        if self.first_token_s is None:
+            self.first_token_s = times[0]
+            previous = times[:-1]
+            later = times[1:]
+        else:
+            previous = [self.last_token_s, *times[:-1]]  # type: ignore[list-item]
+            later = times
+        self.gaps.extend(map(operator.sub, later, previous))
+        self.last_token_s = times[-1]
+        self.chunks += len(times)
 
     # -- SSE -------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from weighbridge.simulation.ideal import ideal_for
 from weighbridge.simulation.run import Inputs, run_policy
 from weighbridge.simulation.sweep import Sweep, apply, sweep_html
 
-__all__ = ["BatchRequest", "SUMMARY_JSON", "run_batch"]
+__all__ = ["SUMMARY_JSON", "BatchRequest", "run_batch"]
 
 SUMMARY_JSON = "summary.json"
 SWEEP_HTML = "sweep.html"

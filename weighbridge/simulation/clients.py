@@ -24,7 +24,7 @@ from loadgen.plan import (
 from loadgen.scenario import Workload
 from loadgen.tenants import TenantSpec
 
-__all__ = ["ClientRequest", "ClosedUser", "Clients", "TraceClients", "WorkloadClients"]
+__all__ = ["ClientRequest", "Clients", "ClosedUser", "TraceClients", "WorkloadClients"]
 
 
 @dataclass(slots=True, eq=False)

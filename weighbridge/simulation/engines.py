@@ -76,19 +76,28 @@ class SimEngine:
         self.batch = batch
         return now + batch.duration_s
 
-    def finish_step(self, end_s: float) -> StepResult:
+    def advance(self, end_s: float) -> tuple[StepResult, float | None]:
+        """Complete the step in flight at ``end_s`` and, as the emulator's loop does before
+        any handler runs, schedule the next one there. Returns the step's result and when
+        the next step ends (None: the engine is idle)."""
         batch = self.batch
         assert batch is not None
-        self.batch = None
-        result = self.model.complete(batch, end_s)
+        model = self.model
+        result = model.complete(batch, end_s)
         self.steps += 1
-        self.preemptions_total += len(batch.preempted)
+        if batch.preempted:
+            self.preemptions_total += len(batch.preempted)
         emitted = result.emitted
         self.generation_tokens_total += len(emitted)
         for seq in emitted:
             if seq.output_tokens == 1:
                 self.prompt_tokens_total += seq.prompt_tokens
-        return result
+        if model.running or len(model.waiting):
+            following = model.schedule(end_s)
+            self.batch = following
+            return result, None if following is None else end_s + following.duration_s
+        self.batch = None
+        return result, None
 
     def sample(self, at_s: float) -> BackendSample:
         """What a scrape sent at ``at_s`` reads (the sidecar stamps the send time)."""

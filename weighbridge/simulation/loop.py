@@ -62,8 +62,9 @@ class _Flight:
     engine: SimEngine | None = None
     seq: Sequence | None = None
     ended: bool = False
-    unreported: int = 0  # tokens streamed that the core has not been told of yet
-    last_token_s: float = 0.0
+    stream: bool = True
+    times: list[float] = field(default_factory=list)  # when each content chunk arrived
+    reported: int = 0  # of those, how many the core has been told of (see _flush)
 
 
 @dataclass
@@ -88,6 +89,7 @@ class Simulation:
             raise ValueError("a simulation needs a finite end (--duration)")
         self.config = config
         self.core = SchedulingCore(config)
+        self._scheduler = self.core.scheduler
         self.engines = engines
         self._by_name = {e.name: e for e in engines}
         self.clients = clients
@@ -96,10 +98,9 @@ class Simulation:
         self.until_s = until_s
         self.poll_s = config.admission.metrics_poll_ms / 1000
         self.records: list[RequestRecord] = []
-        self._flights: dict[str, _Flight] = {}
+        self._flights: dict[str, _Flight] = {}  # sent, not ended
+        self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
         self._heap: list[tuple[float, int, int, Any]] = []
-        # Flights with tokens the core has not been told of (see _flush).
-        self._unreported: dict[str, _Flight] = {}
         self._tenant_of_key: dict[str, str | None] = {}
         self._order = 0
         self._events = 0
@@ -113,28 +114,43 @@ class Simulation:
     def run(self) -> SimulationResult:
         started = time.perf_counter()
         until = self.until_s
-        for client in sorted(self.clients.initial(),
-                             key=lambda c: (c.plan.scheduled_s, c.plan.request_id)):
-            if client.plan.scheduled_s < until:
-                self._push(client.plan.scheduled_s, _ARRIVE, client)
+        # The clients' own schedule is a sorted list beside the heap, so the heap holds only
+        # the few events in flight (steps, polls, timeouts, closed-loop follow-ups). At equal
+        # times a scheduled arrival goes first.
+        arrivals = sorted((c for c in self.clients.initial() if c.plan.scheduled_s < until),
+                          key=lambda c: (c.plan.scheduled_s, c.plan.request_id))
+        times = [c.plan.scheduled_s for c in arrivals]
+        k, n = 0, len(arrivals)
         self._push(0.0, _POLL, None)
         heap = self._heap
         pop = heapq.heappop
-        while heap:
-            t, _, kind, obj = pop(heap)
-            if t >= until:
-                break
-            self._events += 1
-            if kind == _STEP:
-                self._step_end(obj, t)
-            elif kind == _ARRIVE:
-                self._arrive(obj, t)
-            elif kind == _POLL:
-                self._poll(t)
-            elif kind == _ENTER:
-                self._enter(obj, t)
+        step_end, arrive = self._step_end, self._arrive
+        events = 0
+        while True:
+            if k < n and (not heap or times[k] <= heap[0][0]):
+                t = times[k]
+                if t >= until:
+                    break
+                arrive(arrivals[k], t)
+                k += 1
+            elif heap:
+                t, _, kind, obj = pop(heap)
+                if t >= until:
+                    break
+                if kind == _STEP:
+                    step_end(obj, t)
+                elif kind == _ARRIVE:
+                    arrive(obj, t)
+                elif kind == _POLL:
+                    self._poll(t)
+                elif kind == _ENTER:
+                    self._enter(obj, t)
+                else:
+                    self._timeout(obj, t)
             else:
-                self._timeout(obj, t)
+                break
+            events += 1
+        self._events = events
         self._end_run(until)
         holds = {f"{backend or '-'}/{reason}": n
                  for (backend, reason), n in sorted(self.core.holds.items())}
@@ -191,7 +207,7 @@ class Simulation:
             self._answer(client, meter, now, _STATUS_BY_REASON.get(result.reason, 429),
                          result.reason)
             return
-        flight = _Flight(client, meter, queued=result)
+        flight = _Flight(client, meter, queued=result, stream=plan.stream)
         self._flights[plan.request_id] = flight
         deadline = now + client.timeout_s
         if deadline < self.until_s:
@@ -214,16 +230,19 @@ class Simulation:
     def _timeout(self, flight: _Flight, now: float) -> None:
         if flight.ended:
             return
-        flight.meter.timed_out(now)
         self._client_gone(flight, now)
+        flight.meter.timed_out(now)
         self._record(flight.client, flight.meter, now)
         self._dispatch(now)
 
     def _client_gone(self, flight: _Flight, now: float) -> None:
         """The client went away: as the sidecar's handler reacts to its cancellation."""
         self._flush_one(flight)
+        if flight.stream:
+            flight.meter.contents(flight.times)
         flight.ended = True
         del self._flights[flight.client.plan.request_id]
+        self._dispatched.pop(flight.client.plan.request_id, None)
         request = flight.queued
         assert request is not None
         if request.state is RequestState.QUEUED:
@@ -237,8 +256,8 @@ class Simulation:
     def _end_run(self, now: float) -> None:
         """The load generator stops: whatever is still in flight is cut off."""
         for flight in list(self._flights.values()):
-            flight.meter.cancelled(now)
             self._client_gone(flight, now)
+            flight.meter.cancelled(now)
             self.records.append(flight.meter.record())
 
     # ------------------------------------------------------------------ sidecar -> engines
@@ -269,6 +288,7 @@ class Simulation:
                 continue
             flight.meter.response(now, 200, headers)
             flight.engine, flight.seq = engine, seq
+            self._dispatched[plan.request_id] = flight
             if engine.front_end.instant:
                 engine.model.add(seq)
                 if not engine.busy:
@@ -304,10 +324,10 @@ class Simulation:
     # ------------------------------------------------------------------ engines -> clients
 
     def _flush_one(self, flight: _Flight) -> None:
-        if flight.unreported:
-            n, flight.unreported = flight.unreported, 0
-            del self._unreported[flight.client.plan.request_id]
-            self.core.on_tokens_streamed(flight.queued, n, flight.last_token_s)  # type: ignore[arg-type]
+        n = len(flight.times) - flight.reported
+        if n and flight.stream:
+            flight.reported += n
+            self.core.on_tokens_streamed(flight.queued, n, flight.times[-1])  # type: ignore[arg-type]
 
     def _flush(self) -> None:
         """Tell the core of every token streamed so far.
@@ -320,53 +340,49 @@ class Simulation:
         end) and reports each request's tokens in one call: the same sums, a fraction of
         the calls. While requests are queued, tokens are reported step by step as live.
         """
-        if not self._unreported:
-            return
-        core = self.core
-        for flight in self._unreported.values():
-            n, flight.unreported = flight.unreported, 0
-            core.on_tokens_streamed(flight.queued, n, flight.last_token_s)  # type: ignore[arg-type]
-        self._unreported.clear()
+        for flight in self._dispatched.values():
+            if len(flight.times) > flight.reported:
+                self._flush_one(flight)
 
     def _step_end(self, engine: SimEngine, now: float) -> None:
-        result = engine.finish_step(now)
-        # The emulator's loop schedules its next step before any handler runs.
-        if engine.model.has_work:
-            self._start(engine, now)
+        result, following = engine.advance(now)
+        if following is not None:
+            self._order += 1
+            heapq.heappush(self._heap, (following, self._order, _STEP, engine))
         flights = self._flights
-        core = self.core
-        if core.scheduler.queued_requests:
+        if self._scheduler.queued_requests:
             self._flush()
+            core = self.core
             for seq in result.emitted:
                 flight = flights.get(seq.request_id)
-                if flight is None or not flight.client.plan.stream:
-                    continue
-                core.on_tokens_streamed(flight.queued, 1, now)  # type: ignore[arg-type]
-                flight.meter.content(now)
+                if flight is not None:
+                    flight.times.append(now)
+                    if flight.stream:
+                        flight.reported += 1
+                        core.on_tokens_streamed(flight.queued, 1, now)  # type: ignore[arg-type]
         else:
-            unreported = self._unreported
             for seq in result.emitted:
                 flight = flights.get(seq.request_id)
-                if flight is None or not flight.client.plan.stream:
-                    continue
-                if not flight.unreported:
-                    unreported[seq.request_id] = flight
-                flight.unreported += 1
-                flight.last_token_s = now
-                flight.meter.content(now)
-        if not result.finished:
-            return
-        for seq in result.finished:
-            flight = flights.pop(seq.request_id, None)
+                if flight is not None:
+                    flight.times.append(now)
+        if result.finished:
+            self._finished(result.finished, now)
+
+    def _finished(self, finished: list[Sequence], now: float) -> None:
+        core = self.core
+        for seq in finished:
+            flight = self._flights.pop(seq.request_id, None)
             if flight is None:
                 continue
+            del self._dispatched[seq.request_id]
             self._flush_one(flight)
             flight.ended = True
             request = flight.queued
             assert request is not None
             meter = flight.meter
             usage = {"prompt_tokens": seq.prompt_tokens, "completion_tokens": seq.output_tokens}
-            if flight.client.plan.stream:
+            if flight.stream:
+                meter.contents(flight.times)
                 meter.feed(b'data: {"choices":[],"usage":' + orjson.dumps(usage)
                            + b"}\n\ndata: [DONE]\n\n", now)
             else:

@@ -26,19 +26,18 @@ def test_sample_equals_the_parsed_exposition_at_every_step() -> None:
     for i in range(24):
         engine.model.add(engine.sequence(f"r{i}", 40 + 17 * i, 30 + i, True, i % 3, 0.0))
     now, compared, preempted = 0.0, 0, 0
-    while engine.model.has_work:
-        end = engine.start_step(now)
-        assert end is not None
+    end = engine.start_step(now)
+    while end is not None:
         # Mid-step (a scrape while the step runs) and after it.
         assert engine.sample(now) == _live(metrics, now)
-        result = engine.finish_step(end)
+        result, following = engine.advance(end)
         metrics.on_step(result, lag_s=0.0)
         for seq in result.finished:
             metrics.on_finish(seq)
         preempted += len(result.batch.preempted)
         assert engine.sample(end) == _live(metrics, end)
         compared += 2
-        now = end
+        now, end = end, following
     assert compared > 50
     assert preempted > 0  # the counter was exercised
     assert engine.sample(now).generation_tokens_total == sum(30 + i for i in range(24))
