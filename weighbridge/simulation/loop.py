@@ -100,6 +100,7 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
         self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
+        self._holding = False  # tokens were held back from the core (see _flush)
         self._heap: list[tuple[float, int, int, Any]] = []
         self._tenant_of_key: dict[str, str | None] = {}
         self._order = 0
@@ -340,6 +341,9 @@ class Simulation:
         end) and reports each request's tokens in one call: the same sums, a fraction of
         the calls. While requests are queued, tokens are reported step by step as live.
         """
+        if not self._holding:
+            return
+        self._holding = False
         for flight in self._dispatched.values():
             if len(flight.times) > flight.reported:
                 self._flush_one(flight)
@@ -360,7 +364,8 @@ class Simulation:
                     if flight.stream:
                         flight.reported += 1
                         core.on_tokens_streamed(flight.queued, 1, now)  # type: ignore[arg-type]
-        else:
+        elif result.emitted:
+            self._holding = True
             for seq in result.emitted:
                 flight = flights.get(seq.request_id)
                 if flight is not None:

@@ -33,7 +33,8 @@ from weighbridge.simulation.loop import Simulation, SimulationResult
 from weighbridge.simulation.trace import read_trace
 from weighbridge.stack import SCENARIOS_DIR, StackSpec, sidecar_config
 
-__all__ = ["BASELINE", "Inputs", "RunOutcome", "policy_stack", "run_policy", "sidecar_for"]
+__all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "policy_stack", "run_policy",
+           "scenario_load", "sidecar_for", "trace_load"]
 
 BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.demo.baseline_stack)
 POLICIES = ("drr", "rr", "fcfs", "passthrough", BASELINE)
@@ -98,7 +99,7 @@ def find_scenario(name_or_file: str) -> Scenario:
 
 
 @dataclass(frozen=True)
-class _Load:
+class Load:
     """The clients of a run and what run.json says about them."""
 
     clients: Clients
@@ -109,7 +110,7 @@ class _Load:
     options: dict[str, Any]
 
 
-def _workload_load(inputs: Inputs, run_id: str) -> _Load:
+def scenario_load(inputs: Inputs, run_id: str) -> Load:
     del run_id
     scenario = find_scenario(inputs.scenario or inputs.stack.loadgen.scenario)
     tenants_file = inputs.tenants_file or (inputs.stack.tenants_file
@@ -126,11 +127,11 @@ def _workload_load(inputs: Inputs, run_id: str) -> _Load:
         "scale": inputs.scale, "stretch": inputs.stretch, "seed": inputs.seed,
         "run_time_s": inputs.duration_s, "processes": 1,
         **({"victim": workload.victim} if workload.victim else {})}
-    return _Load(WorkloadClients(workload, inputs.seed, until), scenario.name, until,
+    return Load(WorkloadClients(workload, inputs.seed, until), scenario.name, until,
                  workload.tenant_infos(), workload.phase_infos(until), options)
 
 
-def _trace_load(inputs: Inputs, config: Config, run_id: str) -> _Load:
+def trace_load(inputs: Inputs, config: Config, run_id: str) -> Load:
     assert inputs.trace is not None
     trace = read_trace(inputs.trace, run_id=run_id)
     requests = []
@@ -160,7 +161,7 @@ def _trace_load(inputs: Inputs, config: Config, run_id: str) -> _Load:
     used = {r.tenant for r in requests}
     tenants = [TenantInfo(name=name, tier=t.tier, weight=t.weight)
                for name, t in config.tenants.items() if name in used]
-    return _Load(TraceClients(requests), scenario, end, tenants, phases, options)
+    return Load(TraceClients(requests), scenario, end, tenants, phases, options)
 
 
 def _git_commit() -> str | None:
@@ -181,8 +182,8 @@ def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
     config = sidecar_for(stack)
     name = label or policy or config.scheduler.policy
     run_id = f"simulated-{name}"
-    load = _trace_load(inputs, config, run_id) if inputs.trace is not None \
-        else _workload_load(inputs, run_id)
+    load = trace_load(inputs, config, run_id) if inputs.trace is not None \
+        else scenario_load(inputs, run_id)
     simulation = Simulation(config, engines_for(stack), load.clients, run_id=run_id,
                             scenario=load.scenario, until_s=load.until_s)
     result = simulation.run()

@@ -1,0 +1,130 @@
+"""How fast ``weighbridge simulate`` runs: the noisy_neighbour scenario stretched to one hour
+on the demo's two engines, on one core.
+
+The simulation is the real SchedulingCore in front of two StepModel engines in virtual time
+(weighbridge/simulation/loop.py). Figures: simulated seconds per CPU second of the loop (the
+target is >= 200x real time; 1,000x is the aim), CPU per simulated request and per engine
+step, and the floor: the same engines' StepModel alone replaying the very sequences the run
+sent them (``emulator.engine.simulate``), i.e. what no sidecar model could go below.
+
+CPU time is the process's own (``time.process_time``) with the thread pinned to one core,
+so neighbours' load shows as run-queue wait (reported), not as slower figures; the machine's
+load average is in the note all the same (SMT siblings and caches are shared).
+
+``python -m benchmarks simulate_speed [--quick]`` (quick: 5 minutes of traffic, not 60)
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from benchmarks._system import choose_pinning, load_average, pin_this_thread, thread_sched
+from emulator.engine import Sequence, StepModel, simulate
+from weighbridge.simulation.engines import SimEngine, engine_config, engine_profile
+from weighbridge.simulation.loop import Simulation, SimulationResult
+from weighbridge.simulation.run import Inputs, scenario_load, sidecar_for
+from weighbridge.stack import DEFAULT_STACK, load_stack
+
+TARGET = 200.0
+AIM = 1000.0
+SCENARIO = "noisy_neighbour"
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Measurement:
+    result: SimulationResult
+    cpu_s: float
+    wait_s: float
+    floor_cpu_s: float  # the engines alone, same sequences
+
+
+class _Recording(SimEngine):
+    """An engine that keeps a copy of every sequence it is sent (for the floor)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[Sequence] = []
+
+    def sequence(self, *args: Any, **kwargs: Any) -> Sequence:
+        seq = super().sequence(*args, **kwargs)
+        self.sent.append(Sequence(seq.request_id, seq.prompt_tokens, seq.target_output_tokens,
+                                  seq.max_tokens, seq.arrival_s, seq.priority))
+        return seq
+
+
+def _measure(stretch: float) -> Measurement:
+    stack = load_stack(DEFAULT_STACK)
+    inputs = Inputs(stack=stack, scenario=SCENARIO, stretch=stretch, seed=1)
+    load = scenario_load(inputs, "bench")
+    options = stack.engines.emulator
+    engines = [_Recording(f"engine-{i}", options, seed_offset=i)
+               for i in range(stack.engines.count)]
+    simulation = Simulation(sidecar_for(stack), list(engines), load.clients, run_id="bench",
+                            scenario=SCENARIO, until_s=load.until_s)
+    before = thread_sched()
+    result = simulation.run()
+    spent = thread_sched() - before
+    floor = 0.0
+    for engine in engines:
+        # What the engine was sent (at the time it was sent), through the StepModel alone.
+        model = StepModel(engine_config(options), engine_profile(options))
+        started = time.process_time()
+        for _ in simulate(model, engine.sent, until_s=load.until_s):
+            pass
+        floor += time.process_time() - started
+    return Measurement(result, spent.cpu_s, spent.wait_s, floor)
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    stretch = 5.0 if ctx.quick else 60.0
+    pinning = choose_pinning()
+    ctx.log(f"{SCENARIO} stretched x{stretch:g} on the demo stack, {REPEATS} runs, "
+            f"{pinning.describe()}")
+    runs: list[Measurement] = []
+    with pin_this_thread(pinning.server):
+        for i in range(REPEATS):
+            m = _measure(stretch)
+            runs.append(m)
+            ctx.log(f"run {i + 1}: {m.result.end_s / m.cpu_s:,.0f}x real time "
+                    f"({m.cpu_s:.1f} s CPU, {m.wait_s:.1f} s waiting for the core)")
+    median = sorted(runs, key=lambda m: m.cpu_s)[len(runs) // 2]
+    r = median.result
+    speedup = r.end_s / median.cpu_s
+    per_request = median.cpu_s / len(r.records) * 1e6
+    per_step = median.cpu_s / r.engine_steps * 1e6
+    floor_step = median.floor_cpu_s / r.engine_steps * 1e6
+    rows = [(f"{m.result.end_s:,.0f}", f"{len(m.result.records):,}",
+             f"{m.result.engine_steps:,}", f"{m.cpu_s:.1f}", f"{m.wait_s:.1f}",
+             f"**{m.result.end_s / m.cpu_s:,.0f}x**",
+             f"{m.cpu_s / len(m.result.records) * 1e6:,.0f}",
+             f"{m.cpu_s / m.result.engine_steps * 1e6:.1f}",
+             f"{m.floor_cpu_s / m.result.engine_steps * 1e6:.1f}") for m in runs]
+    passed = speedup >= TARGET
+    return BenchResult(
+        summary=[f"{SCENARIO} stretched to {r.end_s:,.0f} s on 2 engines: **{speedup:,.0f}x** "
+                 f"real time on one core (median of {REPEATS}; target >= {TARGET:,.0f}x, aim "
+                 f"{AIM:,.0f}x): {per_request:,.0f} µs CPU per simulated request, "
+                 f"{per_step:.1f} µs per engine step, of which the StepModel alone is "
+                 f"{floor_step:.1f} µs."],
+        tables=[Table(("simulated s", "requests", "engine steps", "CPU s", "waited s",
+                       "speed-up", "µs CPU / request", "µs CPU / step",
+                       "StepModel alone µs / step"), rows)],
+        notes=[f"Load average at the end: {load_average()} (per-thread CPU time from "
+               "schedstat; 'waited' is time runnable but not running).",
+               "Everything the loop does is counted: client plans, the core's arrive/"
+               "dispatch/accounting, engine steps, scrapes every metrics_poll_ms, records. "
+               "Writing the run directory (Parquet) is not.",
+               "Median run by CPU time; spread (standard deviation) "
+               f"{statistics.pstdev([m.cpu_s for m in runs]):.2f} s."],
+        passed=passed,
+        setup=[pinning.describe()],
+    )
+
+
+BENCHMARK = Benchmark("simulate_speed",
+                      "weighbridge simulate: an hour of noisy_neighbour in virtual time", run)
