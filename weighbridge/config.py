@@ -38,6 +38,8 @@ from pydantic import (
 from pydantic import HttpUrl as _HttpUrl
 from pydantic_core import PydanticCustomError
 
+from weighbridge.tiers import DEFAULT_TIERS
+
 __all__ = [
     "Admission",
     "ApiKey",
@@ -235,11 +237,9 @@ class Tier(_Model):
 
 
 def default_tiers() -> dict[str, Tier]:
-    return {
-        "interactive": Tier(rank=1, ttft_slo_ms=500, vllm_priority=0),
-        "standard": Tier(rank=2, e2e_slo_ms=10_000, vllm_priority=5),
-        "batch": Tier(rank=3, vllm_priority=10),
-    }
+    return {name: Tier(rank=t.rank, vllm_priority=t.vllm_priority, ttft_slo_ms=t.ttft_slo_ms,
+                       e2e_slo_ms=t.e2e_slo_ms)
+            for name, t in DEFAULT_TIERS.items()}
 
 
 class Limits(_Model):

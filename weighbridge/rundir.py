@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeFloat, PositiveFloat
 
-from weighbridge.config import default_tiers
 from weighbridge.records import RequestRecord, iter_jsonl, jsonl_to_parquet, read_parquet
+from weighbridge.tiers import DEFAULT_TIERS
 
 __all__ = [
     "REQUESTS_PARQUET",
@@ -74,7 +74,7 @@ def default_tier_infos() -> dict[str, TierInfo]:
             ttft_slo_s=tier.ttft_slo_ms / 1000 if tier.ttft_slo_ms else None,
             e2e_slo_s=tier.e2e_slo_ms / 1000 if tier.e2e_slo_ms else None,
         )
-        for name, tier in default_tiers().items()
+        for name, tier in DEFAULT_TIERS.items()
     }
 
 
