@@ -39,6 +39,7 @@ import yaml
 
 from benchmarks import _prom, _results, _system
 from benchmarks._core import REPO, Benchmark, BenchResult, Table
+from loadgen.accounting import GENERATOR_PROBES, records_by_end
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.records import RequestRecord, read_parquet
 
@@ -47,8 +48,6 @@ MAX_GROWTH = 0.10
 # probes (every 1 s) take pooled connections first-in first-out, so about keep-alive (4 s) x
 # polls per second of them stay warm however long the sidecar idles. Bounded, not a leak.
 UPSTREAM_POOL_BOUND = 4 * (4 + 1) + 1
-# The generator's own request before the run: one chat request measuring the template.
-GENERATOR_PROBES = 1
 LOCUST = Path(sys.executable).with_name("locust")
 SCENARIO_S = 60.0  # the burst scenario's own length; --stretch scales it
 
@@ -223,27 +222,6 @@ def figures(samples: Sequence[Sample], warmup_s: float, window_s: float,
                    max(s.open_fds for s in warm), max(s.open_fds for s in final))
 
 
-# The generator's statuses against the sidecar's ends.
-_SIDECAR_END = {"ok": "completed", "rejected": "rejected", "error": "failed",
-                "cancelled": "cancelled", "timeout": "cancelled"}
-
-
-# Answers the generator records as rejected (they carry a reject-reason header) that the
-# sidecar counts as failed: the backend's fault, not a decision to turn the request away.
-_SIDECAR_FAILURES = frozenset({"backend_failed", "backend_unavailable"})
-
-
-def records_by_end(records: Sequence[RequestRecord]) -> dict[str, int]:
-    """What the generator saw of each request it *sent*, in the sidecar's terms."""
-    counts: dict[str, int] = collections.Counter()
-    for r in records:
-        if r.sent_s is None:
-            continue
-        if r.status == "rejected" and r.reason in _SIDECAR_FAILURES:
-            counts["failed"] += 1
-        else:
-            counts[_SIDECAR_END[r.status]] += 1
-    return dict(counts)
 
 
 def wait_drained(url: str, timeout_s: float = 60.0) -> Ledger:

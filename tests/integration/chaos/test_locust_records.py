@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks.soak import GENERATOR_PROBES, records_by_end
+from loadgen.accounting import GENERATOR_PROBES, records_by_end
 from tests.integration.sidecar.conftest import (
     SMALL_ENGINE,
     ledger,
