@@ -38,8 +38,8 @@ from exporters.inflight import InFlightSet
 from exporters.littles_law import LEVELS, LittlesLawWindow
 from exporters.share import TokenShareWindow
 from exporters.stability import StabilityWindow
-from sidecar.scrape import ScrapeError, parse_vllm_metrics
 from weighbridge.records import STATUSES, RequestRecord
+from weighbridge.vllm_metrics import ScrapeError, parse_vllm_metrics
 
 __all__ = [
     "DECODE_TPS_BUCKETS",

@@ -30,10 +30,10 @@ from sidecar.prompt import PromptError, prompt_tokens
 from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
 from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest
-from sidecar.scrape import BackendSample
 from sidecar.stability import StabilityMeter
 from sidecar.tracing import RequestTrace, RequestTracing
 from weighbridge.config import Config
+from weighbridge.vllm_metrics import BackendSample
 
 log = logging.getLogger("weighbridge.sidecar")
 

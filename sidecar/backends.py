@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import aiohttp
 
 from sidecar.core import SchedulingCore
-from sidecar.scrape import BackendSample, ScrapeError, parse_vllm_metrics
 from weighbridge.config import Backend, Config
+from weighbridge.vllm_metrics import BackendSample, ScrapeError, parse_vllm_metrics
 
 log = logging.getLogger("weighbridge.sidecar")
 
