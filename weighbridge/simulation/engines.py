@@ -3,8 +3,8 @@ counters its ``/metrics`` would show.
 
 The step model is the live emulator's own class (``emulator.engine.StepModel``); only the
 clock differs. What a scrape returns is built from the model's state and the counters the
-emulator's ``EngineMetrics`` keeps, as ``sidecar.scrape.BackendSample``: rendering and parsing
-the Prometheus text on every poll (as live) costs ~1 ms per scrape and would dominate an
+emulator's ``EngineMetrics`` keeps, as ``weighbridge.vllm_metrics.BackendSample``: rendering
+and parsing the Prometheus text on every poll (as live) costs ~1 ms per scrape and would dominate an
 hour-long run, so the equality of both paths is a test instead
 (tests/unit/simulation/test_engines.py renders the live exposition and parses it with the
 sidecar's parser).
@@ -16,8 +16,8 @@ from emulator.engine import Batch, EngineConfig, Sequence, StepModel, StepResult
 from emulator.eos import EosModel
 from emulator.frontend import ApiFrontEnd
 from emulator.profiles import StepTimeProfile, get_profile
-from sidecar.scrape import BackendSample
 from weighbridge.stack import EmulatorOptions
+from weighbridge.vllm_metrics import BackendSample
 
 __all__ = ["SimEngine", "engine_config", "engine_profile"]
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from emulator.metrics import EngineMetrics
-from sidecar.scrape import parse_vllm_metrics
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.stack import EmulatorOptions
+from weighbridge.vllm_metrics import parse_vllm_metrics
 
 # A small KV cache so the run preempts (the preemption counter must agree too).
 OPTIONS = EmulatorOptions(profile="h100-llama3-8b", max_num_seqs=8, max_num_batched_tokens=256,
