@@ -93,8 +93,10 @@ def sweep_html(sweep: Sweep, points: dict[str, dict[str, dict[str, Any]]],
             ys = [_number(points[label].get(policy, {}).get(key)) for label in labels]
             ax.plot(xs, ys, marker="o", label=policy)
         ax.set(xlabel=sweep.key, ylabel=title, title=title)
-        if not numeric:
-            ax.set_xticks(xs, [str(v) for v in values])
+        ax.set_xticks(xs, [str(v) for v in values])
+        seen = [v for line in ax.get_lines() for v in line.get_ydata() if v > 0]
+        if key.endswith("_s") and seen and max(seen) / min(seen) > 50:
+            ax.set_yscale("log")  # a flood moves latencies by orders of magnitude
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
         parts.append(f'<img alt="{html.escape(title)}" '
