@@ -80,7 +80,9 @@ class SimulationResult:
 
 class Simulation:
     def __init__(self, config: Config, engines: list[SimEngine], clients: Clients, *,
-                 run_id: str, scenario: str, until_s: float) -> None:
+                 run_id: str, scenario: str, until_s: float, drain: bool = False) -> None:
+        """``drain``: end as soon as every request has ended (a trace replay), not at
+        ``until_s`` (a scenario runs to its end, as a live run does)."""
         names = [b.name for b in config.backends]
         if names != [e.name for e in engines]:
             raise ValueError(f"engines {[e.name for e in engines]} do not match the config's "
@@ -96,6 +98,7 @@ class Simulation:
         self.run_id = run_id
         self.scenario = scenario
         self.until_s = until_s
+        self.drain = drain
         self.poll_s = config.admission.metrics_poll_ms / 1000
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
@@ -151,8 +154,13 @@ class Simulation:
             else:
                 break
             events += 1
+            if self.drain and k == n and not self._flights and not any(
+                    e[2] == _ARRIVE for e in heap):
+                until = t  # every request has ended
+                break
         self._events = events
         self._end_run(until)
+        self.until_s = until
         holds = {f"{backend or '-'}/{reason}": n
                  for (backend, reason), n in sorted(self.core.holds.items())}
         return SimulationResult(

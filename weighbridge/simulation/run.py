@@ -30,7 +30,7 @@ from weighbridge.rundir import (
 from weighbridge.simulation.clients import Clients, TraceClients, WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation, SimulationResult
-from weighbridge.simulation.trace import read_trace
+from weighbridge.simulation.trace import DEFAULT_TIMEOUT_S, read_trace
 from weighbridge.stack import SCENARIOS_DIR, StackSpec, sidecar_config
 
 __all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "policy_stack", "run_policy",
@@ -108,6 +108,7 @@ class Load:
     tenants: list[TenantInfo]
     phases: list[PhaseInfo]
     options: dict[str, Any]
+    drain: bool = False  # end when every request has ended (until_s is then a bound)
 
 
 def scenario_load(inputs: Inputs, run_id: str) -> Load:
@@ -142,7 +143,10 @@ def trace_load(inputs: Inputs, config: Config, run_id: str) -> Load:
                              f"sidecar config (tenants: {', '.join(config.tenants)})")
         request.plan = dataclasses.replace(request.plan, tier=tenant.tier)
         requests.append(request)
-    end = trace.end_s + 1e-9 if inputs.duration_s is None else inputs.duration_s
+    # Without --duration a replay runs until its last request ends (bounded by the clients'
+    # timeout after the last send).
+    drain = inputs.duration_s is None
+    end = trace.end_s + DEFAULT_TIMEOUT_S if drain else inputs.duration_s
     # A recorded run's own run.json, beside its requests.parquet, gives the phases and the
     # victim, so the replay's report has the same isolation section.
     phases = [PhaseInfo(name="trace", start_s=0.0, end_s=end)]
@@ -152,8 +156,6 @@ def trace_load(inputs: Inputs, config: Config, run_id: str) -> Load:
     recorded = inputs.trace.parent / "run.json"
     if recorded.is_file():
         info = read_run_info(inputs.trace.parent)
-        if info.duration_s and inputs.duration_s is None:
-            end = info.duration_s
         phases = [p for p in info.phases if p.start_s < end] or phases
         scenario = info.scenario
         if "victim" in info.options:
@@ -161,7 +163,7 @@ def trace_load(inputs: Inputs, config: Config, run_id: str) -> Load:
     used = {r.tenant for r in requests}
     tenants = [TenantInfo(name=name, tier=t.tier, weight=t.weight)
                for name, t in config.tenants.items() if name in used]
-    return Load(TraceClients(requests), scenario, end, tenants, phases, options)
+    return Load(TraceClients(requests), scenario, end, tenants, phases, options, drain)
 
 
 def _git_commit() -> str | None:
@@ -185,21 +187,23 @@ def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
     load = trace_load(inputs, config, run_id) if inputs.trace is not None \
         else scenario_load(inputs, run_id)
     simulation = Simulation(config, engines_for(stack), load.clients, run_id=run_id,
-                            scenario=load.scenario, until_s=load.until_s)
+                            scenario=load.scenario, until_s=load.until_s, drain=load.drain)
     result = simulation.run()
     run_dir.mkdir(parents=True, exist_ok=True)
     write_parquet(result.records, run_dir / REQUESTS_PARQUET)
     statuses = Counter(r.status for r in result.records)
     info = RunInfo.now(
         run_id=run_id, scenario=load.scenario, target="simulated", git_commit=_git_commit(),
-        duration_s=load.until_s, tenants=load.tenants, phases=load.phases,
+        duration_s=result.end_s, tenants=load.tenants,
+        phases=[p.model_copy(update={"end_s": min(p.end_s, result.end_s)})
+                for p in load.phases if p.start_s < result.end_s],
         options={**load.options, "simulated": True, "policy": name, "stack": stack.name,
                  "engines": stack.engines.count, "model": stack.engines.emulator.model_name},
         generator={"simulated": True, "requests": len(result.records),
                    "statuses": dict(sorted(statuses.items())),
                    "engine_steps": result.engine_steps, "events": result.events,
                    "wall_s": result.wall_s,
-                   "speedup": load.until_s / result.wall_s if result.wall_s > 0 else None,
+                   "speedup": result.end_s / result.wall_s if result.wall_s > 0 else None,
                    "holds": result.holds})
     write_run_info(run_dir, info)
     return RunOutcome(name, run_dir, result)

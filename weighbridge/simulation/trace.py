@@ -34,7 +34,7 @@ from loadgen.tenants import ENDPOINT_PATHS
 from weighbridge.records import FIELD_NAMES
 from weighbridge.simulation.clients import ClientRequest
 
-__all__ = ["Trace", "TraceError", "read_trace"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Trace", "TraceError", "read_trace"]
 
 _TIME = ("scheduled_s", "arrival_s", "t")
 _OUTPUT = ("output_tokens", "max_tokens")

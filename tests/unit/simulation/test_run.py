@@ -89,6 +89,9 @@ def test_a_recorded_run_replays_as_a_trace(inputs: Inputs, demo_run: Path,
     info = read_run_info(replay.run_dir)
     assert [p.name for p in info.phases] == ["quiet", "flood", "recovery"]
     assert info.options["victim"] == "victim" and info.options["policy"] == "fcfs"
+    # Without --duration a replay runs until its last request has ended: none is cut off.
+    assert "cancelled" not in Counter(r.status for r in replayed)
+    assert info.duration_s == max(r.end_s for r in replayed)
     # The same requests through a request-level FIFO: the victim waits behind the flood.
     by_status = Counter(r.status for r in replayed)
     assert by_status["ok"] > 100
