@@ -164,3 +164,18 @@ def test_record_before_the_end_is_a_bug() -> None:
 def test_percentile_is_within_the_data(values: list[float], q: float) -> None:
     ordered = sorted(values)
     assert ordered[0] <= percentile(ordered, q) <= ordered[-1]
+
+
+@settings(max_examples=50)
+@given(st.lists(st.floats(0, 100, allow_nan=False), max_size=20),
+       st.lists(st.floats(0, 100, allow_nan=False), max_size=20))
+def test_contents_in_bulk_measures_as_chunk_by_chunk(first: list[float],
+                                                     then: list[float]) -> None:
+    one, bulk = _meter(), _meter()
+    for t in first + then:
+        one.content(t)
+    bulk.contents(first)
+    bulk.contents(then)
+    for m in (one, bulk):
+        m.finish(200.0)
+    assert bulk.record() == one.record()
