@@ -14,15 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 from bokeh.embed import components
-from bokeh.models import (
-    BoxAnnotation,
-    ColumnDataSource,
-    HoverTool,
-    Label,
-    Legend,
-    LegendItem,
-    Span,
-)
+from bokeh.model import Model
+from bokeh.models import ColumnDataSource, HoverTool, Range1d
+from bokeh.models.annotations import BoxAnnotation, Label, Legend, LegendItem, Span
+from bokeh.models.renderers import GlyphRenderer
 from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from bokeh.resources import Resources
@@ -39,7 +34,7 @@ class Rendered:
     divs: dict[str, str]  # chart key -> its <div>
 
 
-def _figure(chart: Chart):  # type: ignore[no-untyped-def]  # bokeh's figure is untyped
+def _figure(chart: Chart) -> figure:
     p = figure(height=320, sizing_mode="stretch_width", title=chart.title,
                x_axis_label=chart.x_label, y_axis_label=chart.y_label,
                x_axis_type="log" if chart.x_log else "linear",
@@ -57,14 +52,14 @@ def _figure(chart: Chart):  # type: ignore[no-untyped-def]  # bokeh's figure is 
         p.add_layout(Label(x=x, y=4, y_units="screen", text=label, text_font_size="8pt",
                            text_color="#555555", x_offset=3))
     if chart.y_range is not None and not chart.y_log:
-        p.y_range.start, p.y_range.end = chart.y_range
+        p.y_range = Range1d(start=chart.y_range[0], end=chart.y_range[1])
     return p
 
 
-def figure_of(chart: Chart):  # type: ignore[no-untyped-def]
+def figure_of(chart: Chart) -> figure:
     p = _figure(chart)
     colours: dict[str, str] = {}
-    items: dict[str, list] = {}  # type: ignore[type-arg]
+    items: dict[str, list[GlyphRenderer]] = {}
     for line in chart.lines:
         colour = colours.setdefault(line.group or line.name,
                                     Category10_10[len(colours) % len(Category10_10)])
@@ -73,10 +68,11 @@ def figure_of(chart: Chart):  # type: ignore[no-untyped-def]
         source = ColumnDataSource({"x": np.asarray(line.x, dtype=np.float64),
                                    "y": np.asarray(line.y, dtype=np.float64),
                                    "name": [line.name] * len(line.x)})
-        style = {"line_color": colour, "line_width": 2,
-                 "line_dash": "dashed" if line.dashed else "solid"}
-        drawn = (p.step(x="x", y="y", source=source, mode="after", **style) if line.step
-                 else p.line(x="x", y="y", source=source, **style))
+        dash = "dashed" if line.dashed else "solid"
+        drawn = (p.step(x="x", y="y", source=source, mode="after", line_color=colour,
+                        line_width=2, line_dash=dash) if line.step
+                 else p.line(x="x", y="y", source=source, line_color=colour, line_width=2,
+                             line_dash=dash))
         items.setdefault(line.group or line.name, []).append(drawn)
     hover = HoverTool(tooltips=[("", "@name"), (chart.x_label, "@x{0,0.[00]}"),
                                 (chart.y_label, "@y{0,0.[000]}")],
@@ -90,7 +86,7 @@ def figure_of(chart: Chart):  # type: ignore[no-untyped-def]
 
 
 def render(charts: Sequence[Chart]) -> Rendered:
-    figures = {c.key: figure_of(c) for c in charts}
+    figures: dict[str, Model] = {c.key: figure_of(c) for c in charts}
     script, divs = components(figures)
     # Bokeh's core library alone: these charts use no widgets, tables, WebGL or MathJax
     # (INLINE would add all of them: 4 MB instead of 1.3).

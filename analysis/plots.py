@@ -5,6 +5,7 @@ leaves no figures behind)."""
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -31,16 +32,17 @@ def png(chart: Chart) -> bytes:
     fig = Figure(figsize=(11, 3.6))
     ax = fig.add_subplot()
     _shade_phases(ax, chart)
-    colours: dict[str, str] = {}
+    colours: dict[str, Any] = {}
     for line in chart.lines:
-        style = {"linestyle": "--" if line.dashed else "-", "label": line.name}
-        if line.group in colours:  # a group shares its colour (a tenant's share, entitlement)
-            style["color"] = colours[line.group]
+        # A group shares its colour (a tenant's share and its entitlement).
+        colour = colours.get(line.group)
+        dash = "--" if line.dashed else "-"
         if line.step:
-            drawn = ax.step(line.x, line.y, where="post", **style)
+            drawn = ax.step(line.x, line.y, where="post", linestyle=dash, label=line.name,
+                            color=colour)
         else:
             drawn = ax.plot(line.x, line.y, marker="." if line.x.size < 200 else None,
-                            **style)
+                            linestyle=dash, label=line.name, color=colour)
         colours.setdefault(line.group, drawn[0].get_color())
     for x, _label in chart.marks:
         ax.axvline(x, linestyle="--", linewidth=1, color="0.4")

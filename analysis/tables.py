@@ -10,6 +10,7 @@ baseline (collapsed: it is long), and the run's metadata.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +40,7 @@ RUN = "Run"
 class Table:
     title: str
     columns: tuple[str, ...]
-    rows: list[tuple[str, ...]]
+    rows: Sequence[tuple[str, ...]]
     notes: list[str] = field(default_factory=list)
     group: str = ""
     collapsed: bool = False  # HTML and Markdown: folded under its title until opened

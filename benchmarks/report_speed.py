@@ -3,8 +3,8 @@
 A synthetic run directory (20 tenants over three tiers, quiet/flood/recovery phases, every
 status, 1 h of arrivals) is written as the load generator leaves one: run.json and a
 ``requests.parquet`` in 50,000-row groups, as ``finish_run`` writes it. The figure is the
-whole report — read, analyse, text, Markdown, HTML with its four plots, summary.json and
-lengths.json — against the baseline of reading the same file with
+whole report — read, analyse, text, Markdown with its PNG plots, HTML with its interactive
+plots, summary.json and lengths.json — against the baseline of reading the same file with
 ``pyarrow.parquet.read_table`` in the same run.
 
 ``python -m benchmarks report_speed [--quick]`` (``--quick``: 100,000 records).
@@ -123,7 +123,8 @@ def run(ctx: BenchContext) -> BenchResult:
         notes=["The report reads only the columns it needs, labels as dictionaries "
                "(pandas categoricals), and never builds RequestRecord objects.",
                "End to end as the CLI runs it, minus interpreter start-up and imports: read, "
-               "analyse, rich text (into a buffer), Markdown, HTML with four PNG plots, "
+               "analyse, rich text (into a buffer), Markdown with its PNG plots, HTML with its "
+               "interactive plots, "
                "summary.json and lengths.json written to disk."],
         passed=passed,
     )
