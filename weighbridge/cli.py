@@ -1,4 +1,11 @@
-"""The ``weighbridge`` command line. Thin: it validates flags and hands off to the parts."""
+"""The ``weighbridge`` command line. Thin: it validates flags and hands off to the parts.
+
+Each command imports its part inside the function, on purpose: the parts' dependencies are
+extras (a ``weighbridge[sidecar]`` install has no pandas or Locust, so ``weighbridge
+sidecar`` must not import analysis/ or loadgen/), and ``weighbridge --help`` stays quick.
+They are not hidden: import-linter reads function-level imports too, and the contracts in
+pyproject.toml put this module at the top of the layering (docs/architecture.md).
+"""
 
 from __future__ import annotations
 
@@ -366,8 +373,7 @@ def up(
 
     from rich.console import Console
 
-    from weighbridge.demo import sigterm_as_interrupt
-    from weighbridge.launch import LaunchError
+    from weighbridge.launch import LaunchError, sigterm_as_interrupt
     from weighbridge.stack import DEFAULT_STACK, LocalStack, StackError, load_stack
 
     console = Console()

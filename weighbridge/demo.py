@@ -17,14 +17,11 @@ report compares them. Output directory::
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from rich import box
@@ -32,9 +29,19 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from weighbridge.launch import free_port
+from analysis.frame import load_run
+from analysis.report import SUMMARY_JSON, ReportRequest, make_report
+from analysis.summary import analyse, summary
+from weighbridge.launch import free_port, sigterm_as_interrupt
 from weighbridge.loadrun import LoadRun
-from weighbridge.stack import DEFAULT_STACK, LocalStack, Ports, PrometheusMode, StackSpec
+from weighbridge.stack import (
+    DEFAULT_STACK,
+    LocalStack,
+    Ports,
+    PrometheusMode,
+    StackSpec,
+    load_stack,
+)
 
 __all__ = ["ARMS", "DemoOptions", "Headline", "baseline_stack", "headline", "run_demo"]
 
@@ -181,19 +188,6 @@ def verdict(base: Headline, fair: Headline) -> str:
 # ----------------------------------------------------------------------------- running
 
 
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so every ``with`` block stops its children."""
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 @dataclass(frozen=True)
 class DemoResult:
     baseline: Headline
@@ -231,9 +225,6 @@ def _run_arm(spec: StackSpec, arm: str, options: DemoOptions, progress: Progress
 
 
 def run_demo(options: DemoOptions, console: Console) -> DemoResult:
-    from analysis.report import SUMMARY_JSON, ReportRequest, make_report
-    from weighbridge.stack import load_stack
-
     spec = load_stack(options.stack_file)
     out = options.out
     for arm in ARMS:
@@ -272,7 +263,4 @@ def _summary_of(out: Path, arm: str, report_summary: dict[str, Any]) -> dict[str
     again (the report keeps only its headline differences)."""
     if arm == "weighbridge":
         return report_summary
-    from analysis.frame import load_run
-    from analysis.summary import analyse, summary
-
     return summary(analyse(load_run(out / arm), REPORT_WINDOW_S))

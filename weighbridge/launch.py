@@ -16,12 +16,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
+from types import FrameType, TracebackType
 
 import httpx
+import yaml
 
 
 class LaunchError(RuntimeError):
@@ -178,8 +179,6 @@ def sidecar_process(config: Mapping[str, object], name: str = "sidecar",
                     config_dir: Path | None = None) -> ServerProcess:
     """A ``weighbridge sidecar`` child serving ``config`` (a mapping in the YAML schema,
     written to a file next to its log)."""
-    import yaml
-
     port = port or free_port(host)
     directory = Path(config_dir or tempfile.mkdtemp(prefix="weighbridge-sidecar-"))
     path = directory / f"{name}.yaml"
@@ -188,3 +187,16 @@ def sidecar_process(config: Mapping[str, object], name: str = "sidecar",
                             str(port))
     return ServerProcess(name=name, argv=argv, url=f"http://{host}:{port}",
                          health_path="/healthz")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so every ``with`` block stops its children."""
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadgen.scenario import discover_scenarios
 from weighbridge.launch import log_tail
 from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.rundir import REQUESTS_PARQUET
@@ -35,8 +36,6 @@ def scenario_duration_s(name: str, stretch: float = 1.0, tenants_file: Path | No
                         scenarios_dir: Path = SCENARIOS_DIR) -> float:
     """How long scenario ``name`` runs (its phases, stretched); raises ValueError when it
     is unknown or open-ended."""
-    from loadgen.scenario import discover_scenarios
-
     # The locustfile is not a scenario and importing it would load Locust (and gevent's
     # monkey-patching) into this process.
     scenarios = discover_scenarios(scenarios_dir, exclude=(scenarios_dir / "locustfile.py",))

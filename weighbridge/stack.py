@@ -32,6 +32,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from emulator.engine import EngineConfig
+from emulator.profiles import get_profile
 from weighbridge.config import ConfigError, parse_config
 from weighbridge.launch import (
     LaunchError,
@@ -40,6 +42,7 @@ from weighbridge.launch import (
     free_port,
     sidecar_process,
 )
+from weighbridge.prometheus import ScrapeTarget, binary, prometheus_process, rule_files
 from weighbridge.resources import DEPLOY_DIR, SCENARIOS_DIR
 
 __all__ = [
@@ -105,9 +108,6 @@ class EmulatorOptions(_Model):
 
     def check(self) -> None:
         """The emulator's own start-up checks, run at load time (ValueError)."""
-        from emulator.engine import EngineConfig
-        from emulator.profiles import get_profile
-
         get_profile(self.profile)
         EngineConfig(max_num_seqs=self.max_num_seqs,
                      max_num_batched_tokens=self.max_num_batched_tokens,
@@ -277,8 +277,6 @@ def _display_path(path: Path) -> str:
 
 
 def _prometheus_available() -> bool:
-    from weighbridge.prometheus import binary
-
     try:
         binary("prometheus")
     except LaunchError:
@@ -343,8 +341,6 @@ class LocalStack:
         return self
 
     def _prometheus_process(self) -> ServerProcess:
-        from weighbridge.prometheus import ScrapeTarget, prometheus_process, rule_files
-
         assert self.sidecar is not None
         targets = [ScrapeTarget(JOB_SIDECAR, self.sidecar.url)]
         targets += [ScrapeTarget(JOB_ENGINES, p.url) for p in self.engines]
