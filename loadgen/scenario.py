@@ -99,12 +99,6 @@ class Workload:
         """When the last phase ends (math.inf when it is open-ended)."""
         return self.phases[-1].end_s
 
-    def phase_at(self, t: float) -> str:
-        for span in self.phases:
-            if t < span.end_s:
-                return span.name
-        return self.phases[-1].name
-
     def phase_infos(self, run_end_s: float) -> list[PhaseInfo]:
         """The phases as run.json has them, cut at the run's end."""
         return [

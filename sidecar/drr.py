@@ -113,9 +113,6 @@ class DeficitRoundRobin:
     def __contains__(self, flow: object) -> bool:
         return flow in self._flows
 
-    def is_active(self, flow: str) -> bool:
-        return self._flows[flow].active
-
     @property
     def active_count(self) -> int:
         return self._active

@@ -145,9 +145,6 @@ class Ledger:
         else:
             tally.failed += 1
 
-    def is_open(self, request_id: str) -> bool:
-        return request_id in self._open
-
     # ------------------------------------------------------------------ views
 
     def tallies(self) -> dict[tuple[str, str], Tally]:

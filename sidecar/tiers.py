@@ -23,10 +23,6 @@ class TierSelector:
         self._weight = anti_starvation_weight
         self._yield_credit = dict.fromkeys(self._by_rank, 0.0)
 
-    @property
-    def by_rank(self) -> list[str]:
-        return list(self._by_rank)
-
     def order(self, backlogged: Callable[[str], bool]) -> list[str]:
         """The backlogged tiers in the order this decision should try them.
 
