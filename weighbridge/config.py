@@ -1,8 +1,9 @@
 """The configuration schema shared by every weighbridge part, loaded from YAML.
 
-The YAML layout is the contract of issue 3: extend it, never rename a field. Models are
-strict (YAML already carries types, so a quoted number is a mistake, not a conversion) and
-forbid unknown keys so that a typo fails loudly instead of silently using a default.
+The YAML layout is a contract (docs/sidecar.md, "Configuration reference"): extend it,
+never rename a field. Models are strict (YAML already carries types, so a quoted number is a
+mistake, not a conversion) and forbid unknown keys so that a typo fails loudly instead of
+silently using a default.
 
 Every problem is reported by ``load_config`` / ``parse_config`` as one ``ConfigError`` whose
 message lists each error as ``dotted.path: message``.

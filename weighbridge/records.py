@@ -1,9 +1,10 @@
 """The request record: one row per request, JSONL while a run is going, Parquet at the end.
 
-Field names and order are the DESIGN.md contract shared by the load generator, the
-exporters and the analysis. Times are seconds since run start. Derived quantities
-(``ttft_s``, ``e2e_s``, ``decode_tps``) are properties, never stored, so they cannot
-disagree with the fields they come from.
+Field names and order are a contract shared by the load generator, the exporters and the
+analysis (docs/loadgen.md, "Measurement definitions"): extend it, never rename a field.
+Times are seconds since run start. Derived quantities (``ttft_s``, ``e2e_s``,
+``decode_tps``) are properties, never stored, so they cannot disagree with the fields they
+come from.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from weighbridge.records import (
     write_parquet,
 )
 
-# The DESIGN.md contract, in order.
+# The record contract (docs/loadgen.md, "Measurement definitions"), in order.
 DESIGN_FIELDS = [
     "run_id",
     "scenario",
