@@ -24,6 +24,7 @@ from grafana_foundation_sdk.builders import dashboard as dashboard_builder
 from grafana_foundation_sdk.builders import prometheus as prometheus_builder
 from grafana_foundation_sdk.builders import stat as stat_builder
 from grafana_foundation_sdk.builders import timeseries as timeseries_builder
+from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import common as sdk_common
 from grafana_foundation_sdk.models import dashboard as sdk
@@ -96,7 +97,7 @@ class Panel:
         if not 1 <= self.width <= GRID_WIDTH:
             raise ValueError(f"panel {self.title!r}: width must be 1-{GRID_WIDTH}")
 
-    def build(self, panel_id: int, x: int, y: int) -> dashboard_builder.Panel:
+    def build(self, panel_id: int, x: int, y: int) -> cogbuilder.Builder[sdk.Panel]:
         steps = [sdk.Threshold(None, "green")]
         steps += [sdk.Threshold(t.value, t.color) for t in self.thresholds]
         mappings: list[sdk.ValueMapping] = []

@@ -63,7 +63,8 @@ def _run(argv: list[str], cwd: Path, timeout_s: float) -> subprocess.CompletedPr
 def _where(venv: Path, cwd: Path) -> dict[str, object]:
     done = _run([str(venv / "bin" / "python"), "-c", WHERE], cwd, 60)
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)  # type: ignore[no-any-return]
+    where: dict[str, object] = json.loads(done.stdout)
+    return where
 
 
 def test_the_installed_package_finds_its_files_in_the_venv(venv: Path, tmp_path: Path) -> None:
