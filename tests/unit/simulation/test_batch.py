@@ -50,3 +50,24 @@ def test_the_ideal_bound_for_the_demo_stack() -> None:
     alone, flooded = bound["alone"], bound["flooded"]
     assert 0 < alone["ttft_p50_s"] <= flooded["ttft_p50_s"]
     assert bound["victim_ttft_ratio"] >= 1.0
+
+
+def test_the_command_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from weighbridge.cli import app
+
+    trace = tmp_path / "trace.csv"
+    pacsv.write_csv(pa.table({"t": [0.0, 0.5, 1.0], "tenant": ["victim", "steady-a", "victim"],
+                              "prompt_tokens": [100, 200, 300], "output_tokens": [10, 20, 30]}),
+                    trace)
+    out = tmp_path / "cli"
+    result = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--duration", "3",
+                                      "--policy", "drr,fcfs", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "token throughput" in result.output and "fcfs" in result.output
+    assert (out / "drr" / "requests.parquet").is_file()
+    assert (out / "fcfs" / "requests.parquet").is_file()
+    bad = CliRunner().invoke(app, ["simulate", "--policy", "lottery", "--out",
+                                   str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "unknown policy" in bad.output
