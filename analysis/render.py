@@ -86,7 +86,7 @@ def to_markdown(title: str, head: Headline, tables: Iterable[Table],
             lines += [f"## {group}", ""]
         if t.collapsed:
             lines += [f"<details><summary>{html.escape(t.title)}</summary>", ""]
-        else:
+        elif t.title != group:  # a group of one table is titled once
             lines += [f"### {t.title}", ""]
         lines += [*_md_table(t.columns, t.rows), ""]
         lines += [f"{note}  " for note in t.notes]
@@ -171,7 +171,7 @@ def to_html(title: str, head: Headline, tables: Iterable[Table], charts: Sequenc
             parts.append(f"<h2>{e(group)}</h2>")
         if t.collapsed:
             parts.append(f"<details><summary>{e(t.title)}</summary>")
-        else:
+        elif t.title != group:
             parts.append(f"<h3>{e(t.title)}</h3>")
         parts.append(_html_table(t.columns, t.rows))
         parts += [f"<p class='note'>{e(n)}</p>" for n in t.notes]
