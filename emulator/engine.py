@@ -76,6 +76,15 @@ class EngineConfig:
         return self.num_kv_blocks * self.block_size
 
 
+def kv_blocks_for_bytes(memory_bytes: int, block_size: int, kv_bytes_per_token: int) -> int:
+    """How many KV blocks a cache of ``memory_bytes`` holds, as vLLM sizes it from
+    ``--kv-cache-memory-bytes``: whole blocks of ``block_size`` tokens of
+    ``kv_bytes_per_token`` each (the remainder is unused)."""
+    if memory_bytes < 1 or block_size < 1 or kv_bytes_per_token < 1:
+        raise ValueError("memory_bytes, block_size and kv_bytes_per_token must be >= 1")
+    return memory_bytes // (block_size * kv_bytes_per_token)
+
+
 @dataclass(eq=False, slots=True)
 class Sequence:
     """One request inside the engine. ``target_output_tokens`` is how many tokens it will
@@ -369,7 +378,10 @@ class StepModel:
                 if victim_index < i:
                     i -= 1
             if seq.status is not SequenceStatus.RUNNING:
-                continue  # preempted itself; running[i] is now the next sequence
+                # It preempted itself: nothing lower to preempt is left. vLLM stops scheduling
+                # running sequences here (under fcfs it was the last one anyway; under
+                # priority the ones after it wait for the next step).
+                break
             scheduled[seq] = n
             budget -= n
             i += 1

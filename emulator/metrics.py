@@ -34,8 +34,33 @@ def one_two_five_buckets(maximum: int) -> tuple[float, ...]:
         exponent += 1
 
 
+def cache_config_labels(config: EngineConfig, kv_bytes_per_token: int,
+                        num_gpu_blocks_override: int | None,
+                        kv_cache_memory_bytes: int | None) -> dict[str, str]:
+    """The labels of ``vllm:cache_config_info`` that describe the KV cache's size, as vLLM
+    0.32 spells them (what an admission controller reads to learn the engine's capacity).
+    vLLM exports many more configuration labels; these are the ones the emulator models."""
+    tokens = config.kv_capacity_tokens
+    memory = kv_cache_memory_bytes
+    if memory is None and kv_bytes_per_token:
+        memory = tokens * kv_bytes_per_token
+    return {
+        "block_size": str(config.block_size),
+        "num_gpu_blocks": str(config.num_kv_blocks),
+        "num_gpu_blocks_override": str(num_gpu_blocks_override),
+        "kv_cache_memory_bytes": str(memory),
+        "kv_cache_size_tokens": str(tokens),
+        # As vLLM: how many max_model_len requests the cache holds at once.
+        "kv_cache_max_concurrency": str(tokens / config.max_model_len),
+        "enable_prefix_caching": "False",
+        "cache_dtype": "auto",
+    }
+
+
 class EngineMetrics:
-    def __init__(self, model: StepModel, model_name: str, engine: str = "0") -> None:
+    def __init__(self, model: StepModel, model_name: str, engine: str = "0", *,
+                 num_gpu_blocks_override: int | None = None,
+                 kv_cache_memory_bytes: int | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         config: EngineConfig = model.config
         labels = ("model_name", "engine")
@@ -51,10 +76,11 @@ class EngineMetrics:
               lambda: model.num_waiting)
         gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
               lambda: model.kv_cache_usage)
+        cache = cache_config_labels(config, model.profile.kv_bytes_per_token,
+                                    num_gpu_blocks_override, kv_cache_memory_bytes)
         info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
-                     ("block_size", "num_gpu_blocks", "enable_prefix_caching", "engine"),
-                     registry=r)
-        info.labels(str(config.block_size), str(config.num_kv_blocks), "False", engine).set(1)
+                     (*cache, "engine"), registry=r)
+        info.labels(*cache.values(), engine).set(1)
 
         def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, labels, registry=r)

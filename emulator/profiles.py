@@ -1,5 +1,7 @@
-"""Step-time profiles: how long one engine step takes, as a linear model of its batch, and
-what the API server in front of the engine adds per request.
+"""Step-time profiles: how long one engine step takes, as a linear model of its batch, what
+the API server in front of the engine adds per request and per streamed token, and how many
+KV-cache bytes one token takes (to size the cache in bytes, as vLLM's
+``--kv-cache-memory-bytes``).
 
 ``t_step = t_fixed + t_prefill_token * prefill_tokens + t_decode_seq * decode_seqs
 + t_kv_token * kv_tokens_in_batch``
@@ -26,10 +28,17 @@ class StepTimeProfile:
     # (vLLM's frontend admits concurrent requests one at a time) and a parallel latency.
     t_api_serial: float = 0.0
     t_api_latency: float = 0.0
+    # The same single front end streams every generated token (detokenise, encode, write):
+    # seconds per token, serial with the admission work above, so a new request waits
+    # behind the streaming of the running ones.
+    t_api_token: float = 0.0
+    # KV-cache bytes per token (2 x layers x kv_heads x head_dim x dtype bytes): what turns
+    # a cache size in bytes into blocks. 0: unknown (the cache can only be sized in blocks).
+    kv_bytes_per_token: int = 0
 
     def __post_init__(self) -> None:
         for field in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token",
-                      "t_api_serial", "t_api_latency"):
+                      "t_api_serial", "t_api_latency", "t_api_token", "kv_bytes_per_token"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
 
@@ -52,14 +61,20 @@ PROFILES: dict[str, StepTimeProfile] = {
     # on a 2-core x86_64 box; see docs/emulator.md#cpu-tiny and benchmarks/calibrate_cpu_tiny.py.
     # t_prefill_token: between the calibration session (17.7 us) and the fidelity benchmark's
     # (~10 us): the real server's prefill speed varied ~2x between sessions on that host.
+    # t_decode_seq and t_kv_token: the calibration's engine-clock fit (real vLLM's step time
+    # barely grows with context: 0.07 us per token, not the client fit's 0.32), which the
+    # flood regime of benchmarks/fidelity.py needs (~19k context tokens per step); t_api_token:
+    # the front end's streaming work, which the 32-stream TTFT needs. See docs/emulator.md.
     "cpu-tiny": StepTimeProfile(
         name="cpu-tiny",
         t_fixed=0.00253,
         t_prefill_token=0.000014,
-        t_decode_seq=0.000149,
-        t_kv_token=0.00000032,
+        t_decode_seq=0.000170,
+        t_kv_token=0.00000007,
         t_api_serial=0.0035,
         t_api_latency=0.0037,
+        t_api_token=0.0001,
+        kv_bytes_per_token=2048,  # the tiny Llama: 2 x 2 layers x 2 kv heads x 64 x float32
     ),
     # Derived from public figures (docs/emulator.md#h100-llama3-8b): 16 GB of bf16 weights read
     # at ~3.35 TB/s per step, ~25k prefill tokens/s effective, 128 KiB of KV per token.
@@ -69,6 +84,7 @@ PROFILES: dict[str, StepTimeProfile] = {
         t_prefill_token=0.00004,
         t_decode_seq=0.00003,
         t_kv_token=0.00000004,
+        kv_bytes_per_token=131072,  # 2 x 32 layers x 8 kv heads x 128 x bf16
     ),
 }
 

@@ -74,7 +74,8 @@ class EngineRunner:
 
     def submit(self, seq: Sequence) -> TokenStream:
         """Hand a request to the engine after the API server's per-request work: a serial
-        part (one request at a time, as vLLM's frontend) and a parallel latency."""
+        part (one request at a time, as vLLM's frontend, queued behind the streaming work
+        of the tokens already generated) and a parallel latency (emulator/frontend.py)."""
         self.model.check(seq)
         self._seeds += 1
         stream = TokenStream(seq=seq, seed=self._seeds)
@@ -128,6 +129,8 @@ class EngineRunner:
             timeline = target_end
             result = model.complete(batch, end)
             self.metrics.on_step(result, lag_s=end - target_end)
+            if result.emitted:
+                self._front_end.streamed(end, len(result.emitted))
             for seq in result.emitted:
                 stream = self._streams.get(seq.request_id)
                 if stream is not None:
@@ -149,6 +152,11 @@ class EmulatorSettings:
     seed: int = 0
     mean_output_tokens: float = 128.0
     vocab_size: int = 32000
+    # How the KV cache was sized, as vLLM's flags (reported in vllm:cache_config_info):
+    # a block count (--num-gpu-blocks-override) and/or bytes (--kv-cache-memory-bytes);
+    # engine.num_kv_blocks is the result either way.
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
 
 
 class Emulator:
@@ -157,7 +165,10 @@ class Emulator:
     def __init__(self, settings: EmulatorSettings, profile: StepTimeProfile) -> None:
         self.settings = settings
         self.model = StepModel(settings.engine, profile)
-        self.metrics = EngineMetrics(self.model, settings.model_name)
+        self.metrics = EngineMetrics(
+            self.model, settings.model_name,
+            num_gpu_blocks_override=settings.num_gpu_blocks_override,
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes)
         self.runner = EngineRunner(self.model, self.metrics)
         self.eos = EosModel(settings.mean_output_tokens, settings.seed)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES,

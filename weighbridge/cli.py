@@ -38,7 +38,15 @@ def emulator(
     max_num_seqs: Annotated[int, typer.Option(help="Most sequences running at once.")] = 64,
     max_num_batched_tokens: Annotated[int, typer.Option(
         help="Token budget B of one step.")] = 2048,
-    num_kv_blocks: Annotated[int, typer.Option(help="KV-cache size in blocks.")] = 512,
+    num_kv_blocks: Annotated[int | None, typer.Option(
+        "--num-kv-blocks", "--num-gpu-blocks-override",
+        help="KV-cache size in blocks (vLLM's --num-gpu-blocks-override); default 512 "
+             "unless --kv-cache-memory-bytes sizes it.")] = None,
+    kv_cache_memory_bytes: Annotated[int | None, typer.Option(
+        help="KV-cache size in bytes, as vLLM's flag: as many whole blocks as fit, at the "
+             "profile's KV bytes per token. --num-kv-blocks wins when both are given.")] = None,
+    kv_bytes_per_token: Annotated[int | None, typer.Option(
+        help="Override: KV-cache bytes per token (for --kv-cache-memory-bytes).")] = None,
     block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
     max_model_len: Annotated[int, typer.Option(
         help="Longest prompt + output accepted.")] = 4096,
@@ -65,20 +73,31 @@ def emulator(
         help="Override: API-server seconds per request, one request at a time.")] = None,
     t_api_latency: Annotated[float | None, typer.Option(
         help="Override: API-server latency per request, in parallel.")] = None,
+    t_api_token: Annotated[float | None, typer.Option(
+        help="Override: API-server seconds per streamed token, serial with admission.")] = None,
 ) -> None:
     """Serve a vLLM-compatible engine emulator (OpenAI API and vLLM's /metrics)."""
-    from emulator.engine import EngineConfig
+    from emulator.engine import EngineConfig, kv_blocks_for_bytes
     from emulator.profiles import get_profile
     from emulator.server import EmulatorSettings, run_emulator
 
     try:
         step_profile = get_profile(profile).with_overrides(
             t_fixed=t_fixed, t_prefill_token=t_prefill_token, t_decode_seq=t_decode_seq,
-            t_kv_token=t_kv_token, t_api_serial=t_api_serial, t_api_latency=t_api_latency)
+            t_kv_token=t_kv_token, t_api_serial=t_api_serial, t_api_latency=t_api_latency,
+            t_api_token=t_api_token, kv_bytes_per_token=kv_bytes_per_token)
+        # As vLLM: a block count wins over a size in bytes; without either, 512 blocks.
+        blocks = num_kv_blocks
+        if blocks is None and kv_cache_memory_bytes is not None:
+            if not step_profile.kv_bytes_per_token:
+                raise ValueError(f"profile {profile} has no KV bytes per token: give "
+                                 "--kv-bytes-per-token or size the cache in blocks")
+            blocks = kv_blocks_for_bytes(kv_cache_memory_bytes, block_size,
+                                         step_profile.kv_bytes_per_token)
         engine = EngineConfig(
             max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens,
-            num_kv_blocks=num_kv_blocks,
+            num_kv_blocks=512 if blocks is None else blocks,
             block_size=block_size,
             max_model_len=max_model_len,
             scheduling_policy=scheduling_policy,  # type: ignore[arg-type]
@@ -89,10 +108,11 @@ def emulator(
         raise typer.BadParameter(str(e)) from None
     settings = EmulatorSettings(model_name=model_name, engine=engine, profile_name=profile,
                                 seed=seed, mean_output_tokens=mean_output_tokens,
-                                vocab_size=vocab_size)
+                                vocab_size=vocab_size, num_gpu_blocks_override=num_kv_blocks,
+                                kv_cache_memory_bytes=kv_cache_memory_bytes)
     typer.echo(f"weighbridge emulator: {model_name} on http://{host}:{port} "
                f"(profile {profile}, {max_num_seqs} seqs, B={max_num_batched_tokens}, "
-               f"{num_kv_blocks}x{block_size} KV tokens)", err=True)
+               f"{engine.num_kv_blocks}x{block_size} KV tokens)", err=True)
     run_emulator(settings, step_profile, host, port)
 
 

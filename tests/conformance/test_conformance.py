@@ -198,8 +198,15 @@ def test_metric_names_types_and_labels(backend: Backend) -> None:
     assert dict(labels) == {"model_name": backend.model, "engine": "0"}
     _, info = metrics["vllm:cache_config_info"]
     ((_, labels), _), = info.items()
-    assert dict(labels)["block_size"] == "32"
-    assert dict(labels)["num_gpu_blocks"] == "64"
+    cache = dict(labels)
+    assert cache["block_size"] == "32"
+    assert cache["num_gpu_blocks"] == "64"
+    # What an admission controller reads to learn the KV capacity (issue 14): the same on
+    # both (the tiny model's KV is 2,048 bytes per token in float32).
+    assert cache["num_gpu_blocks_override"] == "64"
+    assert cache["kv_cache_size_tokens"] == str(64 * 32)
+    assert cache["kv_cache_memory_bytes"] == str(64 * 32 * 2048)
+    assert float(cache["kv_cache_max_concurrency"]) == 64 * 32 / backend.max_model_len
 
 
 async def test_counters_rise_and_histogram_counts_match_requests(backend: Backend) -> None:

@@ -103,6 +103,52 @@ def test_priority_policy_preempts_the_lowest_priority() -> None:
     assert preempted[0] is a
 
 
+def test_priority_self_preemption_stops_scheduling_the_running_ones() -> None:
+    # As vLLM: a sequence that is itself the lowest-priority one when it needs a block is
+    # preempted, and the running sequences after it are not scheduled in that step.
+    model = _kv_pressure_model("priority")
+    a = seq("a", 3, 8, 0.0, priority=0)
+    b = seq("b", 3, 8, 1.0, priority=5)
+    c = seq("c", 3, 8, 2.0, priority=0)
+    model.add(a)
+    model.add(b)
+    now = model.step(0.0).end_s  # type: ignore[union-attr]  # a, b prefilled: one block each
+    model.add(c)
+    now = model.step(now).end_s  # type: ignore[union-attr]  # c prefilled: one block left
+    assert [s.request_id for s in model.running] == ["a", "b", "c"]
+    assert model.free_blocks == 1
+    batch = model.schedule(now)  # a takes the last block; b needs one and is the lowest
+    assert batch is not None
+    assert batch.preempted == [b]
+    assert set(batch.scheduled) == {a}
+    assert c.status is SequenceStatus.RUNNING and c.num_blocks == 1
+
+
+def test_a_preempted_sequence_recomputes_prompt_and_output_then_continues() -> None:
+    # Preemption by recompute: the output generated so far is kept, the KV is dropped, and
+    # on resume the whole prompt + output is prefilled again before the next token.
+    model = _kv_pressure_model("fcfs")
+    a, b, c = seq("a", 4, 8, 0.0), seq("b", 4, 8, 1.0), seq("c", 4, 8, 2.0)
+    for s in (a, b, c):
+        model.add(s)
+    now, out_at_preemption = 0.0, None
+    resumed_chunk = None
+    while model.has_work:
+        was_waiting = c.status is SequenceStatus.WAITING and c.num_preemptions > 0
+        result = model.step(now)
+        assert result is not None
+        if c in result.batch.preempted:
+            out_at_preemption = c.output_tokens
+            assert c.num_computed_tokens == 0 and c.num_blocks == 0
+        if was_waiting and c in result.batch.scheduled and resumed_chunk is None:
+            resumed_chunk = result.batch.scheduled[c]
+            assert c.output_tokens == out_at_preemption + 1  # one new token after recompute
+        now = result.end_s
+    assert out_at_preemption is not None and out_at_preemption >= 1
+    assert resumed_chunk == 4 + out_at_preemption  # prompt + every token generated before
+    assert c.output_tokens == 8 and c.finish_reason == "length"
+
+
 def test_priority_policy_orders_the_waiting_queue() -> None:
     model = StepModel(EngineConfig(max_num_seqs=1, scheduling_policy="priority"), FLAT)
     model.add(seq("late-but-urgent", 4, 1, 5.0, priority=0))
@@ -235,6 +281,50 @@ def test_work_conservation(config: EngineConfig, reqs: list[tuple[float, int, in
                 need = math.ceil(head.num_tokens / config.block_size)
                 assert model.num_running == config.max_num_seqs or need > model.free_blocks
         now = model.complete(batch, now + batch.duration_s).end_s
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(config=configs(), reqs=requests)
+def test_preemption_follows_vllm_v1(config: EngineConfig,
+                                    reqs: list[tuple[float, int, int, int]]) -> None:
+    """Under any load, in virtual time: the victim is the last running sequence (fcfs) or
+    the one with the largest (priority, arrival); it loses its KV but not its output; the
+    victims go back to the front of the waiting queue, the latest first; a step that
+    preempts admits nothing new; and the count exported is the victims'."""
+    model = StepModel(config, FLAT)
+    pending = sorted(_arrivals(reqs), key=lambda s: s.arrival_s)
+    now, k, victims = 0.0, 0, 0
+    while True:
+        while k < len(pending) and pending[k].arrival_s <= now:
+            model.add(pending[k])
+            k += 1
+        running_before = list(model.running)
+        output_before = {s: s.output_tokens for s in running_before}
+        batch = model.schedule(now)
+        if batch is None:
+            if k == len(pending):
+                break
+            now = pending[k].arrival_s
+            continue
+        if batch.preempted:
+            assert all(s in running_before for s in batch.scheduled)  # nothing admitted
+            remaining = list(running_before)
+            for victim in batch.preempted:
+                if config.scheduling_policy == "fcfs":
+                    assert victim is remaining[-1]
+                else:
+                    assert victim.priority_key() == max(s.priority_key() for s in remaining)
+                remaining.remove(victim)
+                assert victim.status is SequenceStatus.WAITING
+                assert victim.num_computed_tokens == 0 and victim.num_blocks == 0
+                assert victim.output_tokens == output_before[victim]
+            if config.scheduling_policy == "fcfs":
+                head = list(model.waiting)[:len(batch.preempted)]
+                assert head == batch.preempted[::-1]
+            victims += len(batch.preempted)
+        now = model.complete(batch, now + batch.duration_s).end_s
+    assert model.num_preemptions == victims == sum(s.num_preemptions for s in pending)
+    assert all(s.output_tokens == s.target_output_tokens for s in pending)
 
 
 def mixed_load_throughput(chunked: bool, profile: str = "cpu-tiny", n: int = 600) -> float:
