@@ -346,7 +346,7 @@ def mixed_load_throughput(chunked: bool, profile: str = "cpu-tiny", n: int = 600
 
 
 def test_chunked_prefill_beats_split_steps_on_a_mixed_load() -> None:
-    # Measured 1.030 (cpu-tiny) and 1.095 (h100-llama3-8b); see docs/emulator.md. The gain is
+    # Measured 1.043 (cpu-tiny) and 1.095 (h100-llama3-8b); see docs/emulator.md. The gain is
     # the fixed cost of the decode-only steps that mixing saves, so it grows with t_fixed.
     assert mixed_load_throughput(True) / mixed_load_throughput(False) > 1.015
     assert (mixed_load_throughput(True, "h100-llama3-8b")
