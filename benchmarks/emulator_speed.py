@@ -37,7 +37,7 @@ from weighbridge.launch import emulator_process
 
 T_STEP_S = 0.01  # the model's step time: t_fixed, every other term zero
 ZERO_FLAGS = ("--t-prefill-token", "--t-decode-seq", "--t-kv-token", "--t-api-serial",
-              "--t-api-latency")
+              "--t-api-latency", "--t-api-token")
 PROMPT = list(range(1, 9))  # 8 token ids
 MIN_TOKENS, MAX_TOKENS = 800, 1200
 BLOCK_SIZE = 16
@@ -221,7 +221,7 @@ def measure(concurrency: int, warmup_s: float, window_s: float,
         # Zeros as strings: emulator_process drops flags whose value == False, and 0 == False.
         t_fixed=T_STEP_S, t_prefill_token="0", t_decode_seq="0", t_kv_token="0",
         # No API-server overhead either: the model under test is the step clock alone.
-        t_api_serial="0", t_api_latency="0",
+        t_api_serial="0", t_api_latency="0", t_api_token="0",
     )
     missing = [f for f in ZERO_FLAGS if f not in proc.argv]
     if missing:  # the ideal rate below would be wrong

@@ -613,7 +613,7 @@ def report(runs: list[PointRun], repeats: int, idle: dict[str, float], quick: bo
         f"t_prefill_token {prof.t_prefill_token * 1e6:.3g} us, t_decode_seq "
         f"{prof.t_decode_seq * 1e6:.3g} us, t_kv_token {prof.t_kv_token * 1e6:.3g} us, "
         f"t_api_serial {prof.t_api_serial * 1e3:.3g} ms, t_api_latency "
-        f"{prof.t_api_latency * 1e3:.3g} ms).",
+        f"{prof.t_api_latency * 1e3:.3g} ms, t_api_token {prof.t_api_token * 1e3:.3g} ms).",
         f"Load: closed loop, c aiohttp workers (uvloop), token-id prompts uniform "
         f"{PROMPT_TOKENS[0]}-{PROMPT_TOKENS[1]} (ids 6-{VOCAB - 1}), outputs uniform "
         f"{OUTPUT_TOKENS[0]}-{OUTPUT_TOKENS[1]} with ignore_eos, streamed with "

@@ -139,7 +139,7 @@ def run(ctx: BenchContext) -> BenchResult:
         max_num_seqs=2048, max_num_batched_tokens=65536, num_kv_blocks=65536, block_size=16,
         # Zeros as strings: emulator_process drops flags whose value == False.
         t_fixed=T_STEP_S, t_prefill_token="0", t_decode_seq="0", t_kv_token="0",
-        t_api_serial="0", t_api_latency="0",
+        t_api_serial="0", t_api_latency="0", t_api_token="0",
     )
     proc.argv = _system.pinned_argv(proc.argv, pinning.server)
     repeats = 1 if ctx.quick else REPEATS

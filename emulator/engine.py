@@ -280,15 +280,23 @@ class StepModel:
     # -- the step ---------------------------------------------------------------------------
 
     def schedule(self, now: float) -> Batch | None:
-        """Pick this step's batch. ``None`` when there is nothing to run."""
+        """Pick this step's batch. ``None`` when there is nothing to run. A step that only
+        preempted (the first running sequence needing a block was itself the victim, under
+        priority) is an empty batch of zero duration, as vLLM skips the model for a step
+        with no tokens; the next step runs the rest."""
         if self._in_flight is not None:
             raise RuntimeError("schedule() called twice without complete()")
         if self.config.chunked_prefill:
             scheduled, preempted = self._schedule_chunked()
         else:
             scheduled, preempted = self._schedule_split()
-        if not scheduled:
+        if not scheduled and not preempted:
             return None
+        if not scheduled:
+            batch = Batch(scheduled={}, prefill_tokens=0, decode_seqs=0, kv_tokens=0,
+                          preempted=preempted, duration_s=0.0)
+            self._in_flight = batch
+            return batch
         prefill_tokens = decode_seqs = kv_tokens = 0
         for seq, n in scheduled.items():
             if seq.first_scheduled_s is None:

@@ -105,6 +105,7 @@ class EmulatorOptions(_Model):
     t_kv_token: float | None = Field(default=None, ge=0)
     t_api_serial: float | None = Field(default=None, ge=0)
     t_api_latency: float | None = Field(default=None, ge=0)
+    t_api_token: float | None = Field(default=None, ge=0)
 
     def check(self) -> None:
         """The emulator's own start-up checks, run at load time (ValueError)."""

@@ -124,6 +124,22 @@ def test_priority_self_preemption_stops_scheduling_the_running_ones() -> None:
     assert c.status is SequenceStatus.RUNNING and c.num_blocks == 1
 
 
+def test_a_step_that_only_preempts_is_empty_and_the_next_one_runs_the_rest() -> None:
+    # Found by the finish-once property: the first running sequence is the lowest priority
+    # and preempts itself, so the step schedules nothing; the engine must go on.
+    config = EngineConfig(max_num_seqs=2, max_num_batched_tokens=16, num_kv_blocks=97,
+                          block_size=4, max_model_len=384, scheduling_policy="priority")
+    model = StepModel(config, FLAT)
+    # Together they need 98 blocks of 97; at 0.36 s, the low one is first to need a block.
+    low = seq("low", 180, 38, 0.0, priority=1)
+    high = seq("high", 169, 2, 0.36, priority=0)
+    results = list(simulate(model, [low, high]))
+    empty = [r for r in results if not r.batch.scheduled]
+    assert empty and all(r.batch.preempted and r.batch.duration_s == 0 for r in empty)
+    assert low.finish_reason == high.finish_reason == "length"
+    assert low.num_preemptions >= 1
+
+
 def test_a_preempted_sequence_recomputes_prompt_and_output_then_continues() -> None:
     # Preemption by recompute: the output generated so far is kept, the KV is dropped, and
     # on resume the whole prompt + output is prefilled again before the next token.
