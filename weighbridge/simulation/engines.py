@@ -89,6 +89,8 @@ class SimEngine:
             self.preemptions_total += len(batch.preempted)
         emitted = result.emitted
         self.generation_tokens_total += len(emitted)
+        if emitted:  # the front end streams them before its next admission, as live
+            self.front_end.streamed(end_s, len(emitted))
         for seq in emitted:
             if seq.output_tokens == 1:
                 self.prompt_tokens_total += seq.prompt_tokens
