@@ -27,16 +27,17 @@ from multiprocessing.connection import Connection
 import aiohttp
 import uvloop
 
+from benchmarks._flood_shape import (  # noqa: F401 - the regime's shape, re-exported
+    ENGINE,
+    FLOOD,
+    FLOOD_REQUESTS,
+    VICTIM,
+    VICTIM_RATE,
+    VICTIM_WINDOW_S,
+)
 from benchmarks.calibrate_cpu_tiny import StreamResult, make_prompt, stream_completion
 from loadgen.measure import percentile
 
-ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 1024,
-          "block_size": 32, "num_kv_blocks": 576}
-FLOOD_REQUESTS = 500
-FLOOD = (512, 192)  # prompt, output tokens
-VICTIM = (64, 16)
-VICTIM_RATE = 4.0  # requests/s, Poisson
-VICTIM_WINDOW_S = 20.0
 START_DELAY_S = 0.5  # both clients get ready, then start together
 METRICS = ("vllm:num_preemptions_total", "vllm:generation_tokens_total",
            "vllm:prompt_tokens_total")

@@ -29,15 +29,17 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script from the vLLM venv: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from emulator.engine import EngineConfig, Sequence, StepModel, simulate  # noqa: E402
-from emulator.profiles import get_profile  # noqa: E402
+from benchmarks._flood_shape import (
+    ENGINE,
+    FLOOD,
+    FLOOD_REQUESTS,
+    VICTIM,
+    VICTIM_RATE,
+    VICTIM_WINDOW_S,
+)
+from emulator.engine import EngineConfig, Sequence, StepModel, simulate
+from emulator.profiles import get_profile
 
-# The flood regime's shape and load (benchmarks/_fidelity_flood.py, kept in step by hand:
-# that module imports aiohttp, which the vLLM venv need not have).
-ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 1024, "max_model_len": 1024,
-          "block_size": 32, "num_kv_blocks": 576}
-FLOOD_REQUESTS, FLOOD = 500, (512, 192)
-VICTIM, VICTIM_RATE, VICTIM_WINDOW_S = (64, 16), 4.0, 20.0
 PROFILE = "cpu-tiny"
 
 
