@@ -10,16 +10,19 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
 from rich.table import Table as RichTable
 
 from analysis.headline import Headline
-from analysis.interactive import Rendered
 from analysis.series import Chart
 from analysis.tables import Table
 from analysis.units import DASH
+
+if TYPE_CHECKING:  # bokeh is imported only when report.html is drawn
+    from analysis.interactive import Rendered
 
 # An undefined cell: the dash, then why in parentheses (analysis/explain.py).
 _WHY = re.compile(rf"^{DASH} \((?P<why>.*)\)$", re.S)

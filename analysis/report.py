@@ -12,7 +12,6 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from analysis import interactive, plots
 from analysis.compare import compare, comparison_json
 from analysis.frame import load_run
 from analysis.gate import Check, Verdict, evaluate
@@ -111,6 +110,8 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
         drawn = charts(analysis, base_analysis) if {"md", "html"} & set(request.formats) \
             else []
         if "md" in request.formats:
+            from analysis import plots  # matplotlib: imported only when a format draws
+
             task = progress.add_task("plotting PNGs", total=len(drawn))
             images = []
             (out / FIGURES_DIR).mkdir(exist_ok=True)
@@ -123,6 +124,8 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
             result.written.append(_write(out / REPORT_MD,
                                          to_markdown(title, head, tables, images)))
         if "html" in request.formats:
+            from analysis import interactive  # bokeh: likewise (a --check gate needs neither)
+
             task = progress.add_task("plotting interactive charts", total=None)
             rendered = interactive.render(drawn)
             progress.update(task, total=1, completed=1)
