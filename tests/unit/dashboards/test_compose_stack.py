@@ -125,8 +125,8 @@ def test_dockerfile_copies_existing_paths_and_every_package() -> None:
                 assert (REPO / source).exists(), source
                 copied.add(source)
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
-    # Every package's source folder: its own name, or where package-dir puts it.
-    folders = {setuptools["package-dir"].get(p, p.replace(".", "/"))
+    # Every package's top source folder: its own root, or where package-dir puts it.
+    folders = {setuptools["package-dir"].get(p, p.split(".")[0])
                for p in setuptools["packages"]}
     assert folders <= copied, folders - copied
 
