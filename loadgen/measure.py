@@ -43,6 +43,8 @@ def percentile(values: Sequence[float], q: float) -> float:
         return math.nan
     pos = (len(values) - 1) * q
     lo, hi = math.floor(pos), math.ceil(pos)
+    if values[lo] == values[hi]:
+        return values[lo]  # also when both are infinite (inf - inf would be nan)
     return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 

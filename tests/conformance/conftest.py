@@ -9,29 +9,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 from emulator.real_vllm import RealVllmServer, tiny_model_dir
+from tests.conformance.backends import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    NUM_KV_BLOCKS,
+    Backend,
+)
 from weighbridge.launch import emulator_process
-
-# The engine shape both backends get. The CPU attention backend wants blocks of 32 tokens;
-# 64 blocks hold two maximal sequences.
-MAX_NUM_SEQS = 4
-MAX_NUM_BATCHED_TOKENS = 512
-MAX_MODEL_LEN = 1024
-BLOCK_SIZE = 32
-NUM_KV_BLOCKS = 64
-
-
-@dataclass(frozen=True)
-class Backend:
-    kind: str
-    url: str
-    model: str
-    max_num_seqs: int = MAX_NUM_SEQS
-    max_model_len: int = MAX_MODEL_LEN
 
 
 @pytest.fixture(scope="session")

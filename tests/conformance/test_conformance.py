@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conformance.conftest import Backend
+from tests.conformance.backends import Backend
+from tests.support import metrics
+from tests.support.metrics import Scrape
 
 pytestmark = pytest.mark.integration
 
@@ -56,27 +57,15 @@ async def post_stream(client: httpx.AsyncClient, url: str, body: dict[str, Any])
         return b"".join([chunk async for chunk in response.aiter_raw()])
 
 
-def scrape(backend: Backend) -> dict[str, Any]:
-    """Family name -> (type, {sample name + sorted labels: value})."""
-    text = httpx.get(f"{backend.url}/metrics", timeout=10).text
-    out: dict[str, Any] = {}
-    for family in text_string_to_metric_families(text):
-        samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}
-        out[family.name] = (family.type, samples)
-    return out
+def scrape(backend: Backend) -> Scrape:
+    return metrics.scrape(backend.url)
 
 
-def sample(metrics: dict[str, Any], family: str, name: str | None = None,
-           **labels: str) -> float:
-    """Sum of the samples of ``name`` in ``family`` whose labels include ``labels``."""
-    _, samples = metrics[family]
-    name = name or family
-    total = 0.0
-    for (sample_name, sample_labels), value in samples.items():
-        label_map = dict(sample_labels)
-        if sample_name == name and all(label_map.get(k) == v for k, v in labels.items()):
-            total += value
-    return total
+def sample(m: Scrape, family: str, name: str | None = None, **labels: str) -> float:
+    """Sum of the samples of ``name`` (default: the family's own) whose labels include
+    ``labels``; the family must be exported."""
+    assert family in m.types, f"{family} not exported"
+    return m.total(name or family, **labels)
 
 
 async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout_s: float,
@@ -189,16 +178,13 @@ EXPECTED_FAMILIES = {
 
 
 def test_metric_names_types_and_labels(backend: Backend) -> None:
-    metrics = scrape(backend)
+    m = scrape(backend)
     for family, kind in EXPECTED_FAMILIES.items():
-        assert family in metrics, f"{family} missing"
-        assert metrics[family][0] == kind, f"{family} is {metrics[family][0]}, not {kind}"
-    _, running = metrics["vllm:num_requests_running"]
-    ((_, labels), _), = running.items()
-    assert dict(labels) == {"model_name": backend.model, "engine": "0"}
-    _, info = metrics["vllm:cache_config_info"]
-    ((_, labels), _), = info.items()
-    cache = dict(labels)
+        assert family in m.types, f"{family} missing"
+        assert m.types[family] == kind, f"{family} is {m.types[family]}, not {kind}"
+    (labels, _), = m.samples["vllm:num_requests_running"]
+    assert labels == {"model_name": backend.model, "engine": "0"}
+    (cache, _), = m.samples["vllm:cache_config_info"]
     assert cache["block_size"] == "32"
     assert cache["num_gpu_blocks"] == "64"
     # What an admission controller reads to learn the KV capacity (issue 14): the same on

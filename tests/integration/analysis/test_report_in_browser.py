@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.integration.analysis.chromium import open_page
-from tests.unit.analysis.conftest import flood_run
+from tests.support.records import flood_run
 from weighbridge.cli import app
 
 VIEWPORT = (1400, 900)

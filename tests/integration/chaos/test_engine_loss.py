@@ -16,19 +16,13 @@ import time
 
 import pytest
 
-from tests.integration.chaos.conftest import assert_conserved
-from tests.integration.driver import Outcome, completion_body, poisson_times, session
-from tests.integration.driver import streamed_request as send_streamed
-from tests.integration.sidecar.conftest import (
-    SMALL_ENGINE,
-    await_for,
-    ledger,
-    running,
-    scrape,
-    settled,
-    start_sidecar,
-    tenant,
-)
+from tests.support.chaos import assert_conserved
+from tests.support.driver import Outcome, completion_body, poisson_times, session
+from tests.support.driver import streamed_request as send_streamed
+from tests.support.ledger import ledger, running, settled
+from tests.support.metrics import scrape
+from tests.support.stack import SMALL_ENGINE, start_sidecar, tenant
+from tests.support.wait import await_for
 from weighbridge.launch import ServerProcess, emulator_process, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

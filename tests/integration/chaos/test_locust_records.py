@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,21 +17,17 @@ import pytest
 import yaml
 
 from loadgen.accounting import GENERATOR_PROBES, records_by_end
-from tests.integration.sidecar.conftest import (
-    SMALL_ENGINE,
-    ledger,
-    scrape,
-    settled,
-    start_sidecar,
-    wait_for,
-)
+from tests.support import locust as locust_run
+from tests.support.ledger import ledger, settled
+from tests.support.metrics import scrape
+from tests.support.stack import SMALL_ENGINE, start_sidecar
+from tests.support.wait import wait_for
 from weighbridge.launch import ServerProcess, emulator_process, free_port
 from weighbridge.records import read_parquet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
 REPO = Path(__file__).resolve().parents[3]
-LOCUST = Path(sys.executable).with_name("locust")
 # 50 tokens/s per sequence: requests last 1-3 s, so several are on each engine at the kill.
 ENGINE = {**SMALL_ENGINE, "max_num_seqs": 32, "num_kv_blocks": 2048, "max_model_len": 4096,
           "t_fixed": 0.02}
@@ -60,9 +55,7 @@ def test_generator_records_agree_with_the_ledger_through_an_engine_kill(
     }).url
     before = ledger(sidecar)
     run_dir = tmp_path / "run"
-    argv = [str(LOCUST), "-f", "scenarios/", "--headless", "--scenario", "steady", "--host",
-            sidecar, "-t", f"{RUN_S}s", "--records-dir", str(run_dir), "--exporter-port", "0",
-            "--only-summary"]
+    argv = locust_run.argv(sidecar, run_dir, f"{RUN_S}s")
     with open(tmp_path / "locust.log", "w") as log:
         locust = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         try:

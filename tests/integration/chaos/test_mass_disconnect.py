@@ -13,21 +13,19 @@ import asyncio
 
 import pytest
 
-from tests.integration.sidecar.conftest import (
+from tests.support.ledger import admin_state, ledger, settled
+from tests.support.metrics import scrape
+from tests.support.raw_client import RawClient
+from tests.support.stack import (
     ADMIN_KEY,
     SMALL_ENGINE,
-    RawClient,
-    admin_state,
     auth,
-    await_for,
     completion,
-    ledger,
-    scrape,
-    settled,
     start_emulator,
     start_sidecar,
     tenant,
 )
+from tests.support.wait import await_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -15,20 +15,12 @@ import asyncio
 import httpx
 import pytest
 
-from tests.integration.chaos.conftest import MetricsFaultBackend
-from tests.integration.sidecar.conftest import (
-    ADMIN_KEY,
-    admin_state,
-    assert_served,
-    auth,
-    await_for,
-    completion,
-    ledger,
-    scrape,
-    settled,
-    start_sidecar,
-    tenant,
-)
+from tests.support.answers import assert_served
+from tests.support.chaos import MetricsFaultBackend
+from tests.support.ledger import admin_state, ledger, settled
+from tests.support.metrics import scrape
+from tests.support.stack import ADMIN_KEY, auth, completion, start_sidecar, tenant
+from tests.support.wait import await_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 

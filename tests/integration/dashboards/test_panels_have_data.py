@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -20,18 +19,18 @@ import pytest
 from dashboards.generate import DASHBOARDS
 from dashboards.model import Query
 from dashboards.variables import E2E_SLO, TTFT_SLO, interpolate
-from tests.integration.prometheus import (
+from tests.support import locust
+from tests.support.prometheus import (
     PrometheusApi,
     ScrapeTarget,
     prometheus_process,
     rule_files,
 )
-from weighbridge.launch import ServerProcess, emulator_process, free_port, sidecar_process
+from weighbridge.launch import emulator_process, free_port, sidecar_process
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
-LOCUST = Path(sys.executable).with_name("locust")
 BACKEND = "emu-0"
 SETTLE_S = 15.0  # load before the first query: several rule evaluations over real traffic
 QUERY_TIMEOUT_S = 20.0
@@ -118,14 +117,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         tenants.write_text(TENANTS_FILE)
         # The exporter's /metrics answering means the run has started. Queries run while
         # the load goes on: a stopped exporter's series go stale at once.
-        processes.enter_context(ServerProcess(
-            name="locust", url=f"http://127.0.0.1:{exporter_port}", health_path="/metrics",
-            argv=[str(LOCUST), "-f", "scenarios/", "--headless", "--scenario", "steady",
-                  "--tenants-file", str(tenants), "--host", sidecar.url,
-                  "-t", "240s", "--stretch", "4",  # the steady phase outlasts the queries
-                  "--records-dir", str(tmp / "run"), "--exporter-port", str(exporter_port),
-                  "--only-summary"],
-            cwd=REPO, log_path=tmp / "locust.log"))
+        processes.enter_context(locust.process(
+            sidecar.url, tmp / "run", "240s", exporter_port, tmp / "locust.log",
+            "--tenants-file", str(tenants),
+            "--stretch", "4"))  # the steady phase outlasts the queries
         api.wait_until_up([t.job for t in targets])
         time.sleep(SETTLE_S)
         yield Stack(api)

@@ -104,12 +104,17 @@ def test_ctrl_c_during_the_demo_stops_every_child(tmp_path: Path) -> None:
             assert demo.poll() is None, demo.communicate(timeout=5)
             assert time.monotonic() < deadline, "the demo never started its first run"
             time.sleep(0.2)
-        time.sleep(2.0)  # mid-flight: requests streaming through every process
-        children = descendants(demo.pid)
-        names = " ".join(" ".join(p.cmdline()) for p in children if alive(p))
-        # Two engines, the sidecar and Locust at least (Prometheus too when installed).
-        assert names.count(" emulator ") == 2, names
-        assert " sidecar " in names and "locust" in names, names
+        # Mid-flight: two engines, the sidecar and Locust at least (Prometheus too when
+        # installed) are running.
+        while True:
+            children = descendants(demo.pid)
+            names = " ".join(" ".join(p.cmdline()) for p in children if alive(p))
+            if (names.count(" emulator ") == 2 and " sidecar " in names
+                    and "locust" in names):
+                break
+            assert demo.poll() is None, demo.communicate(timeout=5)
+            assert time.monotonic() < deadline, f"the stack never ran whole: {names}"
+            time.sleep(0.2)
         os.killpg(demo.pid, signal.SIGINT)
         _, stderr = demo.communicate(timeout=60)
     finally:

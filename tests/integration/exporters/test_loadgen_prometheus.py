@@ -19,25 +19,24 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.prometheus import (
+from tests.support import locust
+from tests.support.prometheus import (
     PrometheusApi,
     ScrapeTarget,
     prometheus_process,
     rule_files,
 )
-from weighbridge.launch import ServerProcess, emulator_process, free_port, sidecar_process
+from weighbridge.launch import emulator_process, free_port, sidecar_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 REPO = Path(__file__).resolve().parents[3]
-LOCUST = Path(sys.executable).with_name("locust")
 DOCS = REPO / "docs" / "metrics.md"
 RULES = REPO / "deploy" / "prometheus" / "rules" / "loadgen.yml"
 SETTLE_S = 20.0  # load before the checks: the windows fill with completed requests
@@ -116,15 +115,11 @@ def steady_run(tmp: Path, *, drop_every: int = 0) -> Iterator[PrometheusApi]:
         stack.callback(api.close)
         tenants = tmp / "tenants.yaml"
         tenants.write_text(TENANTS_FILE)
-        argv = [str(LOCUST), "-f", "scenarios/", "--headless", "--scenario", "steady",
-                "--tenants-file", str(tenants), "--host", sidecar.url, "-t", "120s",
-                "--records-dir", str(tmp / "run"), "--exporter-port", str(port),
-                "--only-summary", "--seed", "5"]
+        extra = ["--tenants-file", str(tenants), "--seed", "5"]
         if drop_every:
-            argv += ["--test-drop-every", str(drop_every)]
-        stack.enter_context(ServerProcess(
-            name="locust", url=f"http://127.0.0.1:{port}", health_path="/metrics", argv=argv,
-            cwd=REPO, log_path=tmp / "locust.log"))
+            extra += ["--test-drop-every", str(drop_every)]
+        stack.enter_context(locust.process(sidecar.url, tmp / "run", "120s", port,
+                                           tmp / "locust.log", *extra))
         api.wait_until_up([t.job for t in targets])
         time.sleep(SETTLE_S)
         yield api

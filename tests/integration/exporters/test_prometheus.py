@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration import driver
-from tests.integration.prometheus import (
+from tests.support import driver
+from tests.support.metrics import parse
+from tests.support.prometheus import (
     REPO,
     RULES_DIR,
     PrometheusApi,
@@ -130,8 +130,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         api.wait_until_up([t.job for t in targets])
         outcomes = asyncio.run(_drive(sidecar.url))
         end = time.time()
-        # Let Prometheus scrape the end of the run and evaluate the rules on it.
-        time.sleep(3.0)
+        # Prometheus scrapes the end of the run and evaluates the rules on it.
+        api.wait_past(end)
         yield Stack(api, emulator.url, sidecar.url, outcomes, end)
 
 
@@ -182,8 +182,8 @@ def test_every_exported_sidecar_metric_is_documented(stack: Stack) -> None:
     """The reverse check: nothing the sidecar exports is left out of docs/metrics.md."""
     documented = {m.name for m in documented_metrics("Sidecar")}
     response = httpx.get(stack.sidecar + "/metrics", timeout=5)
-    exported = {f.name + "_total" if f.type == "counter" else f.name
-                for f in text_string_to_metric_families(response.text)}
+    exported = {name + "_total" if kind == "counter" else name
+                for name, kind in parse(response.text).types.items()}
     assert exported, response.text
     assert exported - documented == set()
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from loadgen.plan import plan_request
 from loadgen.scenario import discover_scenarios
+from tests.support import locust
 from weighbridge.launch import ServerProcess, free_port
 from weighbridge.records import RECORD_SCHEMA, read_parquet
 from weighbridge.rundir import read_run_info
@@ -23,15 +23,10 @@ from weighbridge.rundir import read_run_info
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
-LOCUST = Path(sys.executable).with_name("locust")
 
 
 def _run_locust(host: str, records_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    argv = [str(LOCUST), "-f", "scenarios/", "--headless", "--scenario", "steady",
-            "--host", host, "-t", "20s", "--records-dir", str(records_dir),
-            "--exporter-port", "0", "--only-summary", *extra]
-    return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120,
-                          check=False)
+    return locust.run(host, records_dir, "20s", *extra)
 
 
 def _check_run_dir(run_dir: Path, result: subprocess.CompletedProcess[str]) -> list:
@@ -112,9 +107,7 @@ def test_exporter_serves_per_tenant_metrics_during_a_run(emulator: ServerProcess
                                                          tmp_path: Path) -> None:
     """--exporter-port wires exporters/loadgen.py: the tenants' series are live mid-run."""
     port = free_port()
-    argv = [str(LOCUST), "-f", "scenarios/", "--headless", "--scenario", "steady",
-            "--host", emulator.url, "-t", "8s", "--records-dir", str(tmp_path / "run"),
-            "--exporter-port", str(port), "--only-summary"]
+    argv = locust.argv(emulator.url, tmp_path / "run", "8s", exporter_port=port)
     proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:

@@ -19,14 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.sidecar.conftest import (
-    ADMIN_KEY,
-    ledger,
-    settled,
-    start_emulator,
-    start_sidecar,
-    tenant,
-)
+from tests.support.ledger import ledger, settled
+from tests.support.stack import ADMIN_KEY, start_emulator, start_sidecar, tenant
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -20,16 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.integration.sidecar.conftest import (
-    ADMIN_KEY,
-    StubBackend,
-    assert_rejected,
-    auth,
-    ledger,
-    settled,
-    start_sidecar,
-    tenant,
-)
+from tests.support.answers import assert_rejected
+from tests.support.ledger import ledger, settled
+from tests.support.stack import ADMIN_KEY, auth, start_sidecar, tenant
+from tests.support.stub_backend import StubBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -8,22 +8,21 @@ integers with a limit configured) are in tests/integration/sidecar/test_bad_inpu
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass
 
 import httpx
 import orjson
 import pytest
 
-from tests.integration.chaos.conftest import rss_bytes
-from tests.integration.sidecar.conftest import (
-    assert_served,
+from tests.support.answers import assert_served
+from tests.support.chaos import rss_bytes
+from tests.support.ledger import ledger, settled
+from tests.support.stack import (
+    Stack,
     auth,
     completion,
-    ledger,
-    settled,
-    start_emulator,
-    start_sidecar,
+    start_stack,
     tenant,
 )
 
@@ -33,21 +32,11 @@ KEY = "sk-large"
 LIMIT = 4 << 20  # the default max_body_bytes
 
 
-@dataclass(frozen=True)
-class Stack:
-    sidecar: str
-    pid: int
-
-
 @pytest.fixture(scope="module")
-def stack(processes) -> Stack:
-    emulator = start_emulator(processes)
-    sidecar = start_sidecar(processes, {
+def stack(processes: contextlib.ExitStack) -> Stack:
+    return start_stack(processes, {
         "tenants": {"t": tenant("batch", KEY)},  # no max_tokens_limit: the backend decides
-        "backends": [{"url": emulator.url}],
     })
-    assert sidecar.pid is not None
-    return Stack(sidecar.url, sidecar.pid)
 
 
 def fill(prefix: bytes, unit: bytes, suffix: bytes) -> bytes:

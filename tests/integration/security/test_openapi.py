@@ -19,15 +19,8 @@ import pytest
 import yaml
 
 from sidecar.app import Sidecar
-from tests.integration.sidecar.conftest import (
-    ADMIN_KEY,
-    StubBackend,
-    auth,
-    completion,
-    start_emulator,
-    start_sidecar,
-    tenant,
-)
+from tests.support.stack import ADMIN_KEY, auth, completion, start_emulator, start_sidecar, tenant
+from tests.support.stub_backend import StubBackend
 from weighbridge.config import parse_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

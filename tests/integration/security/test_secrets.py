@@ -19,13 +19,9 @@ import httpx
 import pytest
 
 from tests.integration.exporters.test_otlp_traces import Receiver
-from tests.integration.sidecar.conftest import (
-    SMALL_ENGINE,
-    assert_rejected,
-    assert_served,
-    auth,
-    settled,
-)
+from tests.support.answers import assert_rejected, assert_served
+from tests.support.ledger import settled
+from tests.support.stack import SMALL_ENGINE, auth
 from weighbridge import config as config_module
 from weighbridge.config import parse_config
 from weighbridge.launch import emulator_process, sidecar_process, weighbridge_argv

@@ -10,22 +10,20 @@ in tests/integration/sidecar/test_bad_input.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.integration.chaos.conftest import rss_bytes
-from tests.integration.sidecar.conftest import (
-    assert_rejected,
-    assert_served,
+from tests.support.answers import assert_rejected, assert_served
+from tests.support.chaos import rss_bytes
+from tests.support.ledger import ledger, settled
+from tests.support.stack import (
+    Stack,
     auth,
     completion,
-    ledger,
-    settled,
-    start_emulator,
-    start_sidecar,
+    start_stack,
     tenant,
 )
 
@@ -36,22 +34,12 @@ TIMEOUT_MS = 1500
 DRIP_S = 0.1  # one byte every 100 ms
 
 
-@dataclass(frozen=True)
-class Stack:
-    sidecar: str
-    pid: int
-
-
 @pytest.fixture(scope="module")
-def stack(processes) -> Stack:
-    emulator = start_emulator(processes)
-    sidecar = start_sidecar(processes, {
+def stack(processes: contextlib.ExitStack) -> Stack:
+    return start_stack(processes, {
         "tenants": {"t": tenant("standard", KEY)},
-        "backends": [{"url": emulator.url}],
         "client_timeout_ms": TIMEOUT_MS,
     })
-    assert sidecar.pid is not None
-    return Stack(sidecar.url, sidecar.pid)
 
 
 async def dribble(url: str, head: bytes, drip: bytes, limit_s: float) -> tuple[bytes, float]:

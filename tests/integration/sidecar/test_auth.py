@@ -4,53 +4,38 @@ opens /admin/state, and a request may step down its tenant's tier but never up."
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from pathlib import Path
+import contextlib
 
 import httpx
 import pytest
 
-from tests.integration.sidecar.conftest import (
+from tests.support.answers import assert_rejected, assert_served
+from tests.support.ledger import admin_state, ledger, settled
+from tests.support.metrics import scrape
+from tests.support.raw_client import RawClient
+from tests.support.stack import (
     ADMIN_KEY,
-    RawClient,
-    admin_state,
-    assert_rejected,
-    assert_served,
+    Stack,
     auth,
-    await_for,
     completion,
-    ledger,
-    scrape,
-    settled,
-    start_emulator,
-    start_sidecar,
+    start_stack,
     tenant,
 )
+from tests.support.wait import await_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-@dataclass(frozen=True)
-class Stack:
-    sidecar: str
-    emulator: str
-    log: Path
-
-
 @pytest.fixture(scope="module")
-def stack(processes) -> Stack:
+def stack(processes: contextlib.ExitStack) -> Stack:
     # 50 tokens/s per sequence: a 200-token stream lasts long enough to look at it in flight.
-    emulator = start_emulator(processes, t_fixed=0.02)
-    sidecar = start_sidecar(processes, {
+    return start_stack(processes, {
         "tenants": {
             "gold": tenant("interactive", "sk-gold"),
             "silver": tenant("standard", "sk-silver"),
         },
-        "backends": [{"url": emulator.url}],
         "admin_api_keys": [f"plain:{ADMIN_KEY}"],
-    })
-    assert sidecar.log_path is not None
-    return Stack(sidecar.url, emulator.url, sidecar.log_path)
+    }, t_fixed=0.02)
 
 
 @pytest.mark.parametrize("headers", [

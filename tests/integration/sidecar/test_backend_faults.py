@@ -17,25 +17,13 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.integration.sidecar.conftest import (
-    ADMIN_KEY,
-    SMALL_ENGINE,
-    RawClient,
-    StubBackend,
-    admin_state,
-    assert_rejected,
-    assert_served,
-    auth,
-    await_for,
-    completion,
-    ledger,
-    running,
-    scrape,
-    settled,
-    start_sidecar,
-    tenant,
-    wait_for,
-)
+from tests.support.answers import assert_rejected, assert_served
+from tests.support.ledger import admin_state, ledger, running, settled
+from tests.support.metrics import scrape
+from tests.support.raw_client import RawClient
+from tests.support.stack import ADMIN_KEY, SMALL_ENGINE, auth, completion, start_sidecar, tenant
+from tests.support.stub_backend import StubBackend
+from tests.support.wait import await_for, wait_for
 from weighbridge.launch import ServerProcess, emulator_process, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -4,22 +4,19 @@ under its tenant, and never reaches the backend; never a 5xx."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import contextlib
 
 import httpx
 import orjson
 import pytest
 
-from tests.integration.sidecar.conftest import (
-    assert_rejected,
-    assert_served,
+from tests.support.answers import assert_rejected, assert_served
+from tests.support.ledger import backend_finished, ledger, settled
+from tests.support.stack import (
+    Stack,
     auth,
-    backend_finished,
     completion,
-    ledger,
-    settled,
-    start_emulator,
-    start_sidecar,
+    start_stack,
     tenant,
 )
 
@@ -30,22 +27,13 @@ MAX_TOKENS_LIMIT = 64
 KEY = "sk-bad-input"
 
 
-@dataclass(frozen=True)
-class Stack:
-    sidecar: str
-    emulator: str
-
-
 @pytest.fixture(scope="module")
-def stack(processes) -> Stack:
-    emulator = start_emulator(processes)
-    sidecar = start_sidecar(processes, {
+def stack(processes: contextlib.ExitStack) -> Stack:
+    return start_stack(processes, {
         "tenants": {"t": tenant("standard", KEY)},
-        "backends": [{"url": emulator.url}],
         "max_body_bytes": MAX_BODY_BYTES,
         "max_tokens_limit": MAX_TOKENS_LIMIT,
     })
-    return Stack(sidecar.url, emulator.url)
 
 
 def post(stack: Stack, body: bytes, path: str = "/v1/completions",

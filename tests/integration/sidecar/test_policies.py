@@ -9,19 +9,11 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.integration.sidecar.conftest import (
-    StubBackend,
-    assert_served,
-    auth,
-    completion,
-    ledger,
-    running,
-    scrape,
-    settled,
-    start_emulator,
-    start_sidecar,
-    tenant,
-)
+from tests.support.answers import assert_served
+from tests.support.ledger import ledger, running, settled
+from tests.support.metrics import scrape
+from tests.support.stack import auth, completion, start_emulator, start_sidecar, tenant
+from tests.support.stub_backend import StubBackend
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -11,49 +11,38 @@ else the tests send waits in the sidecar's queue for as long as the test wants.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.integration.sidecar.conftest import (
+from tests.support.answers import assert_rejected, assert_served
+from tests.support.ledger import admin_state, backend_finished, ledger, running, settled
+from tests.support.metrics import scrape
+from tests.support.raw_client import RawClient
+from tests.support.stack import (
     ADMIN_KEY,
-    RawClient,
-    StubBackend,
-    admin_state,
-    assert_rejected,
-    assert_served,
+    Stack,
     auth,
-    await_for,
-    backend_finished,
     completion,
-    ledger,
-    running,
-    scrape,
-    settled,
-    start_emulator,
     start_sidecar,
+    start_stack,
     tenant,
 )
+from tests.support.stub_backend import StubBackend
+from tests.support.wait import await_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 CROWD = 25
 
 
-@dataclass(frozen=True)
-class Stack:
-    sidecar: str
-    emulator: str
-
-
 @pytest.fixture(scope="module")
-def stack(processes) -> Stack:
+def stack(processes: contextlib.ExitStack) -> Stack:
     # 20 tokens/s per sequence: the holder's 2,000-token stream outlasts every test.
-    emulator = start_emulator(processes, t_fixed=0.05)
-    sidecar = start_sidecar(processes, {
+    return start_stack(processes, {
         "tenants": {
             "holder": tenant("batch", "sk-holder"),
             "small": tenant("standard", "sk-small", limits={"max_queued": 2}),
@@ -65,11 +54,9 @@ def stack(processes) -> Stack:
             "crowd": tenant("batch", "sk-crowd", limits={"max_queued": 100}),
             "leaver": tenant("standard", "sk-leaver"),
         },
-        "backends": [{"url": emulator.url}],
         "admission": {"max_inflight_per_backend": 1, "metrics_poll_ms": 100},
         "admin_api_keys": [f"plain:{ADMIN_KEY}"],
-    })
-    return Stack(sidecar.url, emulator.url)
+    }, t_fixed=0.05)
 
 
 async def send(stack: Stack, key: str, body: dict, headers: dict | None = None) -> RawClient:

@@ -4,23 +4,20 @@ for whole and streamed answers alike."""
 
 from __future__ import annotations
 
+import contextlib
 import time
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.integration.sidecar.conftest import (
+from tests.support.answers import assert_rejected, assert_served
+from tests.support.ledger import admin_state, ledger, settled
+from tests.support.stack import (
     ADMIN_KEY,
-    admin_state,
-    assert_rejected,
-    assert_served,
+    Stack,
     auth,
     completion,
-    ledger,
-    settled,
-    start_emulator,
-    start_sidecar,
+    start_stack,
     tenant,
 )
 
@@ -32,18 +29,11 @@ TOKENS_PER_MINUTE = 600
 REFILL_PER_S = TOKENS_PER_MINUTE / 60
 
 
-@dataclass(frozen=True)
-class Stack:
-    sidecar: str
-    emulator: str
-
-
 @pytest.fixture(scope="module")
-def stack(processes) -> Stack:
+def stack(processes: contextlib.ExitStack) -> Stack:
     # 2 ms steps: a 400-token answer takes about a second.
-    emulator = start_emulator(processes, t_fixed=0.002)
     tpm = {"tokens_per_minute": TOKENS_PER_MINUTE}
-    sidecar = start_sidecar(processes, {
+    return start_stack(processes, {
         "tenants": {
             "rpm": tenant("standard", "sk-rpm", limits={"requests_per_minute": 2}),
             "tpm-whole": tenant("standard", "sk-tpm-whole", limits=tpm),
@@ -52,10 +42,8 @@ def stack(processes) -> Stack:
             "per-endpoint": tenant("standard", "sk-endpoint", endpoint_limits={
                 "/v1/chat/completions": {"requests_per_minute": 1}}),
         },
-        "backends": [{"url": emulator.url}],
         "admin_api_keys": [f"plain:{ADMIN_KEY}"],
-    })
-    return Stack(sidecar.url, emulator.url)
+    }, t_fixed=0.002)
 
 
 def post(stack: Stack, key: str, body: dict, path: str = "/v1/completions") -> httpx.Response:

@@ -26,11 +26,13 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.integration import driver
-from tests.integration.scenarios import (
+from exporters.share import jain_index
+from loadgen.measure import percentile
+from tests.support import driver
+from tests.support.metrics import Scrape
+from tests.support.scenarios import (
     MODEL,
     Sampler,
-    Scrape,
     drained,
     engine_tokens,
     fmt_shares,
@@ -151,7 +153,7 @@ async def fairness_phase(session: aiohttp.ClientSession, policy: str, url: str,
     return FairRun(
         policy=policy,
         shares=relative(service),
-        jain=driver.jain_index([service[n] / FAIR_WEIGHTS[n] for n in FAIR_WEIGHTS]),
+        jain=jain_index([service[n] / FAIR_WEIGHTS[n] for n in FAIR_WEIGHTS]),
         tokens_per_s=sum(service.values()) / (FAIR_END_S - FAIR_WARMUP_S),
         counter_shares=relative(counters),
         dispatched_shares=relative(dispatched),
@@ -283,7 +285,7 @@ async def test_interactive_ttft_while_batch_saturates() -> None:
         ttft = [o.ttft_s for o in run.chat if o.ok and o.ttft_s is not None]
         rejected = sorted({o.reject_reason or "" for o in run.chat if not o.ok})
         in_slo = sum(1 for t in ttft if t < 0.5) / len(run.chat)
-        p50, p99 = driver.percentile(ttft, 0.5), driver.percentile(ttft, 0.99)
+        p50, p99 = percentile(sorted(ttft), 0.5), percentile(sorted(ttft), 0.99)
         print(f"\n[tiers] {run.policy}: interactive {len(run.chat)} sent, {len(ttft)} served "
               f"(turned away: {len(run.chat) - len(ttft)} {rejected}); TTFT p50 {p50:.3f} s, "
               f"p99 {p99:.3f} s, max {max(ttft, default=float('nan')):.3f} s; within 500 ms "
@@ -295,7 +297,7 @@ async def test_interactive_ttft_while_batch_saturates() -> None:
     assert drr.min_batch_queued > 0
     ttft = [o.ttft_s for o in drr.chat if o.ok and o.ttft_s is not None]
     assert len(ttft) == len(drr.chat), failures(drr.chat)[:5]
-    assert driver.percentile(ttft, 0.99) < 0.5
+    assert percentile(sorted(ttft), 0.99) < 0.5
     # Without tiers the interactive requests do not get that service.
     baseline_in_slo = [o for o in baseline.chat if o.ok and (o.ttft_s or 1.0) < 0.5]
     assert len(baseline_in_slo) < 0.5 * len(baseline.chat)
@@ -460,7 +462,7 @@ def test_backend_queue_stays_bounded(saturation: dict[str, SatRun]) -> None:
     held = [(t, w) for t, w, q in drr.waiting if q > 0]
     steady = [w for t, w in held if t >= STARTUP_S]
     over = [(round(t, 2), w) for t, w in held if w > bound]
-    median = driver.percentile(steady, 0.5) if steady else float("nan")
+    median = percentile(sorted(steady), 0.5) if steady else float("nan")
     print(f"\n[backend queue] drr: {len(held)} samples of the engine while requests waited "
           f"upstream, waiting max {max((w for _, w in held), default=0):.0f}, {len(over)} "
           f"above {bound}: {over[:10]}; after the first {STARTUP_S:.1f} s: {len(steady)} "
@@ -523,9 +525,9 @@ async def test_routing_least_tokens_vs_round_robin() -> None:
         short = [o.ttft_s for o in outcomes if o.ttft_s is not None and o.tenant == "short"]
         per_backend = {b: sum(1 for o in outcomes if o.backend == b)
                        for b in sorted({o.backend or "" for o in outcomes})}
-        p99[r] = driver.percentile(ttft, 0.99)
+        p99[r] = percentile(sorted(ttft), 0.99)
         print(f"\n[routing] {r}: {len(ttft)} requests ({kinds.count('long')} long); TTFT p50 "
-              f"{driver.percentile(ttft, 0.5):.3f} s, p90 {driver.percentile(ttft, 0.9):.3f} s,"
-              f" p99 {p99[r]:.3f} s; short-only p99 {driver.percentile(short, 0.99):.3f} s; "
+              f"{percentile(sorted(ttft), 0.5):.3f} s, p90 {percentile(sorted(ttft), 0.9):.3f} s,"
+              f" p99 {p99[r]:.3f} s; short-only p99 {percentile(sorted(short), 0.99):.3f} s; "
               f"per backend {list(per_backend.values())}")
     assert p99["least_tokens"] < p99["round_robin"]

@@ -13,7 +13,7 @@ from analysis.capacity import (
     capacity_inputs,
     plan,
 )
-from tests.unit.analysis.conftest import rec, write_run
+from tests.support.records import rec, write_run
 
 
 def test_the_seed_worked_example() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.unit.analysis.conftest import flood_run, rec, write_run
+from tests.support.records import flood_run, rec, write_run
 from weighbridge.cli import app
 
 runner = CliRunner()

@@ -11,7 +11,7 @@ from analysis.headline import headline
 from analysis.render import to_html
 from analysis.summary import analyse, summary
 from analysis.tables import report_tables
-from tests.unit.analysis.conftest import rec, write_run
+from tests.support.records import rec, write_run
 
 
 def undefined_run(tmp_path: Path) -> dict:  # type: ignore[type-arg]

@@ -13,7 +13,7 @@ from analysis.frame import load_run
 from analysis.gate import evaluate, parse_check
 from analysis.headline import headline, reading
 from analysis.summary import analyse, summary
-from tests.unit.analysis.conftest import flood_run
+from tests.support.records import flood_run
 from weighbridge.cli import app
 
 

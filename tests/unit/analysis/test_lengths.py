@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from analysis.frame import load_run
 from analysis.lengths import histogram, length_histograms
-from tests.unit.analysis.conftest import rec, write_run
+from tests.support.records import rec, write_run
 
 
 def test_few_distinct_values_get_exact_bins() -> None:

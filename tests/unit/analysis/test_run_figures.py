@@ -16,7 +16,7 @@ from analysis.stability import offered_tokens, stability
 from analysis.summary import analyse, summary
 from analysis.tenants import tenant_stats
 from analysis.windows import served_tokens, tenant_windows
-from tests.unit.analysis.conftest import rec, write_run
+from tests.support.records import rec, write_run
 
 
 def test_tenant_counts_tokens_and_latency(tmp_path: Path) -> None:

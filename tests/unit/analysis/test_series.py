@@ -16,7 +16,7 @@ from analysis.plots import png
 from analysis.series import charts, share_and_entitlement
 from analysis.summary import analyse
 from analysis.windows import Windows
-from tests.unit.analysis.conftest import flood_run, rec, write_run
+from tests.support.records import flood_run, rec, write_run
 
 
 def test_share_against_entitlement_by_hand(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ import typer.main
 import yaml
 
 from dashboards.generate import DASHBOARDS, JSON_DIR, file_name
-from tests.integration.prometheus import check_config
+from tests.support.prometheus import check_config
 from weighbridge.cli import app
 from weighbridge.config import hash_api_key, load_config
 

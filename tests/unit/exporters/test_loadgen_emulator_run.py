@@ -17,10 +17,10 @@ import aiohttp
 import httpx
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.loadgen import LoadgenExporter
-from tests.integration import driver
+from tests.support import driver
+from tests.support.metrics import parse
 from weighbridge.launch import emulator_process, free_port
 from weighbridge.records import RequestRecord
 
@@ -44,15 +44,6 @@ def to_record(out: driver.Outcome, n: int) -> RequestRecord:
         prompt_tokens=out.prompt_tokens if ok else None,
         output_tokens=out.output_tokens if ok else None, chunks=out.output_tokens if ok else 0,
         status="ok" if ok else "error", http_status=out.status or None)
-
-
-def values(text: str, name: str) -> dict[frozenset[tuple[str, str]], float]:
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name:
-                out[frozenset(s.labels.items())] = s.value
-    return out
 
 
 @dataclass
@@ -83,12 +74,12 @@ def test_steady_emulator_run() -> None:
 
     assert all(r.status == "ok" for r in records), [r for r in records if r.status != "ok"]
     # Mid-run, requests in flight: the honest exporter closes, the lossy one does not.
-    ratios = values(scrapes.mid_honest, "weighbridge_littles_law_ratio")
+    ratios = parse(scrapes.mid_honest).values("weighbridge_littles_law_ratio")
     print("littles_law_ratio mid-run", {tuple(sorted(k)): round(v, 4) for k, v in ratios.items()})
     assert len(ratios) == 4
     for labels, ratio in ratios.items():
         assert 0.9 <= ratio <= 1.1, (labels, ratio)
-    lossy_ratios = values(scrapes.mid_lossy, "weighbridge_littles_law_ratio")
+    lossy_ratios = parse(scrapes.mid_lossy).values("weighbridge_littles_law_ratio")
     print("lossy", {tuple(sorted(k)): round(v, 4) for k, v in lossy_ratios.items()})
     for labels, ratio in lossy_ratios.items():
         assert ratio > 1.1, (labels, ratio)
@@ -96,15 +87,15 @@ def test_steady_emulator_run() -> None:
     # At the end the window holds the whole run: shares are the records'.
     tokens = {t: sum((r.prompt_tokens or 0) + (r.output_tokens or 0) for r in records
                      if r.tenant == t) for t in TENANTS}
-    shares = values(scrapes.end_honest, "weighbridge_tenant_token_share")
+    shares = parse(scrapes.end_honest).values("weighbridge_tenant_token_share")
     expected = {t: n / sum(tokens.values()) for t, n in tokens.items()}
     print("token_share", {dict(k)["tenant"]: round(v, 4) for k, v in shares.items()},
           "records", {t: round(v, 4) for t, v in expected.items()})
     for tenant, share in expected.items():
         assert shares[frozenset({("tenant", tenant)})] == pytest.approx(share, abs=0.02)
 
-    served = values(scrapes.end_honest, "weighbridge_served_tokens_per_second")
-    ratio = values(scrapes.end_honest, "weighbridge_offered_token_load_ratio")[frozenset()]
+    served = parse(scrapes.end_honest).values("weighbridge_served_tokens_per_second")
+    ratio = parse(scrapes.end_honest).values("weighbridge_offered_token_load_ratio")[frozenset()]
     print("served", {tuple(k): v for k, v in served.items()}, "offered/served", ratio)
     assert frozenset({("source", "backend")}) in served
     assert 0.8 <= ratio <= 1.2

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.loadgen import LoadgenExporter
+from tests.support.metrics import Scrape, parse
 from weighbridge.records import STATUSES, RequestRecord
 
 RUN_START = 5000.0  # the run's t=0 on the exporter's clock
@@ -24,35 +24,11 @@ class FakeClock:
         return self.now
 
 
-@dataclass
-class Scrape:
-    """One exposition as {family name: {(sample name, frozenset(labels)): value}}."""
-
-    samples: dict[str, dict[tuple[str, frozenset[tuple[str, str]]], float]] = field(
-        default_factory=dict)
-    types: dict[str, str] = field(default_factory=dict)
-
-    def value(self, sample: str, **labels: str) -> float:
-        for family in self.samples.values():
-            key = (sample, frozenset(labels.items()))
-            if key in family:
-                return family[key]
-        raise KeyError(f"{sample}{labels} not exported")
-
-    def label_sets(self, family: str) -> set[frozenset[tuple[str, str]]]:
-        return {labels for _, labels in self.samples[family]}
-
-
 def scrape(exporter: LoadgenExporter) -> Scrape:
-    text = generate_latest(exporter.registry).decode()
-    result = Scrape()
-    for family in text_string_to_metric_families(text):
-        if family.name.endswith("_created"):
-            continue  # prometheus_client's creation-time companions of counters/histograms
-        result.types[family.name] = family.type
-        result.samples[family.name] = {
-            (s.name, frozenset(s.labels.items())): s.value for s in family.samples}
-    return result
+    whole = parse(generate_latest(exporter.registry).decode())
+    # Without prometheus_client's creation-time companions of counters and histograms.
+    types = {name: kind for name, kind in whole.types.items() if not name.endswith("_created")}
+    return Scrape(whole.samples, types, whole.at_s, whole.families)
 
 
 def record(tenant: str, tier: str, scheduled_s: float, end_s: float, *, status: str = "ok",

@@ -12,20 +12,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.loadgen import LoadgenExporter
+from tests.support.metrics import parse
 from weighbridge.launch import emulator_process, free_port
 
 REPO = Path(__file__).resolve().parents[3]
-
-
-def gauge(text: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return sample.value
-    raise KeyError(f"{name}{labels} not in the exposition")
 
 
 def test_serve_and_close() -> None:
@@ -36,7 +28,7 @@ def test_serve_and_close() -> None:
         exporter.request_started("a", "standard", 300, exporter.clock())
         response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
         assert response.status_code == 200
-        assert gauge(response.text, "weighbridge_client_in_flight_tokens", tenant="a",
+        assert parse(response.text).value("weighbridge_client_in_flight_tokens", tenant="a",
                      tier="standard") == 300
         with pytest.raises(RuntimeError, match="already serving"):
             exporter.serve(free_port())
@@ -86,7 +78,7 @@ def test_serves_under_gevent_monkey_patching() -> None:
         for _ in range(3):  # several scrapes: the server greenlet keeps answering
             response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
             assert response.status_code == 200
-            assert gauge(response.text, "weighbridge_client_in_flight_requests", tenant="a",
+            assert parse(response.text).value("weighbridge_client_in_flight_requests", tenant="a",
                          tier="standard") == 1
     finally:
         child.kill()
@@ -113,7 +105,8 @@ def test_backend_scrape_reads_the_emulator_token_counters() -> None:
             while time.monotonic() < deadline:
                 text = _scrape(exporter)
                 try:
-                    rate = gauge(text, "weighbridge_served_tokens_per_second", source="backend")
+                    rate = parse(text).value("weighbridge_served_tokens_per_second",
+                                             source="backend")
                 except KeyError:
                     rate = 0.0
                 if rate > 0:
@@ -126,7 +119,7 @@ def test_backend_scrape_reads_the_emulator_token_counters() -> None:
         # The counters rose by this request's tokens between the first scrape (before the
         # request) and a later one (after it): at most its tokens over the time it took.
         # (Not over the scrape interval: the scraper's first scrape can come sooner.)
-        assert gauge(text, "weighbridge_client_backend_scrape_errors_total") == 0
+        assert parse(text).value("weighbridge_client_backend_scrape_errors_total") == 0
         assert 0 < rate <= served / post_s
 
 
@@ -136,8 +129,8 @@ def test_unreachable_backend_falls_back_to_the_client_view() -> None:
     assert not exporter.scrape_backend()
     assert not exporter.scrape_backend()
     text = _scrape(exporter)
-    assert gauge(text, "weighbridge_client_backend_scrape_errors_total") == 2
-    assert gauge(text, "weighbridge_served_tokens_per_second", source="client") == 0
+    assert parse(text).value("weighbridge_client_backend_scrape_errors_total") == 2
+    assert parse(text).value("weighbridge_served_tokens_per_second", source="client") == 0
     with pytest.raises(ValueError, match="backend_metrics_url"):
         LoadgenExporter().scrape_backend()
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import yaml
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from exporters.loadgen import LoadgenExporter
+from tests.support.metrics import parse
 from tests.unit.exporters.test_loadgen_exporter import (
     RUN_START,
     FakeClock,
@@ -157,12 +157,11 @@ RAW = ("weighbridge_client_in_flight_request_seconds_total",
 def scrape_samples(exporter: LoadgenExporter) -> dict[str, float]:
     """{series text: value} of the raw Little's Law counters and the exporter's ratio."""
     out: dict[str, float] = {}
-    text = generate_latest(exporter.registry).decode()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name in RAW or s.name == "weighbridge_littles_law_ratio":
-                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
-                out[f"{s.name}{{{labels}}}"] = s.value
+    scrape = parse(generate_latest(exporter.registry).decode())
+    for name in (*RAW, "weighbridge_littles_law_ratio"):
+        for got, value in scrape.samples.get(name, ()):
+            labels = ",".join(f'{k}="{v}"' for k, v in sorted(got.items()))
+            out[f"{name}{{{labels}}}"] = value
     return out
 
 

@@ -1,4 +1,4 @@
-"""Synthetic run directories for the analysis tests: records written through the real
+"""Synthetic run directories for tests of the analysis: records written through the real
 contract (RecordAppender, finish_run, run.json), so the report reads what a run leaves."""
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""Shared pieces of the chaos tests: the sidecar suite's process fixtures and ledger
-helpers (imported, not copied), the conservation check of a load generator's outcomes
-against the sidecar's ledger, a stub backend whose /metrics misbehaves in chosen ways, and
-the sidecar's resident memory.
-"""
+"""The chaos tests' checks: a load generator's outcomes conserved in the sidecar's ledger,
+the sidecar's resident memory, the emulator's slowdown knob, and a stub backend whose
+/metrics misbehaves in chosen ways."""
 
 from __future__ import annotations
 
@@ -13,8 +11,9 @@ from collections.abc import Sequence
 import httpx
 from aiohttp import web
 
-from tests.integration.driver import Outcome
-from tests.integration.sidecar.conftest import Ledger, StubBackend, processes  # noqa: F401
+from tests.support.driver import Outcome
+from tests.support.ledger import Ledger
+from tests.support.stub_backend import StubBackend
 
 
 def end_of(outcome: Outcome) -> str:

@@ -8,10 +8,9 @@ Test-only: the load generator users run is the Locust library in loadgen/.
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,25 +66,6 @@ class Outcome:
         if self.ok and self.output_tokens and streamed and streamed != self.output_tokens:
             inside *= self.output_tokens / streamed
         return served + inside
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Exact percentile by linear interpolation between closest ranks."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    if math.isinf(ordered[hi]):
-        return ordered[hi] if hi == lo or pos > lo else ordered[lo]
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def jain_index(values: Sequence[float]) -> float:
-    """Jain's fairness index: 1 when all values are equal, 1/n when one takes everything."""
-    if not values or not any(values):
-        return math.nan
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
 def completion_body(prompt_tokens: int, max_tokens: int, model: str,

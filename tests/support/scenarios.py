@@ -1,9 +1,9 @@
 """Helpers for the acceptance scenarios (tests/integration/sidecar/test_scenarios.py): config
-builders, a /metrics scraper for the sidecar and the emulators, a background sampler, and
+builders, a background sampler of the sidecar's and the emulators' /metrics, and
 waiting for everything to drain between the phases of a comparison.
 
 Everything runs against real processes on loopback (``weighbridge.launch``); the load comes
-from ``tests/integration/driver.py``.
+from ``tests/support/driver.py``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.metrics import Scrape
+from tests.support.metrics import scrape_async as scrape
 from weighbridge.launch import ServerProcess
 
 MODEL = "weighbridge-emulator"  # the emulator's default --model-name
@@ -51,43 +52,6 @@ async def started(*procs: ServerProcess) -> AsyncIterator[tuple[ServerProcess, .
 
 
 # ----------------------------------------------------------------------------- /metrics
-
-
-@dataclass(frozen=True)
-class Scrape:
-    """One /metrics exposition: sample name -> [(labels, value)]."""
-
-    at_s: float  # monotonic time the answer arrived
-    samples: dict[str, list[tuple[dict[str, str], float]]]
-
-    def total(self, name: str, **labels: str) -> float:
-        """Sum of the samples named ``name`` whose labels include ``labels``."""
-        return sum(value for got, value in self.samples.get(name, ())
-                   if all(got.get(k) == v for k, v in labels.items()))
-
-    def by(self, name: str, label: str, **labels: str) -> dict[str, float]:
-        """Sum of the samples named ``name`` per value of ``label``."""
-        out: dict[str, float] = {}
-        for got, value in self.samples.get(name, ()):
-            if all(got.get(k) == v for k, v in labels.items()) and label in got:
-                out[got[label]] = out.get(got[label], 0.0) + value
-        return out
-
-
-def parse_metrics(text: str, at_s: float) -> Scrape:
-    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
-    return Scrape(at_s, samples)
-
-
-async def scrape(session: aiohttp.ClientSession, url: str) -> Scrape:
-    async with session.get(url.rstrip("/") + "/metrics",
-                           timeout=aiohttp.ClientTimeout(total=5)) as response:
-        response.raise_for_status()
-        text = await response.text()
-    return parse_metrics(text, time.monotonic())
 
 
 @dataclass

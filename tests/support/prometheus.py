@@ -9,9 +9,11 @@ use it: every server here has its own port, configuration and data directory.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +128,31 @@ class PrometheusApi:
             if time.monotonic() > deadline:
                 raise AssertionError(f"{expr!r} still empty after {timeout_s} s")
             time.sleep(0.25)
+
+    def wait_past(self, at_unix_s: float, timeout_s: float = 30) -> None:
+        """Every target scraped, then every rule group evaluated, after ``at_unix_s``: the
+        queries that follow see what the targets showed at that time."""
+        deadline = time.monotonic() + timeout_s
+
+        def settled(stamps: list[str], after: float) -> bool:
+            return all(_unix_s(s) > after for s in stamps)
+
+        while not settled([t["lastScrape"] for t in self.targets()], at_unix_s):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"targets not scraped after {at_unix_s} in {timeout_s} s")
+            time.sleep(0.2)
+        scraped = time.time()
+        while not settled([g["lastEvaluation"] for g in self.rule_groups()], scraped):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rules not evaluated after {scraped} in {timeout_s} s")
+            time.sleep(0.2)
+
+
+def _unix_s(stamp: str) -> float:
+    """Prometheus' RFC 3339 times carry nanoseconds; datetime takes microseconds."""
+    match = re.fullmatch(r"([^.]+?)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", stamp)
+    if match is None:
+        raise ValueError(f"not an RFC 3339 time: {stamp!r}")
+    head, frac, zone = match.groups()
+    zone = "+00:00" if zone == "Z" else zone
+    return datetime.fromisoformat(f"{head}.{(frac or '0')[:6]:0<6}{zone}").timestamp()
