@@ -93,7 +93,8 @@ def summary(a: Analysis) -> dict[str, Any]:
             "flood_requests": i.flood_requests, "quiet_requests": i.quiet_requests,
             "flood_over_quiet": i.flood_over_quiet, "leakage": i.leakage,
         }
-    return json_safe(out)
+    safe: dict[str, Any] = json_safe(out)
+    return safe
 
 
 def _tenant(t: TenantStats) -> dict[str, Any]:

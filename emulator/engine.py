@@ -370,6 +370,7 @@ class StepModel:
         cap = self.config.long_prefill_token_threshold
         if len(self.running) + len(self.waiting) <= 1:
             cap = 0
+        seq: Sequence | None  # a running sequence, then the head of the waiting queue
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]

@@ -15,6 +15,7 @@ scheduled sequence. Sources and calibration are in docs/emulator.md.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class StepTimeProfile:
 
     def with_overrides(self, **overrides: float | None) -> StepTimeProfile:
         """A copy with the given terms replaced; ``None`` keeps the profile's value."""
-        changes = {k: v for k, v in overrides.items() if v is not None}
+        changes: dict[str, Any] = {k: v for k, v in overrides.items() if v is not None}
         return replace(self, **changes) if changes else self
 
 

@@ -59,7 +59,9 @@ class WeightedHistogram:
             cumulative, buckets = 0, []
             for bound, count in zip([*self.buckets, math.inf], series.counts, strict=True):
                 cumulative += count
-                buckets.append((floatToGoString(bound), cumulative))
+                # prometheus_client.utils has no annotations.
+                le = floatToGoString(bound)  # type: ignore[no-untyped-call]
+                buckets.append((le, cumulative))
             family.add_metric(list(labels), buckets, series.total)
         return family
 

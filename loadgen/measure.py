@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import orjson
 
@@ -35,6 +35,13 @@ from weighbridge.records import RequestRecord, Status
 __all__ = ["StreamMeter", "percentile"]
 
 _REJECT_STATUSES = frozenset({429, 503})
+
+
+class HeaderLookup(Protocol):
+    """What the meter reads of response headers: a case-insensitive ``get`` (a Mapping or
+    the HTTP client's own header view)."""
+
+    def get(self, key: str, default: str | None = None, /) -> str | None: ...
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -94,7 +101,7 @@ class StreamMeter:
     def sent(self, t: float) -> None:
         self.sent_s = t
 
-    def response(self, t: float, status: int, headers: Mapping[str, str]) -> None:
+    def response(self, t: float, status: int, headers: HeaderLookup) -> None:
         self.http_status = status
         self.backend = headers.get("x-weighbridge-backend")
         if (queue_ms := headers.get("x-weighbridge-queue-ms")) is not None:

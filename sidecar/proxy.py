@@ -144,7 +144,8 @@ async def relay(
                     usage = _usage_of(orjson.loads(payload))
                 except orjson.JSONDecodeError:
                     usage = None
-            response = web.Response(body=payload, status=upstream.status, headers=headers)
+            response: web.StreamResponse = web.Response(body=payload, status=upstream.status,
+                                                        headers=headers)
             complete = True
             return response, RelayOutcome(upstream.status, usage,
                                           clock() if usage else None, 0)
