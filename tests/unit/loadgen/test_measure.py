@@ -179,3 +179,11 @@ def test_contents_in_bulk_measures_as_chunk_by_chunk(first: list[float],
     for m in (one, bulk):
         m.finish(200.0)
     assert bulk.record() == one.record()
+
+
+def test_percentile_at_an_infinite_rank_is_infinite() -> None:
+    # A starved request's TTFT counts as infinite; its rank must not read as nan.
+    inf = float("inf")
+    assert percentile([0.1, inf, inf], 0.99) == inf
+    assert percentile([0.1, inf, inf], 0.5) == inf
+    assert percentile([0.1, 0.2, inf], 0.5) == 0.2
