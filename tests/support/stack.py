@@ -8,6 +8,7 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 
@@ -38,7 +39,8 @@ def completion(max_tokens: int = 4, *, prompt_tokens: int = 4, stream: bool = Fa
 
 
 def start_emulator(stack: contextlib.ExitStack, **flags: object) -> ServerProcess:
-    return stack.enter_context(emulator_process(**{**SMALL_ENGINE, **flags}))
+    shape: dict[str, Any] = {**SMALL_ENGINE, **flags}  # emulator_process checks the values
+    return stack.enter_context(emulator_process(**shape))
 
 
 def start_sidecar(stack: contextlib.ExitStack, config: Mapping[str, object]) -> ServerProcess:
