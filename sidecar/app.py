@@ -186,7 +186,11 @@ class Sidecar:
             if e.status < 400:
                 raise
             reason = {404: "not_found", 405: "method_not_allowed"}.get(e.status, "bad_request")
-            return ApiError(e.status, reason, e.reason, "invalid_request_error").response()
+            # A 405 says which methods the resource has (RFC 9110, 15.5.6): aiohttp's
+            # exception carries the Allow header.
+            allow = {"Allow": e.headers["Allow"]} if "Allow" in e.headers else None
+            return ApiError(e.status, reason, e.reason, "invalid_request_error",
+                            allow).response()
         except ConnectionError:
             raise  # the client went away; nobody to answer
         except Exception:
