@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from bokeh.embed import components
@@ -59,7 +60,7 @@ def _figure(chart: Chart) -> figure:
 def figure_of(chart: Chart) -> figure:
     p = _figure(chart)
     colours: dict[str, str] = {}
-    items: dict[str, list[GlyphRenderer]] = {}
+    items: dict[str, list[GlyphRenderer[Any]]] = {}
     for line in chart.lines:
         colour = colours.setdefault(line.group or line.name,
                                     Category10_10[len(colours) % len(Category10_10)])

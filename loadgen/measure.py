@@ -41,7 +41,7 @@ class HeaderLookup(Protocol):
     """What the meter reads of response headers: a case-insensitive ``get`` (a Mapping or
     the HTTP client's own header view)."""
 
-    def get(self, key: str, default: str | None = None, /) -> str | None: ...
+    def get(self, key: str, /) -> str | None: ...
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -146,7 +146,7 @@ def trace_load(inputs: Inputs, config: Config, run_id: str) -> Load:
     # Without --duration a replay runs until its last request ends (bounded by the clients'
     # timeout after the last send).
     drain = inputs.duration_s is None
-    end = trace.end_s + DEFAULT_TIMEOUT_S if drain else inputs.duration_s
+    end = trace.end_s + DEFAULT_TIMEOUT_S if inputs.duration_s is None else inputs.duration_s
     # A recorded run's own run.json, beside its requests.parquet, gives the phases and the
     # victim, so the replay's report has the same isolation section.
     phases = [PhaseInfo(name="trace", start_s=0.0, end_s=end)]

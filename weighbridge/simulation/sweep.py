@@ -14,7 +14,7 @@ import html
 import io
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -94,7 +94,9 @@ def sweep_html(sweep: Sweep, points: dict[str, dict[str, dict[str, Any]]],
             ax.plot(xs, ys, marker="o", label=policy)
         ax.set(xlabel=sweep.key, ylabel=title, title=title)
         ax.set_xticks(xs, [str(v) for v in values])
-        seen = [v for line in ax.get_lines() for v in line.get_ydata() if v > 0]
+        # Line2D types its data as any array-like; these lines were drawn from floats.
+        seen = [v for line in ax.get_lines() for v in cast("list[float]", line.get_ydata())
+                if v > 0]
         if key.endswith("_s") and seen and max(seen) / min(seen) > 50:
             ax.set_yscale("log")  # a flood moves latencies by orders of magnitude
         ax.grid(alpha=0.3)
