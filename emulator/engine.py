@@ -335,6 +335,8 @@ class StepModel:
             if seq.first_token_s is None:
                 seq.first_token_s = end_s
             else:
+                # Why the ignore below: last_token_s is set together with first_token_s, so it is
+                # not None here.
                 gaps.append(end_s - seq.last_token_s)  # type: ignore[operator]
             seq.last_token_s = end_s
             emitted.append(seq)

@@ -277,6 +277,8 @@ class RealVllmServer:
 @contextlib.contextmanager
 def real_vllm_server(**kwargs: object) -> Iterator[RealVllmServer]:
     """``with real_vllm_server(max_num_seqs=4) as s: ...`` (kwargs as :class:`RealVllmServer`)."""
+    # Why the ignore below: kwargs are RealVllmServer's own keyword arguments; its constructor
+    # checks them.
     server = RealVllmServer(**kwargs)  # type: ignore[arg-type]
     with server:
         yield server

@@ -241,6 +241,7 @@ def _detect_model(host: str, options: _Options, workload: Workload) -> str | Non
     try:
         models = target.get_json("/v1/models",
                                  {"authorization": f"Bearer {key}"} if key else None)
+        # Why the ignore below: untyped JSON; a malformed answer raises and is handled below.
         return str(models["data"][0]["id"])  # type: ignore[index]
     except Exception as exc:
         log.warning("could not read the model name from %s/v1/models (%s); sending none",
@@ -287,6 +288,7 @@ def _begin_run(environment: Environment) -> None:
     if not host:
         raise ScenarioError("no target: pass --host URL (the sidecar, emulator or vLLM)")
     distributed = isinstance(environment.runner, MasterRunner)
+    # Why the ignore below: distributed means the runner is a MasterRunner (checked above).
     workers = environment.runner.worker_count if distributed else 1  # type: ignore[union-attr]
     model = _detect_model(host, options, workload)
     chat_overhead = _detect_chat_overhead(host, workload, model)

@@ -175,6 +175,8 @@ class StreamMeter:
         if self.first_token_s is None:
             self.first_token_s = t
         else:
+            # Why the ignore below: last_token_s is set together with first_token_s, so it is not
+            # None here.
             self.gaps.append(t - self.last_token_s)  # type: ignore[operator]
         self.last_token_s = t
         self.chunks += 1
@@ -189,6 +191,8 @@ class StreamMeter:
             previous = times[:-1]
             later = times[1:]
         else:
+            # Why the ignore below: last_token_s is set together with first_token_s, so it is not
+            # None here.
             previous = [self.last_token_s, *times[:-1]]  # type: ignore[list-item]
             later = times
         self.gaps.extend(map(operator.sub, later, previous))

@@ -100,6 +100,8 @@ def emulator(
             num_kv_blocks=512 if blocks is None else blocks,
             block_size=block_size,
             max_model_len=max_model_len,
+            # Why the ignore below: typer hands the option over as str; EngineConfig checks it is
+            # fcfs or priority.
             scheduling_policy=scheduling_policy,  # type: ignore[arg-type]
             chunked_prefill=not no_chunked_prefill,
             long_prefill_token_threshold=long_prefill_token_threshold,
@@ -283,6 +285,8 @@ def demo(
 
     out = out or Path("runs") / f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
     options = DemoOptions(out=out, quick=quick, stack_file=stack or DEFAULT_STACK,
+                          # Why the ignore below: _prometheus_mode checked the str is one of
+                          # DemoOptions' modes.
                           prometheus=_prometheus_mode(prometheus),  # type: ignore[arg-type]
                           seed=seed)
     try:

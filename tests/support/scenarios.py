@@ -31,6 +31,8 @@ def key(name: str) -> str:
 def tenant(name: str, tier: str, weight: float = 1.0, **extra: object) -> dict[str, object]:
     """A tenant entry for a sidecar config mapping (plain keys: tests only), with queues
     deep enough for a backlogged scenario."""
+    # Why the ignore below: a caller's limits is a mapping; the sidecar's config validation checks
+    # it.
     limits = {"max_queued": 5000, **extra.pop("limits", {})}  # type: ignore[dict-item]
     return {"tier": tier, "weight": weight, "api_keys": [f"plain:{key(name)}"],
             "limits": limits, **extra}

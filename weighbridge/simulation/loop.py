@@ -336,6 +336,8 @@ class Simulation:
         n = len(flight.times) - flight.reported
         if n and flight.stream:
             flight.reported += n
+            # Why the ignore below: a flight is made for a dispatched request, so its queued request
+            # is set.
             self.core.on_tokens_streamed(flight.queued, n, flight.times[-1])  # type: ignore[arg-type]
 
     def _flush(self) -> None:
@@ -371,6 +373,8 @@ class Simulation:
                     flight.times.append(now)
                     if flight.stream:
                         flight.reported += 1
+                        # Why the ignore below: a flight is made for a dispatched request, so its
+                        # queued request is set.
                         core.on_tokens_streamed(flight.queued, 1, now)  # type: ignore[arg-type]
         elif result.emitted:
             self._holding = True

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from emulator.engine import EngineConfig, Sequence, StepModel
+from emulator.engine import EngineConfig, Sequence, StepModel, StepResult
 from emulator.profiles import get_profile
 from sidecar.admission import MetricsSample
 from sidecar.core import SchedulingCore
@@ -133,7 +133,8 @@ def run(policy: str, latency_s: float = LATENCY_S) -> SimRun:
                 kv_cache_usage=engine.kv_cache_usage, generation_tokens_total=generated))
             push(now + POLL_S, "scrape")
         elif kind == "reach":
-            for seq in payload:  # type: ignore[attr-defined]
+            assert isinstance(payload, list)
+            for seq in payload:
                 engine.add(seq)
         elif kind == "step":
             assert batch is not None
@@ -144,13 +145,14 @@ def run(policy: str, latency_s: float = LATENCY_S) -> SimRun:
             generated += len(result.emitted)
             push(now + latency_s, "stream", result)
         else:  # "stream": the sidecar sees the step's tokens and ends
+            assert isinstance(payload, StepResult)
             result = payload
-            for seq in result.emitted:  # type: ignore[attr-defined]
+            for seq in result.emitted:
                 request = requests[seq.request_id]
                 if request.streamed_output_tokens == 0:
                     core.on_first_token(request, now)
                 core.on_tokens_streamed(request, 1, now)
-            for seq in result.finished:  # type: ignore[attr-defined]
+            for seq in result.finished:
                 request = requests.pop(seq.request_id)
                 core.on_completed(request, seq.prompt_tokens, seq.output_tokens, now)
                 arrive(client_of.pop(seq.request_id), now)  # closed loop, no think time
