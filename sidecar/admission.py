@@ -48,9 +48,13 @@ pressure.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from sidecar.shape import EngineShape, ShapeLearner
 
 if TYPE_CHECKING:
     from weighbridge.config import Admission
@@ -100,6 +104,16 @@ class GateLimits:
     max_inflight: int = 64  # the fallback cap (stale or missing metrics)
     max_running: int | None = None  # the cap with fresh metrics; None: max_inflight
     headroom_slots: int = 0
+    # KV-aware admission (sidecar.core): the engine's cache in blocks (None: off), tokens per
+    # block, and the blocks above the watermark that only under-share tenants may fill.
+    kv_blocks: int | None = None
+    block_size: int = 16
+    kv_reserve_blocks: int = 0
+    # Prompt tokens still prefilling (dispatched, no first token) one tenant may have before
+    # its next dispatch, and the backend before it takes more; None: no limit.
+    max_prefill_tokens_inflight: int | None = None
+    max_backend_prefill_tokens: int | None = None
+    poll_s: float = 0.25  # how often the backend's /metrics is scraped
 
     def __post_init__(self) -> None:
         if self.max_inflight < 1 or (self.max_running is not None and self.max_running < 1):
@@ -109,24 +123,130 @@ class GateLimits:
             # headroom == cap would leave no slot for a lone over-share tenant: blocked forever.
             raise ValueError(f"headroom_slots must be in [0, {smallest}), got "
                              f"{self.headroom_slots}")
+        if self.block_size < 1:
+            raise ValueError("block_size must be at least 1")
+        if self.kv_blocks is not None and not 0 <= self.kv_reserve_blocks < self.kv_blocks:
+            raise ValueError(f"kv_reserve_blocks must be in [0, {self.kv_blocks}), got "
+                             f"{self.kv_reserve_blocks}")
+        if not self.poll_s > 0:
+            raise ValueError("poll_s must be positive")
+
+    @property
+    def kv_watermark(self) -> int | None:
+        """KV blocks an over-share tenant's dispatches may bring our footprint up to."""
+        return None if self.kv_blocks is None else self.kv_blocks - self.kv_reserve_blocks
 
     @classmethod
-    def from_config(cls, admission: Admission) -> GateLimits:
-        return cls(
-            max_backend_waiting=admission.max_backend_waiting,
-            min_decode_tokens_per_s=admission.min_decode_tokens_per_s,
-            metrics_stale_s=admission.metrics_stale_ms / 1000,
-            max_inflight=admission.max_inflight_per_backend,
-            max_running=admission.max_running_per_backend,
-            headroom_slots=admission.headroom_slots,
-        )
+    def from_config(cls, admission: Admission, tenant_aware: bool = True) -> GateLimits:
+        """The limits for an engine of unknown shape (nothing learned yet)."""
+        return derive_limits(admission, EngineShape(), tenant_aware)
+
+
+# Defaults derived from the engine's shape (docs/sidecar.md#admission-defaults).
+WAITING_UNKNOWN_SLOTS = 8  # the waiting bound before slots are known (200 req/s on ~12 ms
+# steps is ~2.4 arrivals a step with a Poisson tail of 6-8: benchmarks/sidecar_overhead.py)
+DEFAULT_STEP_BUDGET = 2048  # vLLM's default --max-num-batched-tokens for serving
+DEFAULT_POLL_S = 0.1  # before a step time is measured
+POLL_STEPS = 8  # scrape about every 8 engine steps...
+POLL_BOUNDS_S = (0.05, 0.25)  # ...within these bounds
+
+
+def reserve_fraction(slots: int | None) -> float:
+    """The share of an engine kept for under-share tenants: max(1, slots/8) of its slots (one
+    slot of eight; at least one), and the same fraction of its KV cache."""
+    if slots is None:
+        return 1 / 8
+    return max(1, slots // 8) / slots
+
+
+def derive_limits(admission: Admission, shape: EngineShape,
+                  tenant_aware: bool = True) -> GateLimits:
+    """Every admission limit for one backend: the config's value where given, else derived
+    from what was learned of the engine (``shape``). The fairness settings (headroom, KV
+    reserve, prefill pacing and backlog) are derived only for ``tenant_aware`` policies: the
+    FIFO baselines get what the config sets and nothing more.
+
+    slots S (config ``max_running_per_backend``, else learned) and the waiting bound W
+    (config, else max(2, S/8), or 8 while S is unknown) give the fresh cap S + W when S was
+    learned (the engine runs S, W wait in its queue, so batches stay full) and headroom so
+    that a lone tenant holds at most S - max(1, S/8) in flight: the rest are running slots
+    a well-behaved tenant finds free. The KV reserve is the same fraction of the cache.
+    """
+    learned = admission.max_running_per_backend is None
+    slots = admission.max_running_per_backend or shape.slots
+    if admission.max_backend_waiting is not None:
+        waiting = admission.max_backend_waiting
+    elif slots is None:
+        waiting = WAITING_UNKNOWN_SLOTS
+    else:
+        waiting = max(2, slots // 8)
+    if not learned:
+        max_running = admission.max_running_per_backend
+    elif shape.slots is not None:
+        max_running = shape.slots + waiting
+    else:
+        max_running = None
+    fresh_cap = max_running or admission.max_inflight_per_backend
+    smallest = min(fresh_cap, admission.max_inflight_per_backend)
+    if admission.headroom_slots is not None:
+        headroom = admission.headroom_slots
+    elif tenant_aware and slots is not None:
+        headroom = fresh_cap - (slots - max(1, slots // 8))
+    else:
+        headroom = 0
+    headroom = max(0, min(headroom, smallest - 1))
+
+    kv_blocks = admission.kv_cache_blocks or shape.kv_blocks
+    block_size = admission.kv_block_size or shape.block_size or 16
+    kv_on = admission.kv_aware and tenant_aware and kv_blocks is not None
+    reserve = 0
+    if kv_on:
+        assert kv_blocks is not None
+        if admission.kv_reserve_blocks is not None:
+            reserve = admission.kv_reserve_blocks
+        else:
+            reserve = math.ceil(kv_blocks * reserve_fraction(slots))
+        reserve = max(0, min(reserve, kv_blocks - 1))
+
+    budget = admission.step_budget_tokens or DEFAULT_STEP_BUDGET
+
+    def prefill_limit(configured: int | None, budgets: int) -> int | None:
+        if configured is not None:
+            return configured or None  # 0: no limit
+        return budget * budgets if tenant_aware else None
+
+    if admission.metrics_poll_ms is not None:
+        poll = admission.metrics_poll_ms / 1000
+    elif shape.step_s is not None:
+        poll = min(max(POLL_STEPS * shape.step_s, POLL_BOUNDS_S[0]), POLL_BOUNDS_S[1])
+    else:
+        poll = DEFAULT_POLL_S
+    return GateLimits(
+        max_backend_waiting=waiting,
+        min_decode_tokens_per_s=admission.min_decode_tokens_per_s,
+        metrics_stale_s=max(admission.metrics_stale_ms / 1000, poll),
+        max_inflight=admission.max_inflight_per_backend,
+        max_running=max_running,
+        headroom_slots=headroom,
+        kv_blocks=kv_blocks if kv_on else None,
+        block_size=block_size,
+        kv_reserve_blocks=reserve,
+        max_prefill_tokens_inflight=prefill_limit(admission.max_prefill_tokens_inflight, 1),
+        max_backend_prefill_tokens=prefill_limit(admission.max_backend_prefill_tokens, 2),
+        poll_s=poll,
+    )
 
 
 class AdmissionGate:
-    """One backend's gate (module doc)."""
+    """One backend's gate (module doc). With ``derive``, the gate learns the engine's shape
+    from its scrapes (``sidecar.shape``) and its limits become ``derive(shape)`` after each
+    one; without, ``limits`` stay as given."""
 
-    def __init__(self, limits: GateLimits) -> None:
+    def __init__(self, limits: GateLimits,
+                 derive: Callable[[EngineShape], GateLimits] | None = None) -> None:
         self.limits = limits
+        self._derive = derive
+        self._learner = ShapeLearner()
         self._inflight = 0
         self._sample: ScrapedMetrics | None = None
         self._decode_per_seq: float | None = None  # tokens/s per running sequence
@@ -174,6 +294,9 @@ class AdmissionGate:
             return  # a late answer to an older scrape: keep the newer view
         self._decode_per_seq = _decode_per_seq(previous, sample)
         self._sample = sample
+        if self._derive is not None:
+            shape = self._learner.observe(sample, self.limits.poll_s)
+            self.limits = self._derive(shape)
         # Ours awaiting a first token now were dispatched before the answer came; some may
         # have been prefilled since the scrape was sent, which only makes this larger.
         self._foreign_waiting = max(0.0, sample.waiting - self._awaiting_first_token)
@@ -194,6 +317,11 @@ class AdmissionGate:
     def share_slots(self, now: float) -> int:
         """Slots that count for weighted shares: the cap without the headroom."""
         return self.cap(now) - self.limits.headroom_slots
+
+    @property
+    def shape(self) -> EngineShape:
+        """What the gate learned of its engine (empty without ``derive``)."""
+        return self._learner.shape
 
     @property
     def decode_tokens_per_s_per_seq(self) -> float | None:
@@ -245,6 +373,16 @@ class AdmissionGate:
             "awaiting_first_token": self._awaiting_first_token,
             "foreign_waiting": self._foreign_waiting,
             "decode_tokens_per_s_per_seq": self._decode_per_seq,
+            "learned": {"slots": self.shape.slots, "kv_blocks": self.shape.kv_blocks,
+                        "block_size": self.shape.block_size, "step_s": self.shape.step_s},
+            "limits": {"max_backend_waiting": self.limits.max_backend_waiting,
+                       "max_running": self.limits.max_running,
+                       "headroom_slots": self.limits.headroom_slots,
+                       "kv_blocks": self.limits.kv_blocks,
+                       "kv_reserve_blocks": self.limits.kv_reserve_blocks,
+                       "max_prefill_tokens_inflight": self.limits.max_prefill_tokens_inflight,
+                       "max_backend_prefill_tokens": self.limits.max_backend_prefill_tokens,
+                       "poll_s": self.limits.poll_s},
             "scraped": None
             if sample is None
             else {

@@ -144,9 +144,8 @@ class Sidecar:
 
     async def _tick(self) -> None:
         # Gates reopen with time alone (metrics go stale, the fallback cap applies).
-        interval = self.config.admission.metrics_poll_ms / 1000
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.core.poll_period_s())
             self.stability.sample(self.clock())
             self.wake()
 

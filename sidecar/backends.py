@@ -115,7 +115,7 @@ class BackendPool:
     # -- metrics ------------------------------------------------------------------------------
 
     async def _scrape(self, state: BackendState) -> None:
-        poll = self.config.admission.metrics_poll_ms / 1000
+        poll = self.core.poll_period_s(state.config.name)
         sent = self.clock()  # dispatches after this instant are certainly not in the sample
         try:
             async with self.session.get(
@@ -136,9 +136,10 @@ class BackendPool:
             self.on_sample(state.config.name, sample)
 
     async def _poll_metrics(self, state: BackendState) -> None:
-        poll = self.config.admission.metrics_poll_ms / 1000
         while True:
             started = self.clock()
             await self._scrape(state)
             self.on_change()
+            # Derived from the engine's step time once known (GateLimits.poll_s).
+            poll = self.core.poll_period_s(state.config.name)
             await asyncio.sleep(max(0.0, poll - (self.clock() - started)))

@@ -54,9 +54,11 @@ from sidecar.admission import (
     GateLimits,
     GateVerdict,
     ScrapedMetrics,
+    derive_limits,
     vllm_priority,
 )
 from sidecar.estimator import OutputEstimator
+from sidecar.kv import KvFootprint
 from sidecar.ledger import Ledger, Outcome
 from sidecar.predictor import ThroughputMeter, WaitPredictor
 from sidecar.ratelimit import Admit, TenantRateLimiter
@@ -64,6 +66,7 @@ from sidecar.rejection import DEADLINE_UNMEETABLE, Reject
 from sidecar.request import QueuedRequest, RequestState
 from sidecar.router import Router
 from sidecar.scheduler import Scheduler
+from sidecar.shape import EngineShape
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -83,8 +86,9 @@ class Dispatch:
 
 class SchedulingCore:
     def __init__(self, config: Config, *, gate_limits: GateLimits | None = None) -> None:
-        """``gate_limits`` overrides the admission limits derived from ``config.admission``
-        (tests)."""
+        """``gate_limits`` fixes every backend's admission limits (tests); without it each
+        backend's are derived from ``config.admission`` and the engine's learned shape
+        (``sidecar.admission.derive_limits``), and change as the shape is learned."""
         self.config = config
         self.scheduler = Scheduler.from_config(config)
         self.estimator = OutputEstimator(
@@ -101,8 +105,20 @@ class SchedulingCore:
         )
         self.meter = ThroughputMeter()
         self.predictor = WaitPredictor(self.scheduler, self.meter)
-        gate_limits = gate_limits or GateLimits.from_config(config.admission)
-        self.gates = {b.name: AdmissionGate(gate_limits) for b in config.backends}
+        tenant_aware = self.scheduler.uses_headroom
+        if gate_limits is not None:
+            fixed = gate_limits
+            self.gates = {b.name: AdmissionGate(fixed) for b in config.backends}
+        else:
+            admission = config.admission
+
+            def derive(shape: EngineShape) -> GateLimits:
+                return derive_limits(admission, shape, tenant_aware)
+
+            self.gates = {b.name: AdmissionGate(derive(EngineShape()), derive)
+                          for b in config.backends}
+        # What our in-flight requests will hold in each backend's KV cache at their largest.
+        self.kv = {name: KvFootprint(gate.limits.block_size) for name, gate in self.gates.items()}
         self.router = Router([b.name for b in config.backends], config.routing)
         self.ledger = Ledger()
         self._priority_backends = {b.name for b in config.backends if b.priority_scheduling}
@@ -111,13 +127,8 @@ class SchedulingCore:
         self._reported: dict[str, int] = {}  # tokens of each in-flight request fed to the meter
         self._prefilled: set[str] = set()  # in-flight requests whose prompt was reported
         # Prompt tokens each tenant has dispatched whose prefill has not finished (no first
-        # token yet), for admission.max_prefill_tokens_inflight.
+        # token yet), for prefill pacing (GateLimits.max_prefill_tokens_inflight).
         self._prefilling: Counter[str] = Counter()
-        cap = config.admission.max_prefill_tokens_inflight
-        # Tenant-aware policies pace each tenant's prompts; the FIFO baselines cannot.
-        self._prefill_paced: Callable[[str], bool] | None = None
-        if cap is not None and self.scheduler.uses_headroom:
-            self._prefill_paced = lambda tenant: self._prefilling[tenant] < cap
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
         self.holds: Counter[tuple[str, str]] = Counter()
 
@@ -231,39 +242,57 @@ class SchedulingCore:
             assert request is not None
             return self._dispatch(request, backend, now, self.share_slots(now))
 
+        tenant_aware = scheduler.uses_headroom
         verdicts: dict[str, GateVerdict] = {}
+        kv_tight: set[str] = set()  # backends at their KV watermark: under-share tenants only
         slots = 0
-        backlog = self.config.admission.max_backend_prefill_tokens
         for name, gate in self.gates.items():
-            if self.router.is_healthy(name):
-                verdict = gate.verdict(now)
-                if (backlog is not None and verdict.mode != "closed" and gate.inflight > 0
-                        and self.router.prefill_tokens(name) >= backlog):
-                    # Enough prompts already wait to be prefilled there.
-                    verdict = GateVerdict("closed", "prefill_backlog", verdict.share_slots)
-                verdicts[name] = verdict
-                slots += verdict.share_slots
+            if not self.router.is_healthy(name):
+                continue
+            verdict = gate.verdict(now)
+            limits = gate.limits
+            backlog = limits.max_backend_prefill_tokens
+            if (backlog is not None and verdict.mode != "closed" and gate.inflight > 0
+                    and self.router.prefill_tokens(name) >= backlog):
+                # Enough prompts already wait to be prefilled there.
+                verdict = GateVerdict("closed", "prefill_backlog", verdict.share_slots)
+            watermark = limits.kv_watermark
+            if tenant_aware and watermark is not None and verdict.mode != "closed":
+                footprint = self.kv[name]
+                footprint.set_block_size(limits.block_size)
+                used = footprint.blocks()
+                assert limits.kv_blocks is not None
+                if used >= limits.kv_blocks and gate.inflight > 0:
+                    # More would make the engine preempt (module doc of sidecar.kv).
+                    verdict = GateVerdict("closed", "kv_full", verdict.share_slots)
+                elif used >= watermark:
+                    kv_tight.add(name)
+                    if verdict.mode == "open":
+                        verdict = GateVerdict("headroom", "kv_headroom", verdict.share_slots)
+            verdicts[name] = verdict
+            slots += verdict.share_slots
         if not verdicts:
             self.holds[("", "no_healthy_backend")] += 1
             return None
         # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
         # capacity for them.
-        usable = ("open",) if scheduler.uses_headroom else ("open", "headroom")
-        paced = self._prefill_paced
+        usable = ("open",) if tenant_aware else ("open", "headroom")
         backend = self.router.pick(lambda name: verdicts[name].mode in usable)
         if backend is not None:
-            request = scheduler.next(now, paced)
+            request = scheduler.next(now, self._paced(backend))
             if request is not None:
                 return self._dispatch(request, backend, now, slots)
             self.holds[("", "prefill_budget")] += 1
-        if scheduler.uses_headroom:
-            backend = self.router.pick(lambda name: verdicts[name].mode == "headroom")
-            if backend is not None:
+        if tenant_aware:
+            candidates = {name for name, v in verdicts.items() if v.mode == "headroom"}
+            while candidates:
+                backend = self.router.pick(lambda name: name in candidates)
+                if backend is None:
+                    break
+                candidates.discard(backend)
                 request = scheduler.next(
-                    now,
-                    lambda tenant: scheduler.under_share(tenant, slots)
-                    and (paced is None or paced(tenant)),
-                )
+                    now, self._headroom_eligible(backend, verdicts[backend], slots,
+                                                 backend in kv_tight))
                 if request is not None:
                     return self._dispatch(request, backend, now, slots)
         for name, verdict in verdicts.items():
@@ -271,6 +300,36 @@ class SchedulingCore:
                 self.holds[(name, verdict.reason)] += 1
                 self.gates[name].holds[verdict.reason] += 1
         return None
+
+    def _paced(self, backend: str) -> Callable[[str], bool] | None:
+        """Prefill pacing on ``backend``: a tenant with that many prompt tokens still in
+        prefill waits (tenant-aware policies; the FIFO baselines cannot pick around it)."""
+        cap = self.gates[backend].limits.max_prefill_tokens_inflight
+        if cap is None or not self.scheduler.uses_headroom:
+            return None
+        prefilling = self._prefilling
+        return lambda tenant: prefilling[tenant] < cap
+
+    def _headroom_eligible(self, backend: str, verdict: GateVerdict, slots: int,
+                           kv_tight: bool) -> Callable[[str], bool]:
+        """Who may dispatch to a backend in headroom: under its weighted share of slots
+        (when the slot headroom is reached) and of the KV watermark (when that is), and
+        not held by prefill pacing."""
+        scheduler = self.scheduler
+        slot_tight = verdict.reason == "headroom"
+        paced = self._paced(backend)
+        footprint = self.kv[backend]
+        watermark = self.gates[backend].limits.kv_watermark or 0
+
+        def eligible(tenant: str) -> bool:
+            if slot_tight and not scheduler.under_share(tenant, slots):
+                return False
+            if kv_tight and (footprint.tenant_blocks(tenant)
+                             >= scheduler.share_fraction(tenant) * watermark):
+                return False
+            return paced is None or paced(tenant)
+
+        return eligible
 
     def dispatch_ready(self, now: float) -> Iterator[Dispatch]:
         """Every dispatch possible now (the selector chain repeated until a gate closes or
@@ -287,6 +346,8 @@ class SchedulingCore:
             request.id, backend, request.prompt_tokens, request.estimated_output_tokens
         )
         self.ledger.dispatch(request.id)
+        self.kv[backend].add(request.id, request.tenant, request.prompt_tokens,
+                             request.estimated_output_tokens)
         self._reported[request.id] = 0
         self._prefilling[request.tenant] += request.prompt_tokens
         over = self.scheduler.uses_headroom and self.scheduler.over_share(request.tenant, slots)
@@ -315,6 +376,8 @@ class SchedulingCore:
             return
         self.scheduler.on_tokens_streamed(request, tokens)
         self.router.on_tokens(request.id, tokens)
+        assert request.backend is not None
+        self.kv[request.backend].on_tokens(request.id, tokens)
         served = max(0, tokens)
         if request.id not in self._prefilled:
             self._prefilled.add(request.id)  # the first token says the prompt was served
@@ -375,6 +438,7 @@ class SchedulingCore:
         prefilled = request.id in self._prefilled
         self.gates[request.backend].on_finished(now, awaiting_first_token=not prefilled)
         self.router.on_finished(request.id)
+        self.kv[request.backend].remove(request.id)
         if prefilled:
             self._prefilled.discard(request.id)
         else:
@@ -397,6 +461,13 @@ class SchedulingCore:
         self.gates[backend].observe(sample)
         self.router.observe_kv(backend, sample.kv_cache_usage)
 
+    def poll_period_s(self, backend: str | None = None) -> float:
+        """How often to scrape ``backend`` (derived from its step time unless configured);
+        without a backend, the shortest over all of them (the dispatch tick)."""
+        if backend is not None:
+            return self.gates[backend].limits.poll_s
+        return min(gate.limits.poll_s for gate in self.gates.values())
+
     def mark_backend_unhealthy(self, backend: str) -> None:
         self.router.mark_unhealthy(backend)
 
@@ -412,7 +483,8 @@ class SchedulingCore:
             "scheduler": self.scheduler.snapshot(max_tenants),
             "rate_limits": self.rate_limiter.snapshot(now),
             "backends": {
-                name: {**routing[name], "gate": gate.snapshot(now)}
+                name: {**routing[name], "gate": gate.snapshot(now),
+                       "kv_footprint_blocks": self.kv[name].blocks()}
                 for name, gate in self.gates.items()
             },
             "throughput_tokens_per_s": self.meter.tokens_per_s,

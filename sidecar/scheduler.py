@@ -385,6 +385,13 @@ class Scheduler:
             return True
         return t.inflight < slots * t.weight / self._active_weight
 
+    def share_fraction(self, tenant: str) -> float:
+        """The tenant's weighted share among the active tenants (itself counted as active):
+        1 when alone. What KV-aware admission scales the KV watermark by."""
+        t = self._tenants[tenant]
+        active = self._active_weight + (0.0 if t.active else t.weight)
+        return t.weight / active if active > 0 else 1.0
+
     def over_share(self, tenant: str, slots: float) -> bool:
         """Whether ``tenant`` holds more in-flight requests than its weighted share (checked
         after a dispatch: its latest request is the one over the share)."""

@@ -324,29 +324,56 @@ class Scheduler(_Model):
 
 
 class Admission(_Model):
-    max_backend_waiting: NonNegativeInt = 2
+    """Admission control. Every field left unset (None) is derived from the backend's shape
+    as the sidecar learns it from the engine's /metrics (sidecar/shape.py,
+    sidecar.admission.derive_limits; docs/sidecar.md#admission-defaults); a value given here
+    overrides what is learned. The derived fairness settings (headroom, pacing, backlog, KV
+    watermark) apply to the tenant-aware policies only: the FIFO baselines get what is set."""
+
+    # Hold while the backend's estimated waiting queue is above this. None: max(2, slots/8)
+    # once the engine's slots are known, 8 before.
+    max_backend_waiting: NonNegativeInt | None = None
     min_decode_tokens_per_s: NonNegativeFloat = 7.0
-    metrics_poll_ms: PositiveInt = 250
+    # Scrape interval per backend, also the dispatch tick. None: about 8 engine steps,
+    # within [50, 250] ms (100 ms until a step time is measured).
+    metrics_poll_ms: PositiveInt | None = None
     # Metrics older than this are stale: fall back to max_inflight_per_backend.
     metrics_stale_ms: PositiveInt = 1000
     max_inflight_per_backend: PositiveInt = 64
     # The in-flight cap per backend while its metrics are fresh (about the engine's
-    # max_num_seqs); None: max_inflight_per_backend, which stays the stale-metrics fallback.
+    # max_num_seqs). None: the learned running capacity plus the waiting bound, or
+    # max_inflight_per_backend until it is learned.
     max_running_per_backend: PositiveInt | None = None
     # Slots per backend only under-share tenants may use: a well-behaved tenant then never
     # waits for a flood's slot turnover (vLLM does not preempt to admit a waiting request).
-    headroom_slots: NonNegativeInt = 0
+    # None: enough that a lone tenant runs at most slots - max(1, slots/8); 0: none.
+    headroom_slots: NonNegativeInt | None = None
     # Prompt tokens a backend may have dispatched and still prefilling (no first token yet)
     # before it takes more: the gate otherwise counts free *slots*, and on an idle engine it
     # would hand over a slot's worth of long prompts that the engine can only prefill a
     # step budget at a time, so its waiting queue would overshoot max_backend_waiting.
-    # About one or two step budgets (max_num_batched_tokens). None: no limit.
-    max_backend_prefill_tokens: PositiveInt | None = None
+    # None: two step budgets (tenant-aware policies); 0: no limit.
+    max_backend_prefill_tokens: NonNegativeInt | None = None
     # Prompt tokens one tenant may have dispatched and still prefilling (no first token yet)
     # before its next request waits: a flood's long prompts then enter the engines a few at
     # a time instead of all at once, so they neither fill the engine's waiting queue (which
-    # closes the gate for everyone) nor every step's budget. drr and rr only. None: no limit.
-    max_prefill_tokens_inflight: PositiveInt | None = None
+    # closes the gate for everyone) nor every step's budget. drr and rr only.
+    # None: one step budget; 0: no limit.
+    max_prefill_tokens_inflight: NonNegativeInt | None = None
+    # The engine's step budget (vLLM --max-num-batched-tokens), which the two prefill limits
+    # above derive from. vLLM does not export it; None: 2048 (vLLM's default for serving).
+    step_budget_tokens: PositiveInt | None = None
+    # KV-aware admission (drr and rr): an over-share tenant's requests are dispatched only
+    # while what the sidecar has in flight on the backend will hold fewer KV blocks, at its
+    # largest, than the cache minus kv_reserve_blocks; the reserve is for the others.
+    kv_aware: bool = True
+    # The engine's KV cache in blocks and tokens per block. None: vllm:cache_config_info's
+    # num_gpu_blocks and block_size (KV-aware admission is off while neither is known).
+    kv_cache_blocks: PositiveInt | None = None
+    kv_block_size: PositiveInt | None = None
+    # KV blocks per backend kept for under-share tenants. None: the same fraction of the
+    # cache as the headroom's max(1, slots/8) of the slots (1/8 before slots are known).
+    kv_reserve_blocks: NonNegativeInt | None = None
     # Added to the vLLM priority of over-share requests on priority-scheduling backends, so
     # the engine preempts them first under KV pressure.
     over_share_priority_demotion: NonNegativeInt = 1
@@ -354,13 +381,17 @@ class Admission(_Model):
     @model_validator(mode="after")
     def _stale_after_poll(self) -> Admission:
         issues: list[Issue] = []
-        if self.metrics_stale_ms < self.metrics_poll_ms:
+        if self.metrics_poll_ms is not None and self.metrics_stale_ms < self.metrics_poll_ms:
             issues.append((("metrics_stale_ms",), "must be at least metrics_poll_ms"))
         smallest = min(self.max_inflight_per_backend,
                        self.max_running_per_backend or self.max_inflight_per_backend)
-        if self.headroom_slots >= smallest:
+        if self.headroom_slots is not None and self.headroom_slots >= smallest:
             issues.append((("headroom_slots",), f"must be below the in-flight caps ({smallest})"
                            ", or a lone tenant could never be served"))
+        if (self.kv_cache_blocks is not None and self.kv_reserve_blocks is not None
+                and self.kv_reserve_blocks >= self.kv_cache_blocks):
+            issues.append((("kv_reserve_blocks",), f"must be below kv_cache_blocks "
+                           f"({self.kv_cache_blocks}), or a lone tenant could never be served"))
         if issues:
             raise _conflicts(issues)
         return self

@@ -8,6 +8,7 @@ sidecar can poll every backend several times a second without stalling its relay
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 # Sample name -> field of BackendSample. Values are summed over label sets (several engines
@@ -19,7 +20,13 @@ _WANTED = {
     "vllm:generation_tokens_total": "generation_tokens_total",
     "vllm:prompt_tokens_total": "prompt_tokens_total",
     "vllm:num_preemptions_total": "preemptions_total",
+    "vllm:request_queue_time_seconds_sum": "queue_time_sum",
+    "vllm:request_queue_time_seconds_count": "queue_time_count",
 }
+# An info gauge whose *labels* carry the KV cache's shape (vLLM's CacheConfig, and the
+# emulator's copy of it): the blocks of the whole cache and the tokens per block.
+_CACHE_INFO = "vllm:cache_config_info"
+_CACHE_LABELS = {"num_gpu_blocks": "kv_blocks", "block_size": "block_size"}
 
 
 class ScrapeError(ValueError):
@@ -37,10 +44,33 @@ class BackendSample:
     generation_tokens_total: float
     prompt_tokens_total: float
     preemptions_total: float
+    # Time requests spent in the engine's waiting queue (a histogram's sum and count): the
+    # engine's own word on whether it is saturated. None when not exported.
+    queue_time_sum: float | None = None
+    queue_time_count: float | None = None
+    # vllm:cache_config_info's num_gpu_blocks and block_size (summed blocks over engines),
+    # None when the server does not export them.
+    kv_blocks: int | None = None
+    block_size: int | None = None
+
+
+def _cache_labels(line: str, found: dict[str, int]) -> None:
+    """Add vllm:cache_config_info's num_gpu_blocks (summed over engines) and block_size (the
+    largest: one block size per server in practice) from one sample line."""
+    for label, field in _CACHE_LABELS.items():
+        match = re.search(r'[{,]\s*' + label + r'="(\d+)"', line)
+        if match is None:
+            continue
+        value = int(match.group(1))
+        if field == "kv_blocks":
+            found[field] = found.get(field, 0) + value
+        else:
+            found[field] = max(found.get(field, 0), value)
 
 
 def parse_vllm_metrics(text: str, at_s: float) -> BackendSample:
     values: dict[str, float] = {}
+    cache: dict[str, int] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -49,6 +79,9 @@ def parse_vllm_metrics(text: str, at_s: float) -> BackendSample:
         if space < 0:
             continue
         name = line[:brace] if 0 <= brace < space else line[:space]
+        if name == _CACHE_INFO:
+            _cache_labels(line, cache)
+            continue
         field = _WANTED.get(name)
         if field is None:
             continue
@@ -75,4 +108,8 @@ def parse_vllm_metrics(text: str, at_s: float) -> BackendSample:
         generation_tokens_total=values["generation_tokens_total"],
         prompt_tokens_total=values.get("prompt_tokens_total", 0.0),
         preemptions_total=values.get("preemptions_total", 0.0),
+        queue_time_sum=values.get("queue_time_sum"),
+        queue_time_count=values.get("queue_time_count"),
+        kv_blocks=cache.get("kv_blocks") or None,
+        block_size=cache.get("block_size") or None,
     )

@@ -116,7 +116,9 @@ def test_defaults_fill_everything_optional() -> None:
     assert all(e.cost == "tokens" and e.quantum == 2048 for e in config.endpoints.values())
     assert config.scheduler.policy == "drr"
     assert config.routing == "least_tokens"
-    assert config.admission.max_backend_waiting == 2
+    # Unset admission knobs are derived from each engine's learned shape (test_shape.py).
+    assert config.admission.max_backend_waiting is None
+    assert config.admission.headroom_slots is None and config.admission.kv_aware
     assert config.admission.min_decode_tokens_per_s == 7
     assert config.backends[0].name == "127.0.0.1:8001"
     assert config.admin_api_keys == []

@@ -38,7 +38,7 @@ def make_config(policy: str = "drr", **overrides: Any) -> Config:
             {"url": "http://127.0.0.1:8002", "name": "b2", "priority_scheduling": True},
         ],
         "scheduler": {"policy": policy},
-        "admission": {"max_inflight_per_backend": 4},
+        "admission": {"max_inflight_per_backend": 4, "max_backend_waiting": 2},
     }
     data.update(overrides)
     return parse_config(data)

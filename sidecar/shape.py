@@ -1,0 +1,124 @@
+"""What one engine is, learned from its own ``/metrics``: slots, KV cache, step time.
+
+Admission sized by hand only fits the engine it was sized for (issue 14: the same defaults
+were too many slots for a KV-tight engine and too few for a large one). ``ShapeLearner``
+watches consecutive scrapes of one backend and keeps an ``EngineShape``; the admission gate
+derives every knob a config leaves unset from it (``sidecar.admission.derive_limits``).
+
+What is learned, and from what
+------------------------------
+``slots``       the sequences the engine runs at once when it cannot take more: the running
+                count of a scrape taken while the engine was *saturated*, that is its waiting
+                queue was non-empty at this scrape and the previous one and the requests
+                that finished in between had waited in it, on average, longer than
+                ``saturated_wait_steps`` engine steps (``vllm:request_queue_time_seconds``).
+                An engine with free slots admits a waiting request at its next step, so a
+                momentary queue (a few arrivals between two steps) is not saturation; a
+                queue that holds requests for several steps is. The largest such count is
+                kept, and any larger running count seen later raises it (the engine ran that
+                many, so it can). It is the binding capacity — slots, or KV when KV binds
+                first — which is what admission needs either way.
+``kv_blocks``   ``vllm:cache_config_info``'s ``num_gpu_blocks`` and ``block_size`` labels
+``block_size``  (vLLM exports them; so does the emulator). None when absent: KV-aware
+                admission is then off unless the config gives them.
+``step_s``      one engine step: 1 / (generated tokens per second per running sequence),
+                since every running sequence decodes one token a step. None until two
+                scrapes with decoding between them.
+
+Invariants (tests/unit/sidecar/test_shape.py): ``slots`` never decreases and is never
+below a running count observed in a saturated interval; ``step_s`` is positive or None;
+the learner is pure (no clock: it reads the scrapes' own timestamps).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+
+class ShapeMetrics(Protocol):
+    """The scrape fields the learner reads (``sidecar.scrape.BackendSample`` has them)."""
+
+    @property
+    def at_s(self) -> float: ...
+    @property
+    def waiting(self) -> float: ...
+    @property
+    def running(self) -> float: ...
+    @property
+    def generation_tokens_total(self) -> float | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineShape:
+    slots: int | None = None
+    kv_blocks: int | None = None
+    block_size: int | None = None
+    step_s: float | None = None
+
+
+# Mean queue wait, in engine steps, that says the engine could not admit what waited. An
+# engine with a free slot admits at its next step (a wait of at most one step, half on
+# average); four steps leave room for a long prompt that needs two or three steps of budget.
+SATURATED_WAIT_STEPS = 4.0
+
+
+class ShapeLearner:
+    def __init__(self, saturated_wait_steps: float = SATURATED_WAIT_STEPS) -> None:
+        self._wait_steps = saturated_wait_steps
+        self._shape = EngineShape()
+        self._previous: ShapeMetrics | None = None
+
+    @property
+    def shape(self) -> EngineShape:
+        return self._shape
+
+    def observe(self, sample: ShapeMetrics, fallback_step_s: float) -> EngineShape:
+        """Learn from one more scrape (in scrape order; an older one is ignored).
+        ``fallback_step_s`` stands for the step time until one is measured (the poll
+        period is a safe choice: a wait longer than a poll is certainly not one step)."""
+        previous = self._previous
+        if previous is not None and sample.at_s <= previous.at_s:
+            return self._shape
+        self._previous = sample
+        shape = self._shape
+        kv_blocks = getattr(sample, "kv_blocks", None)
+        block_size = getattr(sample, "block_size", None)
+        if kv_blocks and block_size:
+            shape = replace(shape, kv_blocks=int(kv_blocks), block_size=int(block_size))
+        if previous is None:
+            self._shape = shape
+            return shape
+        step = _step_s(previous, sample)
+        if step is not None:
+            shape = replace(shape, step_s=step)
+        running = int(sample.running)
+        if shape.slots is not None and running > shape.slots:
+            shape = replace(shape, slots=running)  # it ran that many: it can
+        elif previous.waiting > 0 and sample.waiting > 0 and running > 0:
+            step_s = shape.step_s if shape.step_s is not None else fallback_step_s
+            if _waited_long(previous, sample, self._wait_steps * step_s):
+                shape = replace(shape, slots=max(shape.slots or 0, running))
+        self._shape = shape
+        return shape
+
+
+def _step_s(previous: ShapeMetrics, sample: ShapeMetrics) -> float | None:
+    before, after = previous.generation_tokens_total, sample.generation_tokens_total
+    running = (previous.running + sample.running) / 2
+    if before is None or after is None or after <= before or running <= 0:
+        return None
+    per_seq = (after - before) / (sample.at_s - previous.at_s) / running
+    return 1.0 / per_seq
+
+
+def _waited_long(previous: ShapeMetrics, sample: ShapeMetrics, threshold_s: float) -> bool:
+    """Whether the requests that finished between two scrapes had waited in the engine's
+    queue longer than ``threshold_s`` on average. vLLM observes a request's queue time when
+    it finishes, so the evidence lags by a request's lifetime; saturation that lasts is seen
+    all the same. False when unknown (not exported, counters reset, nothing finished)."""
+    s0, c0 = getattr(previous, "queue_time_sum", None), getattr(previous, "queue_time_count", None)
+    s1, c1 = getattr(sample, "queue_time_sum", None), getattr(sample, "queue_time_count", None)
+    if s0 is None or c0 is None or s1 is None or c1 is None or c1 <= c0 or s1 < s0:
+        return False
+    return bool((s1 - s0) / (c1 - c0) >= threshold_s)

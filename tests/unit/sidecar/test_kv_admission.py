@@ -1,0 +1,142 @@
+"""KV-aware admission in SchedulingCore: an over-share tenant's dispatches stop at the KV
+watermark, the reserve above it stays for the others, nothing goes past the cache while
+something of ours runs, and the engine's learned shape sizes all of it."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sidecar.admission import GateLimits, MetricsSample
+from sidecar.core import SchedulingCore
+from sidecar.request import QueuedRequest
+from sidecar.scrape import BackendSample
+from tests.unit.sidecar.test_core import arrive, make_config
+
+ONE = [{"url": "http://127.0.0.1:8001", "name": "b1"}]
+# 100 blocks of 16 tokens, 20 kept for under-share tenants: an over-share tenant's footprint
+# stops at the watermark of 80.
+KV = GateLimits(max_inflight=1000, kv_blocks=100, block_size=16, kv_reserve_blocks=20)
+
+
+def flood(core: SchedulingCore, n: int, now: float = 0.0) -> None:
+    for _ in range(n):
+        # 220 + 100 expected output tokens = 20 blocks at their largest
+        arrive(core, "a", now, prompt_tokens=220, max_tokens=100)
+
+
+def test_a_flood_alone_stops_at_the_watermark_and_the_reserve_serves_the_others() -> None:
+    core = SchedulingCore(make_config(backends=ONE), gate_limits=KV)
+    flood(core, 10)
+    sent = list(core.dispatch_ready(0.0))
+    assert len(sent) == 4 and core.kv["b1"].blocks() == 80
+    assert core.holds[("b1", "kv_headroom")] == 1
+    arrive(core, "b", 0.1, prompt_tokens=60, max_tokens=4)  # 4 blocks
+    (d,) = core.dispatch_ready(0.1)
+    assert d.request.tenant == "b"  # no flood sequence had to finish first
+    # A flood request that ends frees room for the next one.
+    core.on_completed(sent[0].request, 220, 100, 0.2)
+    (d,) = core.dispatch_ready(0.2)
+    assert d.request.tenant == "a"
+    assert core.kv["b1"].tenant_blocks("a") == 80
+
+
+def test_streamed_tokens_past_the_estimate_grow_the_footprint() -> None:
+    core = SchedulingCore(make_config(backends=ONE), gate_limits=KV)
+    flood(core, 10)
+    sent = list(core.dispatch_ready(0.0))
+    core.on_first_token(sent[0].request, 0.1)
+    core.on_tokens_streamed(sent[0].request, 100, 0.1)
+    assert core.kv["b1"].blocks() == 80
+    core.on_completed(sent[1].request, 220, 100, 0.2)
+    core.on_tokens_streamed(sent[0].request, 32, 0.2)  # 132 > 100 expected: +2 blocks
+    assert core.kv["b1"].blocks() == 62
+    assert len(list(core.dispatch_ready(0.2))) == 1  # 62 + 20 = 82: then at the watermark
+
+
+def test_kv_admission_is_off_for_the_fifo_baselines_and_without_a_known_cache() -> None:
+    core = SchedulingCore(make_config("fcfs", backends=ONE), gate_limits=KV)
+    flood(core, 10)
+    assert len(list(core.dispatch_ready(0.0))) == 10
+    core = SchedulingCore(make_config(backends=ONE),
+                          gate_limits=GateLimits(max_inflight=1000))
+    flood(core, 10)
+    assert len(list(core.dispatch_ready(0.0))) == 10
+
+
+def test_the_engines_cache_is_learned_from_its_metrics() -> None:
+    config = make_config(backends=ONE, admission={"max_inflight_per_backend": 64,
+                                                  "max_prefill_tokens_inflight": 0,
+                                                  "max_backend_prefill_tokens": 0})
+    core = SchedulingCore(config)
+    core.on_backend_metrics("b1", BackendSample(0.0, 0, 0, 0.0, 0.0, 0.0, 0.0,
+                                                kv_blocks=100, block_size=16))
+    limits = core.gates["b1"].limits
+    assert (limits.kv_blocks, limits.kv_reserve_blocks) == (100, 13)  # 1/8 of the cache
+    flood(core, 10)
+    assert len(list(core.dispatch_ready(0.1))) == 5  # 0, 20, 40, 60, 80 < 87
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("arrive"), st.sampled_from(["a", "b", "i"]), st.integers(0, 900)),
+        st.tuples(st.just("dispatch"), st.just(""), st.just(0)),
+        st.tuples(st.just("stream"), st.just(""), st.integers(0, 300)),
+        st.tuples(st.sampled_from(["complete", "gone", "refused"]), st.just(""),
+                  st.integers(0, 10**6)),
+        st.tuples(st.just("scrape"), st.just(""), st.integers(0, 6)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(policy=st.sampled_from(["drr", "rr"]), ops=OPS)
+def test_over_share_dispatches_never_pass_the_watermark_nor_anyone_the_cache(policy,
+                                                                             ops) -> None:
+    limits = GateLimits(max_inflight=40, headroom_slots=2, kv_blocks=120, block_size=16,
+                        kv_reserve_blocks=30)
+    core = SchedulingCore(make_config(policy, backends=ONE), gate_limits=limits)
+    watermark = 90
+    kv = core.kv["b1"]
+    inflight: list[QueuedRequest] = []
+    now = 0.0
+    for kind, who, value in ops:
+        now += 0.01
+        if kind == "arrive":
+            arrive(core, who, now, prompt_tokens=value, max_tokens=1 + value // 2)
+        elif kind == "dispatch":
+            while True:
+                before = kv.blocks()
+                ours = core.gates["b1"].inflight
+                share = {t: (kv.tenant_blocks(t), core.scheduler.share_fraction(t))
+                         for t in ("a", "b", "i")}
+                d = core.next_dispatch(now)
+                if d is None:
+                    break
+                inflight.append(d.request)
+                # Nothing goes while the cache is full of ours (something of ours runs).
+                assert ours == 0 or before < 120
+                held, fraction = share[d.request.tenant]
+                if before >= watermark:
+                    # Above the watermark only tenants under their share of it.
+                    assert held < fraction * watermark
+        elif kind == "stream" and inflight:
+            req = inflight[value % len(inflight)]
+            core.on_tokens_streamed(req, value % 40, now)
+        elif kind in ("complete", "gone", "refused") and inflight:
+            req = inflight.pop(value % len(inflight))
+            if kind == "complete":
+                core.on_completed(req, req.prompt_tokens, 10, now)
+            elif kind == "gone":
+                core.on_client_gone(req, req.prompt_tokens, 3, now)
+            else:
+                core.dispatch_failed(req, now)
+        elif kind == "scrape":
+            core.on_backend_metrics("b1", MetricsSample(now, waiting=0, running=value))
+    # Liveness: with nothing of ours in flight, a queued request always goes.
+    for req in inflight:
+        core.on_completed(req, req.prompt_tokens, 1, now)
+    if core.scheduler.queued_requests:
+        assert core.next_dispatch(now + 10) is not None
+    assert kv.blocks() == 0 or core.gates["b1"].inflight > 0

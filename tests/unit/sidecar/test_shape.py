@@ -1,0 +1,157 @@
+"""ShapeLearner: what an engine is, from consecutive scrapes; derive_limits: the defaults
+derived from it, and the config overriding them."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sidecar.admission import (
+    DEFAULT_POLL_S,
+    DEFAULT_STEP_BUDGET,
+    WAITING_UNKNOWN_SLOTS,
+    GateLimits,
+    derive_limits,
+)
+from sidecar.scrape import parse_vllm_metrics
+from sidecar.shape import SATURATED_WAIT_STEPS, EngineShape, ShapeLearner
+from weighbridge.config import Admission
+
+
+@dataclass(frozen=True)
+class Scrape:
+    at_s: float
+    waiting: float
+    running: float
+    generation_tokens_total: float | None = None
+    queue_time_sum: float | None = None
+    queue_time_count: float | None = None
+    kv_blocks: int | None = None
+    block_size: int | None = None
+
+
+def test_cache_config_info_gives_the_kv_cache() -> None:
+    shape = ShapeLearner().observe(Scrape(0.0, 0, 0, kv_blocks=572, block_size=32), 0.1)
+    assert (shape.kv_blocks, shape.block_size) == (572, 32)
+
+
+def test_the_real_exposition_format_is_read() -> None:
+    text = "\n".join([
+        'vllm:num_requests_waiting{engine="0",model_name="m"} 3.0',
+        'vllm:num_requests_running{engine="0",model_name="m"} 24.0',
+        'vllm:generation_tokens_total{engine="0",model_name="m"} 1000.0',
+        'vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0",'
+        'num_gpu_blocks="572",num_gpu_blocks_override="None"} 1.0',
+        'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 4.5',
+        'vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 9.0',
+    ])
+    sample = parse_vllm_metrics(text, 1.0)
+    assert (sample.kv_blocks, sample.block_size) == (572, 32)
+    assert (sample.queue_time_sum, sample.queue_time_count) == (4.5, 9.0)
+    bare = parse_vllm_metrics("\n".join(text.splitlines()[:3]), 1.0)
+    assert bare.kv_blocks is None and bare.queue_time_count is None
+
+
+def test_a_momentary_queue_is_not_saturation() -> None:
+    learner = ShapeLearner()
+    # 40 running, a few arrivals caught between two steps of 10 ms; those that finished
+    # had waited half a step on average.
+    learner.observe(Scrape(0.0, 3, 40, 0, 0.0, 0), 0.1)
+    shape = learner.observe(Scrape(0.1, 2, 41, 400, 0.5, 100), 0.1)
+    assert shape.slots is None
+    assert math.isclose(shape.step_s or 0, 0.1 / (400 / 40.5))
+
+
+def test_a_queue_that_holds_requests_for_steps_is_saturation() -> None:
+    learner = ShapeLearner()
+    learner.observe(Scrape(0.0, 5, 32, 0, 0.0, 0), 0.1)
+    step = 0.1 / 32  # 32 running, 32 tokens per 0.1 s each: 10 ms steps... per sequence
+    shape = learner.observe(Scrape(0.1, 6, 32, 320, 10 * SATURATED_WAIT_STEPS * 0.01, 10), 0.1)
+    assert shape.slots == 32
+    del step
+    # Later the engine ran more than that: it can.
+    shape = learner.observe(Scrape(0.2, 0, 40, 640, 0.4, 10), 0.1)
+    assert shape.slots == 40
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10), st.integers(0, 64), st.integers(0, 5),
+                          st.floats(0, 2)), max_size=30))
+def test_slots_never_decrease_and_bound_saturated_running(steps) -> None:
+    learner = ShapeLearner()
+    t, gen, qsum, qcount = 0.0, 0.0, 0.0, 0
+    previous_slots = None
+    for waiting, running, finished, wait in steps:
+        t += 0.1
+        gen += running
+        qcount += finished
+        qsum += finished * wait
+        shape = learner.observe(Scrape(t, waiting, running, gen, qsum, qcount), 0.1)
+        if previous_slots is not None:
+            assert shape.slots is not None and shape.slots >= previous_slots
+        if shape.slots is not None and previous_slots is not None and running > previous_slots:
+            assert shape.slots >= running
+        assert shape.step_s is None or shape.step_s > 0
+        previous_slots = shape.slots
+
+
+def test_nothing_learned_gives_the_unknown_engine_defaults() -> None:
+    limits = derive_limits(Admission(), EngineShape())
+    assert limits.max_backend_waiting == WAITING_UNKNOWN_SLOTS
+    assert limits.max_running is None and limits.headroom_slots == 0
+    assert limits.kv_blocks is None  # no KV-aware admission without a known cache
+    assert limits.max_prefill_tokens_inflight == DEFAULT_STEP_BUDGET
+    assert limits.max_backend_prefill_tokens == 2 * DEFAULT_STEP_BUDGET
+    assert limits.poll_s == DEFAULT_POLL_S
+
+
+def test_a_learned_engine_sizes_every_knob() -> None:
+    shape = EngineShape(slots=32, kv_blocks=572, block_size=32, step_s=0.02)
+    limits = derive_limits(Admission(), shape)
+    assert limits.max_backend_waiting == 4
+    assert limits.max_running == 36  # 32 running, 4 waiting
+    # a lone tenant holds at most 32 - 4 = 28 in flight: 4 running slots stay free
+    assert limits.max_running - limits.headroom_slots == 28
+    assert limits.kv_blocks == 572 and limits.block_size == 32
+    assert limits.kv_reserve_blocks == math.ceil(572 * 4 / 32)
+    assert limits.poll_s == 0.16
+
+
+def test_config_values_override_what_is_learned() -> None:
+    shape = EngineShape(slots=32, kv_blocks=572, block_size=32, step_s=0.02)
+    admission = Admission(max_running_per_backend=16, max_backend_waiting=1, headroom_slots=3,
+                          kv_cache_blocks=100, kv_reserve_blocks=10, metrics_poll_ms=200,
+                          step_budget_tokens=512, max_backend_prefill_tokens=0)
+    limits = derive_limits(admission, shape)
+    assert (limits.max_running, limits.max_backend_waiting, limits.headroom_slots) == (16, 1, 3)
+    assert (limits.kv_blocks, limits.kv_reserve_blocks) == (100, 10)
+    assert limits.poll_s == 0.2
+    assert limits.max_prefill_tokens_inflight == 512
+    assert limits.max_backend_prefill_tokens is None  # 0: off
+    assert derive_limits(Admission(kv_aware=False), shape).kv_blocks is None
+
+
+def test_fifo_baselines_get_no_derived_fairness_settings() -> None:
+    shape = EngineShape(slots=32, kv_blocks=572, block_size=32)
+    limits = derive_limits(Admission(), shape, tenant_aware=False)
+    assert limits.headroom_slots == 0 and limits.kv_blocks is None
+    assert limits.max_prefill_tokens_inflight is None
+    assert limits.max_backend_prefill_tokens is None
+    assert limits.max_running == 36  # the engine's size is no fairness setting
+
+
+@settings(max_examples=300, deadline=None)
+@given(slots=st.one_of(st.none(), st.integers(1, 4096)),
+       kv=st.one_of(st.none(), st.integers(1, 10**6)),
+       fallback=st.integers(1, 512), waiting=st.one_of(st.none(), st.integers(0, 64)))
+def test_derived_limits_are_always_valid_and_leave_a_lone_tenant_room(slots, kv, fallback,
+                                                                      waiting) -> None:
+    shape = EngineShape(slots=slots, kv_blocks=kv, block_size=16 if kv else None)
+    limits = derive_limits(Admission(max_inflight_per_backend=fallback,
+                                     max_backend_waiting=waiting), shape)
+    assert isinstance(limits, GateLimits)  # __post_init__ checked headroom < caps
+    if limits.kv_blocks is not None:
+        assert limits.kv_watermark is not None and limits.kv_watermark >= 1
