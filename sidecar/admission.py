@@ -104,6 +104,10 @@ class GateLimits:
     max_inflight: int = 64  # the fallback cap (stale or missing metrics)
     max_running: int | None = None  # the cap with fresh metrics; None: max_inflight
     headroom_slots: int = 0
+    # False: the headroom is kept only while a light tenant (one that was not backlogged
+    # upstream when it last dispatched) has been around lately; with only backlogged
+    # tenants, it is ordinary capacity (sidecar.core: work-conserving headroom).
+    headroom_always: bool = True
     # KV-aware admission (sidecar.core): the engine's cache in blocks (None: off), tokens per
     # block, and the blocks above the watermark that only under-share tenants may fill.
     kv_blocks: int | None = None
@@ -188,6 +192,7 @@ def derive_limits(admission: Admission, shape: EngineShape,
         max_running = None
     fresh_cap = max_running or admission.max_inflight_per_backend
     smallest = min(fresh_cap, admission.max_inflight_per_backend)
+    headroom_always = admission.headroom_slots is not None
     if admission.headroom_slots is not None:
         headroom = admission.headroom_slots
     elif tenant_aware and slots is not None:
@@ -228,6 +233,7 @@ def derive_limits(admission: Admission, shape: EngineShape,
         max_inflight=admission.max_inflight_per_backend,
         max_running=max_running,
         headroom_slots=headroom,
+        headroom_always=headroom_always,
         kv_blocks=kv_blocks if kv_on else None,
         block_size=block_size,
         kv_reserve_blocks=reserve,

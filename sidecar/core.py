@@ -74,6 +74,12 @@ if TYPE_CHECKING:
     from weighbridge.config import Config
 
 
+# How long a light tenant keeps the derived headroom reserved after its last dispatch: it
+# covers the gaps of a tenant sending a few requests a second, and lets the headroom go back
+# to backlogged tenants soon after the last light one stopped.
+LIGHT_MEMORY_S = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     request: QueuedRequest
@@ -129,6 +135,10 @@ class SchedulingCore:
         # Prompt tokens each tenant has dispatched whose prefill has not finished (no first
         # token yet), for prefill pacing (GateLimits.max_prefill_tokens_inflight).
         self._prefilling: Counter[str] = Counter()
+        # Tenant -> when it last arrived to an empty queue of its own or dispatched leaving
+        # it empty; dropped when it dispatches with more queued (backlogged upstream). For
+        # the derived, work-conserving headroom (GateLimits.headroom_always).
+        self._light: dict[str, float] = {}
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
         self.holds: Counter[tuple[str, str]] = Counter()
 
@@ -199,6 +209,8 @@ class SchedulingCore:
         rejected = self.scheduler.enqueue(request, now)
         if rejected is not None:
             return self._turn_away(request, rejected, now)
+        if self.scheduler.tenant_queued(tenant)[0] == 1:
+            self._light[tenant] = now  # arrived to an empty queue: light until backlogged
         return request
 
     def _turn_away(self, request: QueuedRequest, reject: Reject, now: float) -> Reject:
@@ -260,12 +272,10 @@ class SchedulingCore:
             if tenant_aware and watermark is not None and verdict.mode != "closed":
                 footprint = self.kv[name]
                 footprint.set_block_size(limits.block_size)
-                used = footprint.blocks()
-                assert limits.kv_blocks is not None
-                if used >= limits.kv_blocks and gate.inflight > 0:
-                    # More would make the engine preempt (module doc of sidecar.kv).
-                    verdict = GateVerdict("closed", "kv_full", verdict.share_slots)
-                elif used >= watermark:
+                if footprint.blocks() >= watermark:
+                    # Only tenants under their share of the watermark may add more: an
+                    # over-share tenant could make the engine preempt (sidecar.kv), an
+                    # under-share one is what the reserve is for.
                     kv_tight.add(name)
                     if verdict.mode == "open":
                         verdict = GateVerdict("headroom", "kv_headroom", verdict.share_slots)
@@ -292,7 +302,7 @@ class SchedulingCore:
                 candidates.discard(backend)
                 request = scheduler.next(
                     now, self._headroom_eligible(backend, verdicts[backend], slots,
-                                                 backend in kv_tight))
+                                                 backend in kv_tight, now))
                 if request is not None:
                     return self._dispatch(request, backend, now, slots)
         for name, verdict in verdicts.items():
@@ -310,19 +320,34 @@ class SchedulingCore:
         prefilling = self._prefilling
         return lambda tenant: prefilling[tenant] < cap
 
+    def _light_tenants(self, now: float) -> set[str]:
+        """Tenants not backlogged upstream lately: the well-behaved the headroom is for."""
+        light = self._light
+        for tenant in [t for t, at in light.items() if now - at > LIGHT_MEMORY_S]:
+            del light[tenant]
+        return set(light)
+
     def _headroom_eligible(self, backend: str, verdict: GateVerdict, slots: int,
-                           kv_tight: bool) -> Callable[[str], bool]:
+                           kv_tight: bool, now: float) -> Callable[[str], bool]:
         """Who may dispatch to a backend in headroom: under its weighted share of slots
         (when the slot headroom is reached) and of the KV watermark (when that is), and
         not held by prefill pacing."""
         scheduler = self.scheduler
         slot_tight = verdict.reason == "headroom"
+        if slot_tight and not self.gates[backend].limits.headroom_always:
+            light = self._light_tenants(now)
+            # Work-conserving headroom: kept for light tenants other than the asker.
+            slot_tight = bool(light)
+            reserved_for = light
+        else:
+            reserved_for = None
         paced = self._paced(backend)
         footprint = self.kv[backend]
         watermark = self.gates[backend].limits.kv_watermark or 0
 
         def eligible(tenant: str) -> bool:
-            if slot_tight and not scheduler.under_share(tenant, slots):
+            if (slot_tight and not scheduler.under_share(tenant, slots)
+                    and (reserved_for is None or reserved_for - {tenant})):
                 return False
             if kv_tight and (footprint.tenant_blocks(tenant)
                              >= scheduler.share_fraction(tenant) * watermark):
@@ -350,6 +375,10 @@ class SchedulingCore:
                              request.estimated_output_tokens)
         self._reported[request.id] = 0
         self._prefilling[request.tenant] += request.prompt_tokens
+        if self.scheduler.tenant_queued(request.tenant)[0] == 0:
+            self._light[request.tenant] = now
+        else:
+            self._light.pop(request.tenant, None)  # backlogged upstream: not light
         over = self.scheduler.uses_headroom and self.scheduler.over_share(request.tenant, slots)
         priority = None
         if backend in self._priority_backends:

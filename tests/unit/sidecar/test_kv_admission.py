@@ -1,6 +1,6 @@
 """KV-aware admission in SchedulingCore: an over-share tenant's dispatches stop at the KV
-watermark, the reserve above it stays for the others, nothing goes past the cache while
-something of ours runs, and the engine's learned shape sizes all of it."""
+watermark, the reserve above it stays for the others, and the engine's learned shape sizes
+all of it; the derived slot headroom is work-conserving."""
 
 from __future__ import annotations
 
@@ -92,8 +92,7 @@ OPS = st.lists(
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(policy=st.sampled_from(["drr", "rr"]), ops=OPS)
-def test_over_share_dispatches_never_pass_the_watermark_nor_anyone_the_cache(policy,
-                                                                             ops) -> None:
+def test_over_share_dispatches_never_pass_the_watermark(policy, ops) -> None:
     limits = GateLimits(max_inflight=40, headroom_slots=2, kv_blocks=120, block_size=16,
                         kv_reserve_blocks=30)
     core = SchedulingCore(make_config(policy, backends=ONE), gate_limits=limits)
@@ -108,15 +107,12 @@ def test_over_share_dispatches_never_pass_the_watermark_nor_anyone_the_cache(pol
         elif kind == "dispatch":
             while True:
                 before = kv.blocks()
-                ours = core.gates["b1"].inflight
                 share = {t: (kv.tenant_blocks(t), core.scheduler.share_fraction(t))
                          for t in ("a", "b", "i")}
                 d = core.next_dispatch(now)
                 if d is None:
                     break
                 inflight.append(d.request)
-                # Nothing goes while the cache is full of ours (something of ours runs).
-                assert ours == 0 or before < 120
                 held, fraction = share[d.request.tenant]
                 if before >= watermark:
                     # Above the watermark only tenants under their share of it.
@@ -140,3 +136,39 @@ def test_over_share_dispatches_never_pass_the_watermark_nor_anyone_the_cache(pol
     if core.scheduler.queued_requests:
         assert core.next_dispatch(now + 10) is not None
     assert kv.blocks() == 0 or core.gates["b1"].inflight > 0
+
+
+def test_derived_headroom_is_kept_only_while_a_light_tenant_is_around() -> None:
+    config = make_config(backends=ONE, admission={"max_running_per_backend": 16,
+                                                  "max_prefill_tokens_inflight": 0,
+                                                  "max_backend_prefill_tokens": 0,
+                                                  "kv_aware": False})
+    core = SchedulingCore(config)
+    assert core.gates["b1"].limits.headroom_slots == 2  # 16 slots: a lone tenant holds 14
+    core.on_backend_metrics("b1", MetricsSample(0.0, waiting=0, running=0))
+    for _ in range(20):
+        arrive(core, "a", 0.0)
+    # Nobody light around: the headroom is ordinary capacity (work-conserving).
+    assert len(list(core.dispatch_ready(0.0))) == 16
+    sent = [core.scheduler.dispatched(r) for r in list(core.scheduler._dispatched)]
+    for req in sent[:3]:
+        assert req is not None
+        core.on_completed(req, 100, 10, 0.1)
+    arrive(core, "b", 0.1)  # light: it arrived to an empty queue of its own
+    got = [d.request.tenant for d in core.dispatch_ready(0.1)]
+    # a, over its share, gets the free slots below the headroom only: b's stays free.
+    assert sorted(got) == ["a", "b"]
+    assert core.scheduler.tenant_inflight("a") == 14
+    # Ten seconds after b was last seen light the headroom is ordinary capacity again.
+    core.on_backend_metrics("b1", MetricsSample(10.5, waiting=0, running=15))
+    assert [d.request.tenant for d in core.dispatch_ready(10.5)] == ["a"]
+
+
+def test_configured_headroom_is_always_kept() -> None:
+    config = make_config(backends=ONE, admission={"max_running_per_backend": 16,
+                                                  "headroom_slots": 2, "kv_aware": False})
+    core = SchedulingCore(config)
+    core.on_backend_metrics("b1", MetricsSample(0.0, waiting=0, running=0))
+    for _ in range(20):
+        arrive(core, "a", 0.0)
+    assert len(list(core.dispatch_ready(0.0))) == 14

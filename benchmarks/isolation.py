@@ -1,0 +1,393 @@
+"""Isolation on a KV-tight engine with a config nobody tuned (issue 14): the victim's TTFT
+under a flood through the sidecar, against the best the engine allows, measured in one run.
+
+The engine (real vLLM CPU, or the emulator's cpu-tiny profile) has 32 sequences, a step
+budget of 1,024 tokens, blocks of 32 tokens and KV for 26 of the flood's sequences,
+scheduling ``fcfs`` (vLLM's default). The victim sends Poisson 4 requests/s of 64 + 16
+tokens; the flood is 500 requests of 512 + 192 tokens at once. Both tenants are in the same
+tier with the same weight, and the sidecar's config names tiers, tenants and backends only.
+
+Arms, each on the same engine, the engine drained in between:
+
+``quiet``    the victim alone, through a fresh sidecar (the reference for flood/quiet);
+``ideal``    the flood limiting itself to the streams that fit in KV with room for the
+             victim (26 - 2 = 24 here), straight to the engine; the victim straight too;
+``sidecar``  the whole flood and the victim through a fresh sidecar with the plain config.
+
+``ideal`` and ``sidecar`` are interleaved ``repeats`` times. Per arm: the victim's TTFT p50,
+p90, p99 over the requests it sent in the measurement window (from ``warmup_s`` after the
+flood started, for ``window_s``), and the engine's output tokens/s over the window (its own
+``vllm:generation_tokens_total``). The victim's client runs in a process of its own
+(``python -m benchmarks.isolation victim ...``), apart from the one consuming the flood, so
+the flood's 500 streams do not delay the victim's reads.
+
+``python -m benchmarks.isolation [--engine emulator|real] [--repeats 3]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+
+from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from loadgen.measure import percentile
+from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
+
+MODEL = "tiny"
+ENGINE: dict[str, Any] = {"max_num_seqs": 32, "max_num_batched_tokens": 1024,
+                          "block_size": 32, "max_model_len": 1024}
+FLOOD_PROMPT, FLOOD_OUTPUT, FLOOD_COUNT = 512, 192, 500
+VICTIM_PROMPT, VICTIM_OUTPUT, VICTIM_RATE = 64, 16, 4.0
+FLOOD_SEQS_IN_KV = 26  # the cache holds this many of the flood's sequences at full length
+VICTIM_ROOM_SEQS = 2  # the ideal flood leaves this many flood-sized sequences of KV free
+FLOOD_BLOCKS = math.ceil((FLOOD_PROMPT + FLOOD_OUTPUT) / ENGINE["block_size"])
+KV_BLOCKS = FLOOD_SEQS_IN_KV * FLOOD_BLOCKS  # 572
+IDEAL_STREAMS = FLOOD_SEQS_IN_KV - VICTIM_ROOM_SEQS  # 24
+VICTIM_KEY, FLOOD_KEY = "sk-victim", "sk-flood"
+
+Arm = Literal["quiet", "ideal", "sidecar"]
+EngineKind = Literal["emulator", "real"]
+
+
+def plain_config(engine_url: str) -> dict[str, object]:
+    """Tiers, tenants and backends: nothing else (no SLO, so nothing is turned away early)."""
+    return {
+        "tiers": {"shared": {"rank": 1}},
+        "tenants": {
+            "victim": {"tier": "shared", "api_keys": [f"plain:{VICTIM_KEY}"]},
+            "flood": {"tier": "shared", "api_keys": [f"plain:{FLOOD_KEY}"]},
+        },
+        "backends": [{"url": engine_url}],
+    }
+
+
+def body(prompt: int, output: int, rng: random.Random) -> dict[str, object]:
+    # Random token ids: no two prompts share a prefix block.
+    return {"model": MODEL, "prompt": [rng.randrange(100, 30000) for _ in range(prompt)],
+            "max_tokens": output, "ignore_eos": True, "stream": True}
+
+
+async def stream_ttft(session: aiohttp.ClientSession, url: str, payload: Mapping[str, object],
+                      headers: Mapping[str, str], start: float) -> float | None:
+    """Send one streaming completion; the time from ``start`` to its first content chunk,
+    None when it failed. Reads the stream to its end."""
+    first: float | None = None
+    async with session.post(url, json=payload, headers=headers) as response:
+        if response.status != 200:
+            await response.read()
+            return None
+        async for line in response.content:
+            if first is None and line.startswith(b"data: {") and b'"text":""' not in line:
+                first = time.monotonic()
+    return None if first is None else first - start
+
+
+# ---------------------------------------------------------------------------- victim process
+
+async def victim(url: str, key: str, rate: float, seconds: float, seed: int,
+                 start_at: float) -> list[float | None]:
+    """Poisson arrivals from wall-clock ``start_at`` for ``seconds``; one TTFT per request
+    (None: failed)."""
+    rng = random.Random(seed)
+    offsets, t = [], 0.0
+    while (t := t + rng.expovariate(rate)) < seconds:
+        offsets.append(t)
+    headers = {"authorization": f"Bearer {key}"}
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=120)) as session:
+        base = time.monotonic() + max(0.0, start_at - time.time())
+
+        async def one(offset: float) -> float | None:
+            await asyncio.sleep(max(0.0, base + offset - time.monotonic()))
+            payload = body(VICTIM_PROMPT, VICTIM_OUTPUT, rng)
+            try:
+                return await stream_ttft(session, url + "/v1/completions", payload, headers,
+                                         base + offset)
+            except (aiohttp.ClientError, TimeoutError):
+                return None
+
+        return list(await asyncio.gather(*(one(o) for o in offsets)))
+
+
+def victim_main(argv: list[str]) -> int:
+    url, key, rate, seconds, seed, start_at, out = argv
+    ttfts = asyncio.run(victim(url, key, float(rate), float(seconds), int(seed),
+                               float(start_at)))
+    Path(out).write_text(json.dumps(ttfts))
+    return 0
+
+
+# ---------------------------------------------------------------------------- arms
+
+@dataclass(slots=True)
+class ArmResult:
+    arm: str
+    repeat: int
+    ttft_s: list[float] = field(default_factory=list)
+    failed: int = 0
+    output_tokens_per_s: float = 0.0
+    flood_left: int = 0  # flood requests not finished at the window's end (sidecar arm)
+    preemptions: float = 0.0  # the engine's, over the window
+    victim_queue_wait_s: float = 0.0  # mean time the victim's requests waited in the sidecar
+    holds: dict[str, float] = field(default_factory=dict)  # the sidecar's, by reason
+
+    def p(self, q: float) -> float:
+        return percentile(sorted(self.ttft_s), q / 100) if self.ttft_s else math.inf
+
+
+async def engine_counter(session: aiohttp.ClientSession, engine_url: str,
+                         name: str = "vllm:generation_tokens_total") -> tuple[float, float]:
+    """(the sum of ``name`` over label sets, waiting + running) from the engine's /metrics."""
+    async with session.get(engine_url + "/metrics") as response:
+        text = await response.text()
+    total = busy = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            total += float(line.rsplit(" ", 1)[1])
+        elif line.startswith(("vllm:num_requests_waiting", "vllm:num_requests_running")):
+            busy += float(line.rsplit(" ", 1)[1])
+    return total, busy
+
+
+async def sidecar_diagnostics(session: aiohttp.ClientSession, sidecar_url: str,
+                              result: ArmResult) -> None:
+    """The sidecar's holds by reason and the victim's mean queue wait, from its /metrics."""
+    async with session.get(sidecar_url + "/metrics") as response:
+        text = await response.text()
+    wait = {"sum": 0.0, "count": 0.0}
+    for line in text.splitlines():
+        if line.startswith("weighbridge_admission_holds_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            result.holds[reason] = result.holds.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+        for part in ("sum", "count"):
+            if (line.startswith(f"weighbridge_queue_wait_seconds_{part}{{")
+                    and 'tenant="victim"' in line):
+                wait[part] += float(line.rsplit(" ", 1)[1])
+    if wait["count"]:
+        result.victim_queue_wait_s = wait["sum"] / wait["count"]
+
+
+async def drain(session: aiohttp.ClientSession, engine_url: str, timeout_s: float = 120) -> None:
+    """Wait until the engine runs and holds nothing (aborted streams leave it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        _, busy = await engine_counter(session, engine_url)
+        if busy == 0:
+            return
+        await asyncio.sleep(0.25)
+    raise RuntimeError(f"engine {engine_url} still busy {timeout_s:.0f} s after the arm")
+
+
+async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | None,
+                  warmup_s: float, window_s: float, seed: int, workdir: Path) -> ArmResult:
+    result = ArmResult(arm, repeat)
+    rng = random.Random(seed)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=600)) as session:
+        stop = asyncio.Event()
+        done = 0
+        tasks: list[asyncio.Task[None]] = []
+        if arm == "ideal":
+            async def stream_worker() -> None:
+                nonlocal done
+                while not stop.is_set():
+                    await stream_ttft(session, engine_url + "/v1/completions",
+                                      body(FLOOD_PROMPT, FLOOD_OUTPUT, rng), {},
+                                      time.monotonic())
+                    done += 1
+            tasks = [asyncio.create_task(stream_worker()) for _ in range(IDEAL_STREAMS)]
+        elif arm == "sidecar":
+            assert sidecar_url is not None
+            headers = {"authorization": f"Bearer {FLOOD_KEY}"}
+
+            async def flood_one() -> None:
+                nonlocal done
+                with contextlib.suppress(aiohttp.ClientError):
+                    await stream_ttft(session, sidecar_url + "/v1/completions",
+                                      body(FLOOD_PROMPT, FLOOD_OUTPUT, rng), headers,
+                                      time.monotonic())
+                done += 1
+            tasks = [asyncio.create_task(flood_one()) for _ in range(FLOOD_COUNT)]
+        victim_url = engine_url if arm == "ideal" else sidecar_url
+        assert victim_url is not None
+        start_at = time.time() + (warmup_s if arm != "quiet" else 1.0)
+        out = workdir / f"victim-{arm}-{repeat}.json"
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.isolation", "victim", victim_url, VICTIM_KEY,
+            str(VICTIM_RATE), str(window_s), str(seed), str(start_at), str(out))
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        before, _ = await engine_counter(session, engine_url)
+        preempted, _ = await engine_counter(session, engine_url, "vllm:num_preemptions_total")
+        t0 = time.monotonic()
+        await asyncio.sleep(window_s)
+        after, _ = await engine_counter(session, engine_url)
+        result.output_tokens_per_s = (after - before) / (time.monotonic() - t0)
+        result.preemptions = (await engine_counter(session, engine_url,
+                                                   "vllm:num_preemptions_total"))[0] - preempted
+        if sidecar_url is not None:
+            await sidecar_diagnostics(session, sidecar_url, result)
+        result.flood_left = (FLOOD_COUNT - done) if arm == "sidecar" else 0
+        if await proc.wait() != 0:
+            raise RuntimeError(f"victim process failed ({arm} #{repeat})")
+        ttfts = json.loads(out.read_text())
+        result.ttft_s = [t for t in ttfts if t is not None]
+        result.failed = sum(t is None for t in ttfts)
+        stop.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    async with aiohttp.ClientSession() as session:
+        await drain(session, engine_url)
+    return result
+
+
+@contextlib.contextmanager
+def engine(kind: EngineKind, log_dir: Path) -> Iterator[str]:
+    if kind == "real":
+        from emulator.real_vllm import RealVllmServer
+
+        server = RealVllmServer(model_name=MODEL, num_kv_blocks=KV_BLOCKS,
+                                scheduling_policy="fcfs", log_path=log_dir / "vllm.log",
+                                **ENGINE)
+        with server:
+            yield server.url
+    else:
+        process: ServerProcess = emulator_process(
+            profile="cpu-tiny", model_name=MODEL, num_kv_blocks=KV_BLOCKS,
+            scheduling_policy="fcfs", **ENGINE)
+        with process:
+            yield process.url
+
+
+def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
+            seed: int = 1, log: Any = print) -> list[ArmResult]:
+    """The quiet arm, then ``repeats`` interleaved (ideal, sidecar) pairs, the order of each
+    pair alternating, all on one engine."""
+    workdir = Path(tempfile.mkdtemp(prefix="weighbridge-isolation-"))
+    results: list[ArmResult] = []
+    with engine(kind, workdir) as engine_url:
+        plan: list[tuple[Arm, int]] = [("quiet", 0)]
+        for r in range(repeats):
+            pair: list[Arm] = ["ideal", "sidecar"] if r % 2 == 0 else ["sidecar", "ideal"]
+            plan += [(a, r) for a in pair]
+        for i, (arm, r) in enumerate(plan):
+            sidecar: ServerProcess | None = None
+            if arm != "ideal":
+                sidecar = sidecar_process(plain_config(engine_url), config_dir=workdir,
+                                          name=f"sidecar-{i}")
+                sidecar.start()
+            try:
+                result = asyncio.run(run_arm(arm, r, engine_url,
+                                             sidecar.url if sidecar else None,
+                                             warmup_s, window_s, seed + i, workdir))
+            finally:
+                if sidecar is not None:
+                    sidecar.stop()
+            log(f"{arm} #{r}: victim p50 {result.p(50) * 1e3:.0f} ms, p90 "
+                f"{result.p(90) * 1e3:.0f} ms, p99 {result.p(99) * 1e3:.0f} ms "
+                f"({len(result.ttft_s)} ok, {result.failed} failed), engine "
+                f"{result.output_tokens_per_s:.0f} tok/s, flood left {result.flood_left}, "
+                f"preemptions {result.preemptions:.0f}, victim sidecar wait "
+                f"{result.victim_queue_wait_s * 1e3:.1f} ms, holds {result.holds}")
+            results.append(result)
+    return results
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """Medians over repeats of the sidecar arm against the ideal arm."""
+
+    ideal: dict[str, float]
+    sidecar: dict[str, float]
+    quiet: dict[str, float]
+
+    @property
+    def p50_ratio(self) -> float:
+        return self.sidecar["p50"] / self.ideal["p50"]
+
+    @property
+    def p90_ratio(self) -> float:
+        return self.sidecar["p90"] / self.ideal["p90"]
+
+    @property
+    def output_ratio(self) -> float:
+        return self.sidecar["tok_s"] / self.ideal["tok_s"]
+
+    @property
+    def p99_flood_over_quiet(self) -> float:
+        return self.sidecar["p99"] / self.quiet["p99"]
+
+
+def verdict(results: list[ArmResult]) -> Verdict:
+    def medians(arm: str) -> dict[str, float]:
+        mine = [r for r in results if r.arm == arm]
+        return {"p50": statistics.median(r.p(50) for r in mine),
+                "p90": statistics.median(r.p(90) for r in mine),
+                "p99": statistics.median(r.p(99) for r in mine),
+                "tok_s": statistics.median(r.output_tokens_per_s for r in mine)}
+    return Verdict(medians("ideal"), medians("sidecar"), medians("quiet"))
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    repeats = 1 if ctx.quick else 3
+    results = run_all("emulator", repeats, 4.0, 8.0 if ctx.quick else 12.0, log=ctx.log)
+    v = verdict(results)
+    rows = [(r.arm, str(r.repeat), f"{r.p(50) * 1e3:.0f}", f"{r.p(90) * 1e3:.0f}",
+             f"{r.p(99) * 1e3:.0f}", f"{r.output_tokens_per_s:.0f}") for r in results]
+    ok = v.p50_ratio <= 1.3 and v.p90_ratio <= 1.3 and v.output_ratio >= 0.85
+    return BenchResult(
+        summary=[f"victim TTFT against the ideal (medians of {repeats}): p50 "
+                 f"{v.p50_ratio:.2f}x, p90 {v.p90_ratio:.2f}x (target <= 1.3); engine output "
+                 f"{v.output_ratio:.2f} of the ideal's (target >= 0.85); p99 flood/quiet "
+                 f"{v.p99_flood_over_quiet:.2f}x (target <= 1.5)"],
+        tables=[Table(("arm", "repeat", "p50 ms", "p90 ms", "p99 ms", "engine tok/s"), rows)],
+        notes=[__doc__.split("\n\n")[1].replace("\n", " ")],
+        passed=ok and v.p99_flood_over_quiet <= 1.5,
+    )
+
+
+BENCHMARK = Benchmark("isolation", "isolation on a KV-tight fcfs engine, plain config", run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "victim":
+        return victim_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.isolation",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=["emulator", "real"], default="emulator")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=float, default=4.0)
+    parser.add_argument("--window", type=float, default=12.0)
+    parser.add_argument("--json", type=Path, default=None)
+    a = parser.parse_args(argv)
+    results = run_all(a.engine, a.repeats, a.warmup, a.window)
+    v = verdict(results)
+    print(json.dumps({"ideal": v.ideal, "sidecar": v.sidecar, "quiet": v.quiet,
+                      "p50_ratio": v.p50_ratio, "p90_ratio": v.p90_ratio,
+                      "output_ratio": v.output_ratio,
+                      "p99_flood_over_quiet": v.p99_flood_over_quiet}, indent=1))
+    if a.json is not None:
+        a.json.write_text(json.dumps([asdict(r) for r in results]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
