@@ -33,7 +33,6 @@ import json
 import math
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
