@@ -76,8 +76,8 @@ def plain_config(engine_url: str) -> dict[str, object]:
 
 
 def body(prompt: int, output: int, rng: random.Random) -> dict[str, object]:
-    # Random token ids: no two prompts share a prefix block.
-    return {"model": MODEL, "prompt": [rng.randrange(100, 30000) for _ in range(prompt)],
+    # Random token ids (within the tiny model's 2,048): no two prompts share a prefix block.
+    return {"model": MODEL, "prompt": [rng.randrange(100, 2000) for _ in range(prompt)],
             "max_tokens": output, "ignore_eos": True, "stream": True}
 
 
@@ -159,7 +159,7 @@ async def engine_counter(session: aiohttp.ClientSession, engine_url: str,
     for line in text.splitlines():
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith(("vllm:num_requests_waiting", "vllm:num_requests_running")):
+        elif line.startswith(("vllm:num_requests_waiting{", "vllm:num_requests_running{")):
             busy += float(line.rsplit(" ", 1)[1])
     return total, busy
 
@@ -207,9 +207,10 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
             async def stream_worker() -> None:
                 nonlocal done
                 while not stop.is_set():
-                    await stream_ttft(session, engine_url + "/v1/completions",
-                                      body(FLOOD_PROMPT, FLOOD_OUTPUT, rng), {},
-                                      time.monotonic())
+                    if await stream_ttft(session, engine_url + "/v1/completions",
+                                         body(FLOOD_PROMPT, FLOOD_OUTPUT, rng), {},
+                                         time.monotonic()) is None:
+                        raise RuntimeError("a flood request of the ideal arm failed")
                     done += 1
             tasks = [asyncio.create_task(stream_worker()) for _ in range(IDEAL_STREAMS)]
         elif arm == "sidecar":

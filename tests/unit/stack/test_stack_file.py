@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 import yaml
 
+from sidecar.admission import derive_limits
+from sidecar.shape import EngineShape
 from weighbridge.config import parse_config
 from weighbridge.demo import FAIRNESS_ADMISSION, baseline_stack
 from weighbridge.stack import (
@@ -138,13 +140,21 @@ def test_file_errors_name_the_file_and_place(tmp_path: Path) -> None:
 def test_request_level_baseline_drops_every_tenant_aware_mechanism() -> None:
     spec = load_stack(DEFAULT_STACK)
     assert spec.sidecar["scheduler"]["policy"] == "drr"
-    assert set(FAIRNESS_ADMISSION) <= set(spec.sidecar["admission"])
+    # No admission section: every knob is derived from the engines' learned shape, and the
+    # derived fairness settings apply to the tenant-aware policies only.
+    assert "admission" not in spec.sidecar
     base = baseline_stack(spec)
     assert base.sidecar["scheduler"]["policy"] == "fcfs"
     assert base.sidecar["routing"] == "round_robin"
-    assert not set(FAIRNESS_ADMISSION) & set(base.sidecar["admission"])
-    assert base.sidecar["admission"]["max_backend_waiting"] == \
-        spec.sidecar["admission"]["max_backend_waiting"]  # the same gate otherwise
+    assert not set(FAIRNESS_ADMISSION) & set(base.sidecar.get("admission", {}))
+    shape = EngineShape(slots=32, kv_blocks=1024, block_size=16, step_s=0.01)
+    fair = derive_limits(parse_config(sidecar_config(spec, ["http://h:1"])).admission, shape)
+    fifo = derive_limits(parse_config(sidecar_config(base, ["http://h:1"])).admission, shape,
+                         tenant_aware=False)
+    assert fair.headroom_slots and fair.kv_blocks and fair.max_prefill_tokens_inflight
+    assert not (fifo.headroom_slots or fifo.kv_blocks or fifo.max_prefill_tokens_inflight
+                or fifo.max_backend_prefill_tokens)
+    assert fifo.max_backend_waiting == fair.max_backend_waiting  # the same gate otherwise
     assert not sidecar_config(base, ["http://h:1"])["backends"][0]["priority_scheduling"]
     # The same engines and tenants: only the sidecar's policy differs.
     assert base.engines.emulator == spec.engines.emulator
