@@ -188,13 +188,20 @@ def derive_limits(admission: Admission, shape: EngineShape,
         max_running = admission.max_running_per_backend
     elif shape.slots is not None:
         max_running = shape.slots + waiting
+        if "max_inflight_per_backend" in admission.model_fields_set:
+            # A configured in-flight cap bounds the fresh one too, as it always did.
+            max_running = min(max_running, admission.max_inflight_per_backend)
     else:
         max_running = None
     fresh_cap = max_running or admission.max_inflight_per_backend
     smallest = min(fresh_cap, admission.max_inflight_per_backend)
     headroom_always = admission.headroom_slots is not None
     if admission.headroom_slots is not None:
+        # Configured headroom means *running* slots kept free: above the learned slots the
+        # cap holds requests that wait in the engine, which free no slot for anyone.
         headroom = admission.headroom_slots
+        if learned and shape.slots is not None:
+            headroom += max(0, fresh_cap - shape.slots)
     elif tenant_aware and slots is not None:
         headroom = fresh_cap - (slots - max(1, slots // 8))
     else:

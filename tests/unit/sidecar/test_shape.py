@@ -155,3 +155,14 @@ def test_derived_limits_are_always_valid_and_leave_a_lone_tenant_room(slots, kv,
     assert isinstance(limits, GateLimits)  # __post_init__ checked headroom < caps
     if limits.kv_blocks is not None:
         assert limits.kv_watermark is not None and limits.kv_watermark >= 1
+
+
+def test_configured_caps_and_headroom_keep_their_meaning_once_slots_are_learned() -> None:
+    shape = EngineShape(slots=16)
+    limits = derive_limits(Admission(max_inflight_per_backend=16, headroom_slots=4,
+                                     max_backend_waiting=8), shape)
+    assert limits.max_running == 16  # the configured in-flight cap still bounds it
+    assert limits.max_running - limits.headroom_slots == 12
+    limits = derive_limits(Admission(headroom_slots=4, max_backend_waiting=8), shape)
+    assert limits.max_running == 24  # 16 running, 8 waiting
+    assert limits.max_running - limits.headroom_slots == 12  # 4 running slots kept free
