@@ -346,24 +346,44 @@ def verdict(results: list[ArmResult]) -> Verdict:
 
 
 def run(ctx: BenchContext) -> BenchResult:
+    """Both engines: real vLLM CPU (the acceptance: sidecar against the ideal) and the
+    emulator at the same shape (the acceptance: victim p99 flood/quiet)."""
     repeats = 1 if ctx.quick else 3
-    results = run_all("emulator", repeats, 4.0, 8.0 if ctx.quick else 12.0, log=ctx.log)
-    v = verdict(results)
-    rows = [(r.arm, str(r.repeat), f"{r.p(50) * 1e3:.0f}", f"{r.p(90) * 1e3:.0f}",
-             f"{r.p(99) * 1e3:.0f}", f"{r.output_tokens_per_s:.0f}") for r in results]
-    ok = v.p50_ratio <= 1.3 and v.p90_ratio <= 1.3 and v.output_ratio >= 0.85
-    return BenchResult(
-        summary=[f"victim TTFT against the ideal (medians of {repeats}): p50 "
-                 f"{v.p50_ratio:.2f}x, p90 {v.p90_ratio:.2f}x (target <= 1.3); engine output "
-                 f"{v.output_ratio:.2f} of the ideal's (target >= 0.85); p99 flood/quiet "
-                 f"{v.p99_flood_over_quiet:.2f}x (target <= 1.5)"],
-        tables=[Table(("arm", "repeat", "p50 ms", "p90 ms", "p99 ms", "engine tok/s"), rows)],
-        notes=[__doc__.split("\n\n")[1].replace("\n", " ")],
-        passed=ok and v.p99_flood_over_quiet <= 1.5,
-    )
+    window = 8.0 if ctx.quick else 12.0
+    summary: list[str] = []
+    tables: list[Table] = []
+    passed = True
+    for kind in ("real", "emulator"):
+        results = run_all(kind, repeats, 4.0, window, log=ctx.log)
+        v = verdict(results)
+        rows: list[tuple[str, ...]] = [
+                (r.arm, str(r.repeat), f"{r.p(50) * 1e3:.0f}", f"{r.p(90) * 1e3:.0f}",
+                 f"{r.p(99) * 1e3:.0f}", f"{r.output_tokens_per_s:.0f}",
+                 f"{r.preemptions:.0f}", str(r.flood_left)) for r in results]
+        tables.append(Table(("arm", "repeat", "victim p50 ms", "p90 ms", "p99 ms",
+                             "engine tok/s", "preemptions", "flood left"), rows,
+                            caption=f"**{kind}**"))
+        line = (f"{kind}: victim TTFT through the sidecar against the ideal (medians of "
+                f"{repeats}): p50 {v.p50_ratio:.2f}x, p90 {v.p90_ratio:.2f}x (target <= 1.3), "
+                f"engine output {v.output_ratio:.2f} of the ideal's (target >= 0.85); p99 "
+                f"{v.sidecar['p99'] * 1e3:.0f} ms against the ideal's "
+                f"{v.ideal['p99'] * 1e3:.0f} ms; p99 flood/quiet {v.p99_flood_over_quiet:.2f}x")
+        summary.append(line)
+        if kind == "real":
+            passed = passed and v.p50_ratio <= 1.3 and v.p90_ratio <= 1.3 \
+                and v.output_ratio >= 0.85
+        else:
+            passed = passed and v.p99_flood_over_quiet <= 1.5
+    return BenchResult(summary=summary, tables=tables,
+                       notes=[__doc__.split("\n\n")[1].replace("\n", " "),
+                              "Targets (issue 14): on real vLLM, the sidecar arm's p50 and "
+                              "p90 within 1.3x of the ideal's and engine output >= 0.85 of "
+                              "it; on the emulator, victim p99 flood/quiet <= 1.5x."],
+                       passed=passed)
 
 
-BENCHMARK = Benchmark("isolation", "isolation on a KV-tight fcfs engine, plain config", run)
+BENCHMARK = Benchmark("isolation", "isolation on a KV-tight fcfs engine, plain config", run,
+                      needs_vllm=True)
 
 
 def main(argv: list[str] | None = None) -> int:
