@@ -37,7 +37,7 @@ from typing import Protocol
 
 
 class ShapeMetrics(Protocol):
-    """The scrape fields the learner reads (``sidecar.scrape.BackendSample`` has them)."""
+    """The scrape fields the learner reads (``weighbridge.vllm_metrics.BackendSample`` has them)."""
 
     @property
     def at_s(self) -> float: ...

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from sidecar.admission import GateLimits, MetricsSample
 from sidecar.core import SchedulingCore
 from sidecar.request import QueuedRequest
-from sidecar.scrape import BackendSample
 from tests.unit.sidecar.test_core import arrive, make_config
+from weighbridge.vllm_metrics import BackendSample
 
 ONE = [{"url": "http://127.0.0.1:8001", "name": "b1"}]
 # 100 blocks of 16 tokens, 20 kept for under-share tenants: an over-share tenant's footprint

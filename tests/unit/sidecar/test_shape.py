@@ -16,9 +16,9 @@ from sidecar.admission import (
     GateLimits,
     derive_limits,
 )
-from sidecar.scrape import parse_vllm_metrics
 from sidecar.shape import SATURATED_WAIT_STEPS, EngineShape, ShapeLearner
 from weighbridge.config import Admission
+from weighbridge.vllm_metrics import parse_vllm_metrics
 
 
 @dataclass(frozen=True)
