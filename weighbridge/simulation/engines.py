@@ -54,6 +54,9 @@ class SimEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
+        # vllm:request_queue_time_seconds, observed when a request finishes (metrics.on_finish).
+        self.queue_time_sum = 0.0
+        self.queue_time_count = 0
 
     @property
     def busy(self) -> bool:
@@ -94,6 +97,10 @@ class SimEngine:
         for seq in emitted:
             if seq.output_tokens == 1:
                 self.prompt_tokens_total += seq.prompt_tokens
+        for seq in result.finished:
+            if seq.finish_reason not in (None, "abort") and seq.first_scheduled_s is not None:
+                self.queue_time_sum += seq.first_scheduled_s - seq.arrival_s
+                self.queue_time_count += 1
         if model.running or len(model.waiting):
             following = model.schedule(end_s)
             self.batch = following
@@ -109,4 +116,6 @@ class SimEngine:
             kv_cache_usage=model.kv_cache_usage,
             generation_tokens_total=float(self.generation_tokens_total),
             prompt_tokens_total=float(self.prompt_tokens_total),
-            preemptions_total=float(self.preemptions_total))
+            preemptions_total=float(self.preemptions_total),
+            queue_time_sum=self.queue_time_sum, queue_time_count=float(self.queue_time_count),
+            kv_blocks=model.config.num_kv_blocks, block_size=model.config.block_size)

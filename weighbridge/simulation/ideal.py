@@ -20,6 +20,8 @@ from emulator.engine import EngineConfig, Sequence, StepModel
 from emulator.profiles import StepTimeProfile
 from loadgen.arrivals import Closed
 from loadgen.measure import percentile
+from sidecar.admission import derive_limits
+from sidecar.shape import EngineShape
 
 if TYPE_CHECKING:
     from weighbridge.simulation.run import Inputs
@@ -122,9 +124,13 @@ def ideal_for(inputs: Inputs) -> dict[str, Any]:
     flood = max(others, key=_offered_tokens_per_s)
     admission = sidecar_for(stack).admission
     options = stack.engines.emulator
+    # What the admission defaults let a flood hold, sized to the engine as the sidecar
+    # learns it (sidecar.admission.derive_limits); the KV watermark is not modelled here.
+    limits = derive_limits(admission, EngineShape(slots=options.max_num_seqs,
+                                                  kv_blocks=options.num_kv_blocks,
+                                                  block_size=options.block_size))
     cap = min(options.max_num_seqs,
-              (admission.max_running_per_backend or admission.max_inflight_per_backend)
-              - admission.headroom_slots)
+              (limits.max_running or limits.max_inflight) - limits.headroom_slots)
     shape = IdealShape(engine=engine_config(options), profile=engine_profile(options),
                        victim_rate=max(rates) / stack.engines.count,
                        victim=victim.lengths.draw, flood=flood.lengths.draw)

@@ -99,7 +99,7 @@ class Simulation:
         self.scenario = scenario
         self.until_s = until_s
         self.drain = drain
-        self.poll_s = config.admission.metrics_poll_ms / 1000
+        self.poll_s = self.core.poll_period_s()  # derived from the engines unless configured
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
         self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
@@ -328,6 +328,7 @@ class Simulation:
         for engine in self.engines:
             core.on_backend_metrics(engine.name, engine.sample(now))
         self._dispatch(now)
+        self.poll_s = core.poll_period_s()  # learned step times may change it
         self._push(now + self.poll_s, _POLL, None)
 
     # ------------------------------------------------------------------ engines -> clients
