@@ -185,7 +185,13 @@ def sidecar_config(spec: StackSpec, engine_urls: list[str]) -> dict[str, Any]:
     backends = [{"url": url, "name": f"engine-{i}",
                  "priority_scheduling": spec.engines.sends_priority}
                 for i, url in enumerate(engine_urls)]
-    return {**spec.sidecar, "backends": backends}
+    # The stack declares its engines, so it tells the sidecar the one fact of their shape
+    # that vLLM's /metrics does not export: the step's token budget (--max-num-batched-tokens,
+    # which sizes the derived prefill pacing). Everything else the sidecar learns from the
+    # engines. A step_budget_tokens in the stack's own admission section wins.
+    admission = dict(spec.sidecar.get("admission") or {})
+    admission.setdefault("step_budget_tokens", spec.engines.emulator.max_num_batched_tokens)
+    return {**spec.sidecar, "admission": admission, "backends": backends}
 
 
 def _dotted(loc: tuple[Any, ...]) -> str:

@@ -173,3 +173,18 @@ def test_locust_command_sends_the_stack_scenario_through_the_sidecar() -> None:
     assert Path(argv[argv.index("--tenants-file") + 1]).resolve() == spec.tenants_file
     assert "--headless" not in argv and "--headless" in urls.locust_command(spec,
                                                                           headless=True)
+
+
+def test_the_stack_tells_the_sidecar_its_engines_step_budget_unless_the_stack_says_otherwise(
+        ) -> None:
+    # vLLM does not export --max-num-batched-tokens; the stack declares it for its engines.
+    spec = parse_stack(minimal(engines={"emulator": {"max_num_batched_tokens": 384}}))
+    config = parse_config(sidecar_config(spec, ["http://h:1"]))
+    assert config.admission.step_budget_tokens == 384
+    assert spec.sidecar.get("admission") is None  # the stack's own section is not changed
+    own = parse_stack(minimal(engines={"emulator": {"max_num_batched_tokens": 384}},
+                              sidecar={"admission": {"step_budget_tokens": 1024,
+                                                     "headroom_slots": 1}}))
+    config = parse_config(sidecar_config(own, ["http://h:1"]))
+    assert config.admission.step_budget_tokens == 1024
+    assert config.admission.headroom_slots == 1
