@@ -344,13 +344,22 @@ class SchedulingCore:
         paced = self._paced(backend)
         footprint = self.kv[backend]
         watermark = self.gates[backend].limits.kv_watermark or 0
+        # Above the KV watermark the reserve is for light tenants (not backlogged upstream:
+        # this request is their only one queued, or they were light lately), each up to its
+        # weighted share of the watermark. Backlogged tenants all stop at the watermark, so
+        # among them DRR's token accounting alone decides who fills the cache below it: a
+        # partition of KV blocks by weight is fair in memory, not in tokens, and skewed
+        # backlogged tenants' token shares by up to 1.23x (test_token_fairness_drr_vs_rr).
+        light = self._light_tenants(now) if kv_tight else set()
 
         def eligible(tenant: str) -> bool:
             if (slot_tight and not scheduler.under_share(tenant, slots)
                     and (reserved_for is None or reserved_for - {tenant})):
                 return False
-            if kv_tight and (footprint.tenant_blocks(tenant)
-                             >= scheduler.share_fraction(tenant) * watermark):
+            if kv_tight and (
+                    (tenant not in light and scheduler.tenant_queued(tenant)[0] > 1)
+                    or footprint.tenant_blocks(tenant)
+                    >= scheduler.share_fraction(tenant) * watermark):
                 return False
             return paced is None or paced(tenant)
 
