@@ -63,7 +63,7 @@ GateMode = Literal["open", "headroom", "closed"]
 
 
 class ScrapedMetrics(Protocol):
-    """What the gate reads from a scrape (``sidecar.scrape.BackendSample`` has these)."""
+    """What the gate reads from a scrape (``weighbridge.vllm_metrics.BackendSample`` has these)."""
 
     @property
     def at_s(self) -> float: ...
