@@ -3,16 +3,25 @@ inter-token gaps are within 2 ms (p99) of when the server actually wrote the chu
 token counts are exact, with one or several tokens per chunk and with an empty first chunk.
 
 The reference is the server's own note of when it wrote each chunk (same monotonic clock),
-so the server's timer jitter does not count against the client. On a shared 2-core machine
-a neighbour can still take the CPU from client or server for a few ms; such a stall is not
-the client's error, so a variant gets up to three rounds and passes when one round's p99 is
-within 2 ms (every round's figures are in the failure message).
+so the server's timer jitter does not count against the client.
+
+The margin is derived, not hoped for. A client stamps an event when its event loop gets to
+it: with 15 or so streams whose chunks come due at the same instant (as a real engine's
+batch step emits them), the last of a burst waits for the others (about 120 us of CPU each,
+so about 2 ms at p99 on a quiet 2-core machine), and a neighbour holding a core stretches
+that further. A probe greenlet in the same process measures that wait in the same round:
+it asks to wake every 1 ms and notes how late it woke. The assertion is that the client's
+p99 error is within 2 ms of the probe's p99 lateness, i.e. the client adds at most 2 ms to
+what its own loop and the machine cost; a stamp taken in the wrong place (after the body,
+after parsing a later event, on the wrong clock) is tens of ms off and fails. The figures
+are printed (``pytest -s``); docs/loadgen.md gives typical ones.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import gevent
 import orjson
@@ -43,23 +52,23 @@ def _plan(i: int, prompt: int) -> RequestPlan:
                        max_tokens=TOKENS, scheduled_s=0.0, content_seed=i)
 
 
-ROUNDS = 3
+PROBE_PERIOD_S = 0.001
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_ttft_and_itl_match_the_server_within_2ms(delay_server: ServerProcess,
                                                    variant: str) -> None:
-    rounds = []
-    for attempt in range(ROUNDS):
-        ttft_p99, itl_p99 = _measure(delay_server, variant, attempt)
-        rounds.append(f"TTFT p99 {ttft_p99 * 1000:.2f} ms, ITL p99 {itl_p99 * 1000:.2f} ms")
-        if ttft_p99 < TOLERANCE_S and itl_p99 < TOLERANCE_S:
-            return
-    pytest.fail(f"{variant}: no round within 2 ms: {'; '.join(rounds)}")
+    ttft_p99, itl_p99, lag_p99 = _measure(delay_server, variant)
+    print(f"\n[accuracy] {variant}: TTFT error p99 {ttft_p99 * 1000:.2f} ms, ITL error p99 "
+          f"{itl_p99 * 1000:.2f} ms; the client loop's own lateness p99 {lag_p99 * 1000:.2f} ms")
+    bound = TOLERANCE_S + lag_p99
+    assert ttft_p99 <= bound, (ttft_p99, lag_p99)
+    assert itl_p99 <= bound, (itl_p99, lag_p99)
 
 
-def _measure(delay_server: ServerProcess, variant: str, attempt: int) -> tuple[float, float]:
-    """One round of REQUESTS overlapping requests; the p99 absolute errors of TTFT and ITL.
+def _measure(delay_server: ServerProcess, variant: str) -> tuple[float, float, float]:
+    """One round of REQUESTS overlapping requests: the p99 absolute errors of TTFT and ITL,
+    and the p99 lateness of a probe in the client's own event loop over the same time.
     Counts and statuses are asserted exactly."""
     params = VARIANTS[variant]
     target = HttpTarget(delay_server.url, max_connections=16)
@@ -70,20 +79,30 @@ def _measure(delay_server: ServerProcess, variant: str, attempt: int) -> tuple[f
         meter = StreamMeter(_plan(i, prompt), "run", "accuracy")
         body = orjson.dumps({"prompt": list(range(6, 6 + prompt)), "max_tokens": TOKENS,
                              "stream": True})
-        test_id = f"{variant}-{attempt}-{i}"
+        test_id = f"{variant}-{i}"
         target.exchange("/v1/completions", body,
                         {"x-test": orjson.dumps({**params, "id": test_id}).decode()}, meter)
         meters.append(meter)
 
+    lateness: list[float] = []
+
+    def probe() -> None:
+        while True:
+            due = time.monotonic() + PROBE_PERIOD_S
+            gevent.sleep(PROBE_PERIOD_S)
+            lateness.append(max(0.0, time.monotonic() - due))
+
     # Staggered, overlapping requests (15 or so in flight), like a real run.
+    prober = gevent.spawn(probe)
     greenlets = [gevent.spawn_later(i * 0.01, one, i) for i in range(REQUESTS)]
     gevent.joinall(greenlets, raise_error=True, timeout=60)
+    prober.kill()
 
     ttft_errors, itl_errors = [], []
     per_chunk = params["tokens_per_chunk"]
     for meter in meters:
         record = meter.record()
-        truth = target.get_json(f"/timings/{variant}-{attempt}-{meter.plan.request_id[1:]}")
+        truth = target.get_json(f"/timings/{variant}-{meter.plan.request_id[1:]}")
         writes = truth["writes"]  # type: ignore[index]
         assert record.status == "ok", record
         # Token counts are the server's usage, exact, whatever the chunking.
@@ -98,4 +117,5 @@ def _measure(delay_server: ServerProcess, variant: str, attempt: int) -> tuple[f
         assert len(client_gaps) == len(server_gaps)
         itl_errors += [abs(c - s) for c, s in zip(client_gaps, server_gaps, strict=True)]
     target.close()
-    return percentile(sorted(ttft_errors), 0.99), percentile(sorted(itl_errors), 0.99)
+    return (percentile(sorted(ttft_errors), 0.99), percentile(sorted(itl_errors), 0.99),
+            percentile(sorted(lateness), 0.99))
