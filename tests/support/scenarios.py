@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -115,3 +116,76 @@ def engine_tokens(scrape_: Scrape) -> float:
 
 def fmt_shares(values: Mapping[str, float]) -> str:
     return ", ".join(f"{k}={v:.3f}" for k, v in values.items())
+
+
+# ======================================================= the scenarios, defined once
+#
+# The fairness and tiers scenarios run twice: live (tests/integration/sidecar/
+# test_scenarios.py, real processes on loopback) and in virtual time (tests/unit/simulation/
+# test_scenarios_in_virtual_time.py, the same sidecar core against the same engine model,
+# deterministic). Both take their engines, tenants and sidecar settings from here.
+
+# Fairness. Three tenants in one tier, weights 1:1:2: "short" sends 64 + 32-token requests,
+# "long" 1024 + 256, "mixed" (weight 2) alternates the two. Each has 48 closed-loop clients,
+# more than the engine's 32 slots, so every tenant is backlogged at the sidecar throughout.
+# Engine: 32 sequences, B = 2048, 1,600 KV blocks of 16 = 25,600 tokens, about 32 sequences
+# of the in-flight mix's average length (some preemption happens). The endpoint quantum is
+# 512 tokens, about one request per turn, as the design sizes it for streaming endpoints.
+FAIR_ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "num_kv_blocks": 1600,
+               "block_size": 16, "max_model_len": 2048}
+SHORT = (64, 32)
+LONG = (1024, 256)
+FAIR_WEIGHTS = {"short": 1.0, "long": 1.0, "mixed": 2.0}
+FAIR_CLIENTS = 48
+FAIR_QUANTUM = 512
+FAIR_WARMUP_S, FAIR_END_S = 3.0, 17.0
+
+
+def fair_config(policy: str) -> dict[str, Any]:
+    """The fairness scenario's sidecar settings (all but the backends) under ``policy``."""
+    return {"tenants": {n: tenant(n, "standard", w) for n, w in FAIR_WEIGHTS.items()},
+            "scheduler": {"policy": policy},
+            "endpoints": {"/v1/completions": {"cost": "tokens", "quantum": FAIR_QUANTUM}},
+            "admission": {"max_running_per_backend": 32, "max_inflight_per_backend": 32},
+            # No SLO: deep backlogs are the premise here, not early rejections.
+            "tiers": {"standard": {"rank": 1}}}
+
+
+def drr_share_tolerance(name: str, per_weight_tokens: float) -> float:
+    """How far tenant ``name``'s weight-normalised service, relative to the mean, may be off
+    over a window in which every tenant was backlogged, by DRR's own guarantee
+    (sidecar/drr.py, "The guarantee"): two backlogged flows' weight-normalised booked
+    service differ by less than ``2Q + C_i/w_i + C_j/w_j`` tokens (Q the quantum, C a flow's
+    largest request), taken against the worst other flow, over ``per_weight_tokens`` (the
+    window's service per unit of weight)."""
+    largest = {"short": sum(SHORT), "long": sum(LONG), "mixed": sum(LONG)}
+    own = largest[name] / FAIR_WEIGHTS[name]
+    other = max(largest[n] / FAIR_WEIGHTS[n] for n in FAIR_WEIGHTS if n != name)
+    return (2 * FAIR_QUANTUM + own + other) / per_weight_tokens
+
+
+# Tiers. "bulk" (batch tier) floods with 64 closed-loop clients of 1024 + 256 tokens; "app",
+# an interactive tenant, runs its own batch jobs (8 clients of 512 + 128) down a tier with
+# x-weighbridge-tier: batch; "chat" (interactive) sends 128 + 32-token requests as a Poisson
+# stream of 15/s once the flood has filled the engine. Engine: 32 sequences, B = 2048,
+# 2,304 KV blocks (36,864 tokens, 32 of the flood's average sequence), priority scheduling
+# and vLLM's --long-prefill-token-threshold 512. Sidecar: 4 headroom slots, per-tenant
+# prefill pacing at 2,048 tokens and priorities passed to the engine.
+TIER_ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "num_kv_blocks": 2304,
+               "block_size": 16, "max_model_len": 2048, "scheduling_policy": "priority",
+               "long_prefill_token_threshold": 512}
+TIER_FLOOD, TIER_JOBS, TIER_CHAT = (1024, 256), (512, 128), (128, 32)
+TIER_FLOOD_CLIENTS, TIER_JOB_CLIENTS = 64, 8
+TIER_CHAT_RATE = 15.0
+TIER_CHAT_START_S = 2.0
+TIER_SLO_S = 0.5  # the interactive tier's TTFT target
+
+
+def tier_config(policy: str) -> dict[str, Any]:
+    """The tiers scenario's sidecar settings (all but the backends) under ``policy``."""
+    return {"tenants": {"chat": tenant("chat", "interactive"),
+                        "app": tenant("app", "interactive"),
+                        "bulk": tenant("bulk", "batch")},
+            "scheduler": {"policy": policy},
+            "admission": {"max_running_per_backend": 32, "max_inflight_per_backend": 32,
+                          "headroom_slots": 4, "max_prefill_tokens_inflight": 2048}}
