@@ -2,7 +2,8 @@
 steady scenario through the sidecar while one of its two engines is SIGKILLed and restarted.
 Every request in Locust's run directory that was sent arrived at the sidecar, and each ended
 there as the record says (ok ↔ completed, rejected ↔ rejected, error or a backend_failed
-answer ↔ failed, cancelled at the run's end ↔ cancelled); nothing is left in flight.
+answer ↔ failed, cancelled at the run's end ↔ cancelled, except a cancelled request that
+had all but its last chunk, which the sidecar may have completed); nothing is left in flight.
 """
 
 from __future__ import annotations
@@ -78,10 +79,19 @@ def test_generator_records_agree_with_the_ledger_through_an_engine_kill(
     seen["completed"] = seen.get("completed", 0) + GENERATOR_PROBES  # the chat template probe
     sent = sum(seen.values())
     assert sent == delta.arrived, (seen, delta)
-    assert seen.get("completed", 0) == delta.completed, (seen, delta)
     assert seen.get("rejected", 0) == delta.rejected_total, (seen, delta)
     assert seen.get("failed", 0) == delta.failed, (seen, delta)
-    assert seen.get("cancelled", 0) == delta.cancelled, (seen, delta)
+    # The one race the run's end allows: Locust cancels a request whose output had all but
+    # arrived (the sidecar had written its last chunks, the usage chunk and [DONE], and the
+    # client read none or only some of them), while the sidecar, which had relayed
+    # everything, counts it completed. The engine emits the last token and the usage in
+    # one step, so such a request has at least all but one of its chunks. Only such
+    # requests may move from cancelled to completed, and nothing else may differ.
+    whole_output = sum(1 for r in records if r.status == "cancelled" and r.max_tokens
+                       and r.chunks >= r.max_tokens - 1)
+    moved = delta.completed - seen.get("completed", 0)
+    assert seen.get("cancelled", 0) - delta.cancelled == moved, (seen, delta)
+    assert 0 <= moved <= whole_output, (moved, whole_output, seen, delta)
     # The kill was felt (some requests on a failed) and the rest carried on.
     assert delta.failed > 0, (seen, delta)
     assert collections.Counter(r.status for r in records)["ok"] > 0.8 * len(records)
