@@ -26,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, gene
 from sidecar.backends import BackendPool
 from sidecar.core import Dispatch, SchedulingCore
 from sidecar.metrics import SidecarMetrics, StreamedTokens
+from sidecar.openapi import DEADLINE_MS, description_json
 from sidecar.prompt import PromptError, prompt_tokens
 from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
 from sidecar.rejection import Reject
@@ -39,6 +40,9 @@ log = logging.getLogger("weighbridge.sidecar")
 
 TIER_HEADER = "x-weighbridge-tier"
 DEADLINE_HEADER = "x-weighbridge-deadline-ms"
+# vLLM's request models bound their integers to int64 (priority explicitly; the others by
+# the engine): so does the sidecar, for the fields it reads.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 REJECT_HEADER = "x-weighbridge-reject-reason"
 # A request whose backend refuses the connection goes back to the queue this many times.
 MAX_DISPATCH_ATTEMPTS = 3
@@ -113,6 +117,8 @@ class Sidecar:
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/admin/state", self.admin_state)
+        r.add_get("/openapi.json", self.openapi)
+        self._openapi = description_json(config.tiers)
         self.app.cleanup_ctx.append(self._lifecycle)
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -204,6 +210,9 @@ class Sidecar:
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    async def openapi(self, _request: web.Request) -> web.Response:
+        return web.Response(body=self._openapi, content_type="application/json")
+
     async def readyz(self, _request: web.Request) -> web.Response:
         ready = self.pool is not None and self.pool.any_healthy()
         return web.json_response({"ready": ready}, status=200 if ready else 503)
@@ -291,7 +300,7 @@ class Sidecar:
         tier = own_tier
         asked = request.headers.get(TIER_HEADER)
         if asked is not None:
-            asked = asked.strip()
+            asked = asked.strip(" \t")  # HTTP's optional whitespace only
             if asked not in self.config.tiers:
                 raise bad("unknown_tier", f"unknown tier {asked!r} in {TIER_HEADER}")
             if not self.config.tier_allowed(tenant, asked):
@@ -303,16 +312,18 @@ class Sidecar:
         deadline_ms: float | None = None
         raw_deadline = request.headers.get(DEADLINE_HEADER)
         if raw_deadline is not None:
-            try:
-                deadline_ms = float(raw_deadline)
-            except ValueError:
-                deadline_ms = math.nan
-            if not (math.isfinite(deadline_ms) and deadline_ms > 0):
-                raise bad("invalid_deadline", f"{DEADLINE_HEADER} must be a positive number")
+            if DEADLINE_MS.fullmatch(raw_deadline) is None:
+                raise bad("invalid_deadline",
+                          f"{DEADLINE_HEADER} must be a positive decimal number of ms")
+            deadline_ms = float(raw_deadline)
         for field in ("max_tokens", "max_completion_tokens", "priority"):
             value = body.get(field)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise bad("invalid_" + field, f"{field} must be an integer")
+            if isinstance(value, float) and value.is_integer():
+                # JSON Schema's integer, and vLLM's (pydantic's lax int): 16.0 is 16.
+                body[field] = value = int(value)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not INT64_MIN <= value <= INT64_MAX):
+                raise bad("invalid_" + field, f"{field} must be a 64-bit integer")
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         if max_tokens is not None:
             limit = self.config.max_tokens_limit
@@ -320,7 +331,7 @@ class Sidecar:
                 raise bad("invalid_max_tokens", "max_tokens must be at least 1")
             if limit is not None and max_tokens > limit:
                 raise bad("max_tokens_too_large", f"max_tokens may be at most {limit}")
-        if not isinstance(body.get("stream", False), bool):
+        if body.get("stream") is not None and not isinstance(body["stream"], bool):
             raise bad("invalid_stream", "stream must be a boolean")
         user = body.get("user")
         if user is not None and not isinstance(user, str):

@@ -40,7 +40,8 @@ def _content_text(content: Any, where: str) -> str:
 
 
 def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
-    """Exact for token-id prompts, an estimate for text."""
+    """Exact for token-id prompts, an estimate for text. A token-id prompt is normalised in
+    ``body`` to plain integers (the body is forwarded)."""
     if endpoint.endswith("/chat/completions"):
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -58,10 +59,32 @@ def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
             raise PromptError("prompt must not be empty")
         return _text_tokens(prompt)
     if isinstance(prompt, list) and prompt:
-        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return len(prompt)
+        if (ids := _token_ids(prompt)) is not None:
+            body["prompt"] = ids
+            return len(ids)
         if all(isinstance(p, str) for p in prompt):
             return sum(_text_tokens(p) for p in prompt)
-        if all(isinstance(p, list) and all(isinstance(t, int) for t in p) for p in prompt):
-            return sum(len(p) for p in prompt)
-    raise PromptError("prompt must be a non-empty string, list of strings or list of token ids")
+        batch = [_token_ids(p) if isinstance(p, list) and p else None for p in prompt]
+        if all(ids is not None for ids in batch):
+            body["prompt"] = batch
+            return sum(len(ids) for ids in batch if ids is not None)
+    raise PromptError("prompt must be a non-empty string, list of strings, list of token ids "
+                      "or list of lists of token ids")
+
+
+def _token_ids(values: list[Any]) -> list[int] | None:
+    """``values`` as token ids, or None when they are not. An integral float is an integer
+    (JSON Schema's rule, and vLLM's lax one: 54.0 is 54); a JSON integer beyond 64 bits
+    arrives as a float from the parser and is out of every vocabulary anyway (the backend
+    says so)."""
+    ids: list[int] = []
+    for value in values:
+        if isinstance(value, bool):
+            return None
+        if isinstance(value, int):
+            ids.append(value)
+        elif isinstance(value, float) and value.is_integer():
+            ids.append(int(value))
+        else:
+            return None
+    return ids
