@@ -29,7 +29,8 @@ KEY = "sk-fuzz"
 HOOKS = "tests.integration.sidecar.openapi_fuzz_checks"
 
 
-def fuzz(url: str, key: str, *selection: str) -> subprocess.CompletedProcess[str]:
+def fuzz(url: str, key: str, workdir: Path, *selection: str) -> subprocess.CompletedProcess[str]:
+    # In workdir: st keeps its state (.schemathesis/) in the current directory.
     env = {**os.environ, "SCHEMATHESIS_HOOKS": HOOKS,
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run(
@@ -38,11 +39,11 @@ def fuzz(url: str, key: str, *selection: str) -> subprocess.CompletedProcess[str
          "--exclude-checks", "positive_data_acceptance",
          "--max-examples", "200", "--generation-deterministic", "--workers", "1",
          "--request-timeout", "60", "--output-sanitize", "false", "--no-color", *selection],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=800, check=False)
+        cwd=workdir, env=env, capture_output=True, text=True, timeout=800, check=False)
 
 
 def test_the_sidecar_keeps_to_its_description_under_schemathesis(
-        processes: contextlib.ExitStack) -> None:
+        processes: contextlib.ExitStack, tmp_path: Path) -> None:
     # A short context keeps the fuzzer's generations short; longer ones are the engine's
     # 400, which passes through.
     stack = start_stack(processes, {"tenants": {"fuzz": tenant("standard", KEY)},
@@ -50,6 +51,6 @@ def test_the_sidecar_keeps_to_its_description_under_schemathesis(
                         max_model_len=256)
     for key, selection in ((KEY, ("--exclude-path", "/admin/state")),
                            (ADMIN_KEY, ("--include-path", "/admin/state"))):
-        run = fuzz(stack.sidecar, key, *selection)
+        run = fuzz(stack.sidecar, key, tmp_path, *selection)
         print(run.stdout[-2000:])
         assert run.returncode == 0, run.stdout[-12000:] + run.stderr[-3000:]
