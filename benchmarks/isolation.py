@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
+import psutil
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from loadgen.measure import percentile
@@ -145,6 +146,11 @@ class ArmResult:
     preemptions: float = 0.0  # the engine's, over the window
     victim_queue_wait_s: float = 0.0  # mean time the victim's requests waited in the sidecar
     holds: dict[str, float] = field(default_factory=dict)  # the sidecar's, by reason
+    # CPU the engine (its whole process tree) and the sidecar used over the window, in cores:
+    # on a 2-core machine they compete, so a sidecar arm's engine output is partly a
+    # question of CPU (the engine model alone, in virtual time, loses none).
+    engine_cores: float = 0.0
+    sidecar_cores: float = 0.0
 
     def p(self, q: float) -> float:
         return percentile(sorted(self.ttft_s), q / 100) if self.ttft_s else math.inf
@@ -193,8 +199,25 @@ async def drain(session: aiohttp.ClientSession, engine_url: str, timeout_s: floa
     raise RuntimeError(f"engine {engine_url} still busy {timeout_s:.0f} s after the arm")
 
 
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU seconds of ``pid`` and its children so far (0 without a pid)."""
+    if pid is None:
+        return 0.0
+    try:
+        root = psutil.Process(pid)
+        total = 0.0
+        for process in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                times = process.cpu_times()
+                total += times.user + times.system
+        return total
+    except psutil.NoSuchProcess:
+        return 0.0
+
+
 async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | None,
-                  warmup_s: float, window_s: float, seed: int, workdir: Path) -> ArmResult:
+                  warmup_s: float, window_s: float, seed: int, workdir: Path,
+                  engine_pid: int | None = None, sidecar_pid: int | None = None) -> ArmResult:
     result = ArmResult(arm, repeat)
     rng = random.Random(seed)
     connector = aiohttp.TCPConnector(limit=0)
@@ -235,10 +258,14 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
         await asyncio.sleep(max(0.0, start_at - time.time()))
         before, _ = await engine_counter(session, engine_url)
         preempted, _ = await engine_counter(session, engine_url, "vllm:num_preemptions_total")
+        cpu0 = cpu_seconds(engine_pid), cpu_seconds(sidecar_pid)
         t0 = time.monotonic()
         await asyncio.sleep(window_s)
         after, _ = await engine_counter(session, engine_url)
-        result.output_tokens_per_s = (after - before) / (time.monotonic() - t0)
+        elapsed = time.monotonic() - t0
+        result.output_tokens_per_s = (after - before) / elapsed
+        result.engine_cores = (cpu_seconds(engine_pid) - cpu0[0]) / elapsed
+        result.sidecar_cores = (cpu_seconds(sidecar_pid) - cpu0[1]) / elapsed
         result.preemptions = (await engine_counter(session, engine_url,
                                                    "vllm:num_preemptions_total"))[0] - preempted
         if sidecar_url is not None:
@@ -259,7 +286,8 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
 
 
 @contextlib.contextmanager
-def engine(kind: EngineKind, log_dir: Path) -> Iterator[str]:
+def engine(kind: EngineKind, log_dir: Path) -> Iterator[tuple[str, int | None]]:
+    """The engine's URL and process id."""
     if kind == "real":
         from emulator.real_vllm import RealVllmServer
 
@@ -267,13 +295,13 @@ def engine(kind: EngineKind, log_dir: Path) -> Iterator[str]:
                                 scheduling_policy="fcfs", log_path=log_dir / "vllm.log",
                                 **ENGINE)
         with server:
-            yield server.url
+            yield server.url, server.pid
     else:
         process: ServerProcess = emulator_process(
             profile="cpu-tiny", model_name=MODEL, num_kv_blocks=KV_BLOCKS,
             scheduling_policy="fcfs", **ENGINE)
         with process:
-            yield process.url
+            yield process.url, process.pid
 
 
 def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
@@ -282,7 +310,7 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
     pair alternating, all on one engine."""
     workdir = Path(tempfile.mkdtemp(prefix="weighbridge-isolation-"))
     results: list[ArmResult] = []
-    with engine(kind, workdir) as engine_url:
+    with engine(kind, workdir) as (engine_url, engine_pid):
         plan: list[tuple[Arm, int]] = [("quiet", 0)]
         for r in range(repeats):
             pair: list[Arm] = ["ideal", "sidecar"] if r % 2 == 0 else ["sidecar", "ideal"]
@@ -296,7 +324,8 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
             try:
                 result = asyncio.run(run_arm(arm, r, engine_url,
                                              sidecar.url if sidecar else None,
-                                             warmup_s, window_s, seed + i, workdir))
+                                             warmup_s, window_s, seed + i, workdir,
+                                             engine_pid, sidecar.pid if sidecar else None))
             finally:
                 if sidecar is not None:
                     sidecar.stop()
@@ -304,7 +333,9 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
                 f"{result.p(90) * 1e3:.0f} ms, p99 {result.p(99) * 1e3:.0f} ms "
                 f"({len(result.ttft_s)} ok, {result.failed} failed), engine "
                 f"{result.output_tokens_per_s:.0f} tok/s, flood left {result.flood_left}, "
-                f"preemptions {result.preemptions:.0f}, victim sidecar wait "
+                f"preemptions {result.preemptions:.0f}, CPU engine "
+                f"{result.engine_cores:.2f} / sidecar {result.sidecar_cores:.2f} cores, "
+                f"victim sidecar wait "
                 f"{result.victim_queue_wait_s * 1e3:.1f} ms, holds {result.holds}")
             results.append(result)
     return results
@@ -359,9 +390,11 @@ def run(ctx: BenchContext) -> BenchResult:
         rows: list[tuple[str, ...]] = [
                 (r.arm, str(r.repeat), f"{r.p(50) * 1e3:.0f}", f"{r.p(90) * 1e3:.0f}",
                  f"{r.p(99) * 1e3:.0f}", f"{r.output_tokens_per_s:.0f}",
-                 f"{r.preemptions:.0f}", str(r.flood_left)) for r in results]
+                 f"{r.preemptions:.0f}", str(r.flood_left), f"{r.engine_cores:.2f}",
+                 f"{r.sidecar_cores:.2f}") for r in results]
         tables.append(Table(("arm", "repeat", "victim p50 ms", "p90 ms", "p99 ms",
-                             "engine tok/s", "preemptions", "flood left"), rows,
+                             "engine tok/s", "preemptions", "flood left", "engine cores",
+                             "sidecar cores"), rows,
                             caption=f"**{kind}**"))
         line = (f"{kind}: victim TTFT through the sidecar against the ideal (medians of "
                 f"{repeats}): p50 {v.p50_ratio:.2f}x, p90 {v.p90_ratio:.2f}x (target <= 1.3), "
