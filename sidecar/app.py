@@ -50,7 +50,6 @@ MAX_DISPATCH_ATTEMPTS = 3
 # keep-alive connections after 5 s, and a request written on a connection the server is
 # closing fails as if the backend had died.
 UPSTREAM_KEEPALIVE_S = 4.0
-_STATUS_BY_REASON = {"rate_limited": 429, "queue_full": 429, "deadline_unmeetable": 503}
 # Errors that end a request as failed (a backend's fault), not rejected.
 _FAILURES = frozenset({BACKEND_FAILED, "backend_unavailable"})
 
@@ -423,7 +422,7 @@ class Sidecar:
         message = reject.reason.replace("_", " ")
         if reject.detail:
             message = f"{message}: {reject.detail}"
-        status = _STATUS_BY_REASON.get(reject.reason, 429)
+        status = reject.http_status
         type_ = "rate_limit_error" if status == 429 else "server_error"
         return ApiError(status, reject.reason, message, type_, headers)
 

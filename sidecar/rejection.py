@@ -22,3 +22,9 @@ class Reject:
     # help: the request is larger than the limit's whole capacity, or the cause is not timed.
     retry_after_s: float | None = None
     detail: str = ""  # human-readable, safe for the error body (no prompt, no key)
+
+    @property
+    def http_status(self) -> int:
+        """The answer's status: 503 when the sidecar cannot meet the request's deadline (the
+        service, not the client, is short), 429 for the client's own limits and queue."""
+        return 503 if self.reason == DEADLINE_UNMEETABLE else 429

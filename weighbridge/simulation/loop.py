@@ -37,7 +37,7 @@ import orjson
 
 from emulator.engine import Sequence
 from loadgen.measure import StreamMeter
-from sidecar.app import _STATUS_BY_REASON, DEADLINE_HEADER, REJECT_HEADER, TIER_HEADER
+from sidecar.app import DEADLINE_HEADER, REJECT_HEADER, TIER_HEADER
 from sidecar.core import SchedulingCore
 from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest, RequestState
@@ -213,8 +213,7 @@ class Simulation:
             user=plan.user, priority=client.priority or 0,
             deadline_s=core.deadline_for(tier, now, deadline_ms))
         if isinstance(result, Reject):
-            self._answer(client, meter, now, _STATUS_BY_REASON.get(result.reason, 429),
-                         result.reason)
+            self._answer(client, meter, now, result.http_status, result.reason)
             return
         flight = _Flight(client, meter, queued=result, stream=plan.stream)
         self._flights[plan.request_id] = flight
