@@ -14,7 +14,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from emulator.engine import EngineConfig, Sequence, StepModel
 from emulator.profiles import StepTimeProfile
@@ -22,9 +22,8 @@ from loadgen.arrivals import Closed
 from loadgen.measure import percentile
 from sidecar.admission import derive_limits
 from sidecar.shape import EngineShape
-
-if TYPE_CHECKING:
-    from weighbridge.simulation.run import Inputs
+from weighbridge.simulation.engines import engine_config, engine_profile
+from weighbridge.simulation.run import Inputs, find_scenario, sidecar_for
 
 __all__ = ["IdealPoint", "IdealShape", "ideal_for", "ideal_run"]
 
@@ -104,9 +103,6 @@ def ideal_for(inputs: Inputs) -> dict[str, Any]:
     """The bound for a simulated run's shape: its engines, its scenario's victim (Poisson at
     its highest rate, split evenly over the engines) and, as the flood, the other tenant
     that offers the most tokens, held at each engine's share of the admission cap."""
-    from weighbridge.simulation.engines import engine_config, engine_profile
-    from weighbridge.simulation.run import find_scenario, sidecar_for
-
     stack = inputs.stack
     scenario = find_scenario(inputs.scenario or stack.loadgen.scenario)
     tenants_file = inputs.tenants_file or (stack.tenants_file if inputs.scenario is None
