@@ -4,7 +4,9 @@ engine's step model alone.
 The ideal sidecar sends each victim request the instant it arrives, at the front of the
 engine's priority queue, and keeps the flood at exactly ``cap`` sequences in the engine, its
 prompts admitted one at a time (the best case of prefill pacing). No HTTP, no CPU, no
-scrapes: only the step times. ``benchmarks/noisy_neighbour_bound.py`` tabulates it over caps;
+scrapes: only the step times. Unpaced (``paced=False``) it is a polite flood instead: ``cap``
+closed-loop streams straight to the engine, each sending its next request the step its
+previous one ends (``benchmarks/isolation_matrix.py``'s bound). ``benchmarks/noisy_neighbour_bound.py`` tabulates it over caps;
 ``weighbridge simulate --ideal`` computes it for the stack and scenario it simulates.
 """
 
@@ -47,9 +49,15 @@ class IdealPoint:
     victim_p50_s: float
     victim_p99_s: float
     flood_tokens_per_s: float
+    victim_p90_s: float
+    output_tokens_per_s: float  # every token the engine generated, the victim's too
+    victim_requests: int  # the victim's requests the percentiles are over
 
 
-def ideal_run(shape: IdealShape, cap: int, seconds: float, seed: int = 7) -> IdealPoint:
+def ideal_run(shape: IdealShape, cap: int, seconds: float, seed: int = 7, *,
+              paced: bool = True) -> IdealPoint:
+    """The victim's TTFT over its requests that arrive from ``shape.warmup_s`` on and the
+    engine's output over the same interval, up to ``seconds`` of virtual time."""
     model = StepModel(shape.engine, shape.profile)
     rng = random.Random(seed)
     arrivals: list[float] = []
@@ -60,10 +68,12 @@ def ideal_run(shape: IdealShape, cap: int, seconds: float, seed: int = 7) -> Ide
     lengths = random.Random(f"{seed}/lengths")
     flood: dict[str, Sequence] = {}
     victims: list[Sequence] = []
-    now, k, n, flood_tokens = 0.0, 0, 0, 0
+    now, k, n, flood_tokens, all_tokens = 0.0, 0, 0, 0, 0
     while now < seconds:
-        # The ideal sidecar: top the flood up to its cap, one unprefilled prompt at a time.
-        while len(flood) < cap and all(s.first_token_s is not None for s in flood.values()):
+        # The ideal sidecar: top the flood up to its cap, one unprefilled prompt at a time
+        # (unpaced: all at once, as closed-loop streams would).
+        while len(flood) < cap and (not paced or all(s.first_token_s is not None
+                                                     for s in flood.values())):
             prompt, output = shape.flood(lengths)
             seq = Sequence(f"a{n}", prompt, output, output, now, priority=1)
             n += 1
@@ -81,13 +91,16 @@ def ideal_run(shape: IdealShape, cap: int, seconds: float, seed: int = 7) -> Ide
             continue
         if now >= shape.warmup_s:
             flood_tokens += sum(1 for s in result.emitted if s.request_id in flood)
+            all_tokens += len(result.emitted)
         for seq in result.finished:
             flood.pop(seq.request_id, None)
         now = result.end_s
     ttfts = sorted(s.first_token_s - s.arrival_s for s in victims
                    if s.arrival_s >= shape.warmup_s and s.first_token_s is not None)
+    measured = seconds - shape.warmup_s
     return IdealPoint(cap, percentile(ttfts, 0.5), percentile(ttfts, 0.99),
-                      flood_tokens / (seconds - shape.warmup_s))
+                      flood_tokens / measured, victim_p90_s=percentile(ttfts, 0.9),
+                      output_tokens_per_s=all_tokens / measured, victim_requests=len(ttfts))
 
 
 def _offered_tokens_per_s(tenant: Any) -> float:

@@ -1,0 +1,244 @@
+"""One isolation point in virtual time: the victim's TTFT beside a flood through the sidecar
+with its defaults, against the ideal bound on the same engine (issue 14, "a matrix").
+
+A point is an engine shape (slots, step budget, KV ample or tight, fcfs or priority
+scheduling), where the victim sits (in the flood's tier with its weight, or in a higher
+tier) and the flood's request size. Two arms run on the same step model:
+
+``defaults``  the whole sidecar core (``Simulation``) with a config naming only tiers,
+              tenants and the backend, in front of a ``SimEngine``. The flood is a closed
+              loop of ``FLOOD_USERS_PER_SLOT`` x the engine's slots users, so it is
+              backlogged at the sidecar for the whole run; the victim is Poisson.
+``ideal``     ``weighbridge.simulation.ideal.ideal_run`` unpaced: the flood limits itself to
+              ``cap`` closed-loop streams sent straight to the engine, where ``cap`` is what
+              fits in the engine with room for the victim (see :func:`ideal_cap`); the
+              victim goes straight to the engine too. On a priority engine the victim is
+              sent at priority 0 and the flood at 1, which is what the defaults send there
+              (the flood over its share is demoted by ``over_share_priority_demotion``);
+              fcfs ignores priorities.
+
+Per arm: the victim's TTFT p50/p90/p99 over the requests it sends in the measurement window
+``[warmup_s, warmup_s + window_s)`` and the engine's generated tokens per second over the
+same window (its ``vllm:generation_tokens_total``, read at the window's edges). The
+defaults arm runs ``tail_s`` beyond the window so that the window's last victim requests
+can be answered; one still unanswered then counts as an infinite TTFT.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from emulator.engine import StepResult
+from loadgen.arrivals import Closed, Poisson
+from loadgen.lengths import Lengths
+from loadgen.measure import percentile
+from loadgen.scenario import PhaseSpan, Workload
+from loadgen.tenants import TenantSpec
+from weighbridge.config import Config, parse_config
+from weighbridge.simulation.clients import WorkloadClients
+from weighbridge.simulation.engines import SimEngine, engine_config, engine_profile
+from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run
+from weighbridge.simulation.loop import Simulation
+from weighbridge.stack import EmulatorOptions
+
+__all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "ideal_cap",
+           "run_point"]
+
+Kv = Literal["ample", "tight"]
+Policy = Literal["fcfs", "priority"]
+VictimTier = Literal["same", "higher"]
+FloodSize = Literal["short", "long"]
+
+FLOODS: dict[str, tuple[int, int]] = {"short": (64, 32), "long": (512, 192)}  # prompt, output
+VICTIM = (64, 16)
+BLOCK_SIZE = 16
+MAX_MODEL_LEN = 1024  # the longest request (704 tokens) fits; the smallest KV (1,152) holds it
+# KV in flood sequences at full length per engine slot: ample holds twice the slots' worth
+# of the flood; tight holds fewer than the slots (benchmarks/isolation.py's 26 of 32).
+KV_SEQS_PER_SLOT: dict[str, float] = {"ample": 2.0, "tight": 0.8}
+VICTIM_ROOM_SEQS = 2  # the ideal flood leaves this many flood-sized sequences free
+FLOOD_USERS_PER_SLOT = 3  # the flood's closed-loop users per engine slot (defaults arm)
+VICTIM_KEY, FLOOD_KEY = "sk-victim", "sk-flood"
+
+
+@dataclass(frozen=True, slots=True)
+class IsolationPoint:
+    slots: int  # max_num_seqs
+    budget: int  # max_num_batched_tokens
+    kv: Kv
+    policy: Policy
+    victim_tier: VictimTier  # same: the flood's tier and weight; higher: a lower rank
+    flood: FloodSize
+    profile: str = "h100-llama3-8b"
+    victim_rate: float = 4.0  # requests/s, Poisson
+
+    @property
+    def label(self) -> str:
+        return (f"seqs={self.slots} budget={self.budget} kv={self.kv} {self.policy} "
+                f"victim={self.victim_tier} flood={self.flood}")
+
+    @property
+    def flood_lengths(self) -> tuple[int, int]:
+        return FLOODS[self.flood]
+
+    @property
+    def flood_blocks(self) -> int:
+        """KV blocks one flood sequence holds at full length."""
+        return math.ceil(sum(self.flood_lengths) / BLOCK_SIZE)
+
+    @property
+    def kv_blocks(self) -> int:
+        seqs = math.floor(KV_SEQS_PER_SLOT[self.kv] * self.slots)
+        return seqs * self.flood_blocks
+
+    def engine(self) -> EmulatorOptions:
+        return EmulatorOptions(profile=self.profile, max_num_seqs=self.slots,
+                               max_num_batched_tokens=self.budget,
+                               num_kv_blocks=self.kv_blocks, block_size=BLOCK_SIZE,
+                               max_model_len=MAX_MODEL_LEN,
+                               scheduling_policy=self.policy)
+
+
+def ideal_cap(point: IsolationPoint) -> int:
+    """The flood streams of the ideal: as many as the engine holds (its slots, or the flood
+    sequences its KV holds at full length, whichever binds) less room for the victim
+    (``VICTIM_ROOM_SEQS``: at 4 requests/s of ~0.1 s each the victim rarely has more than
+    two in flight)."""
+    fits = min(point.slots, point.kv_blocks // point.flood_blocks)
+    return max(1, fits - VICTIM_ROOM_SEQS)
+
+
+def plain_config(point: IsolationPoint) -> Config:
+    """Tiers, tenants and the backend only (no SLO, so nothing is turned away early); the
+    backend says whether it schedules by priority, a fact about the engine, not a knob."""
+    tiers: dict[str, object] = {"shared": {"rank": 2}}
+    victim_tier = "shared"
+    if point.victim_tier == "higher":
+        tiers["first"] = {"rank": 1}
+        victim_tier = "first"
+    return parse_config({
+        "tiers": tiers,
+        "tenants": {"victim": {"tier": victim_tier, "api_keys": [f"plain:{VICTIM_KEY}"]},
+                    "flood": {"tier": "shared", "api_keys": [f"plain:{FLOOD_KEY}"]}},
+        "backends": [{"name": "engine-0", "url": "http://127.0.0.1:9",
+                      "priority_scheduling": point.policy == "priority"}],
+    })
+
+
+@dataclass(frozen=True, slots=True)
+class ArmFigures:
+    p50_s: float
+    p90_s: float
+    p99_s: float
+    output_tokens_per_s: float
+    victim_requests: int  # the victim's requests in the window
+    unanswered: int = 0  # of those, without a first token by the run's end (TTFT inf)
+
+
+@dataclass(frozen=True, slots=True)
+class PointResult:
+    point: IsolationPoint
+    ideal_cap: int
+    ideal: ArmFigures
+    paced: ArmFigures  # ideal_run paced: the zero-overhead sidecar (context, not the bound)
+    defaults: ArmFigures
+    holds: dict[str, int] = field(default_factory=dict)  # the sidecar's, by backend/reason
+    preemptions: int = 0  # the engine's, defaults arm, whole run
+    wall_s: float = 0.0  # the defaults arm's simulation
+
+    def ratio(self, q: Literal[50, 90, 99]) -> float:
+        """The defaults' victim TTFT percentile over the ideal's."""
+        mine = {50: self.defaults.p50_s, 90: self.defaults.p90_s, 99: self.defaults.p99_s}[q]
+        bound = {50: self.ideal.p50_s, 90: self.ideal.p90_s, 99: self.ideal.p99_s}[q]
+        return mine / bound if bound > 0 else math.inf
+
+    @property
+    def output_fraction(self) -> float:
+        """The defaults' engine output as a fraction of the ideal's."""
+        ideal = self.ideal.output_tokens_per_s
+        return self.defaults.output_tokens_per_s / ideal if ideal > 0 else math.nan
+
+
+class _WindowEngine(SimEngine):
+    """A SimEngine whose generated-tokens counter is also read at the window's edges."""
+
+    def __init__(self, name: str, options: EmulatorOptions, start_s: float,
+                 end_s: float) -> None:
+        super().__init__(name, options)
+        self._edges = (start_s, end_s)
+        self.at_edges: list[int] = []  # the counter at the first step ending past each edge
+
+    def advance(self, end_s: float) -> tuple[StepResult, float | None]:
+        before = self.generation_tokens_total
+        out = super().advance(end_s)
+        while (len(self.at_edges) < len(self._edges)
+               and end_s >= self._edges[len(self.at_edges)]):
+            self.at_edges.append(before)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationFigures:
+    holds: dict[str, int]
+    preemptions: int
+    wall_s: float
+
+
+def _lengths(prompt: int, output: int) -> Lengths:
+    return Lengths.model_validate({"prompt": prompt, "output": output})
+
+
+def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s: float,
+                 seed: int) -> tuple[ArmFigures, SimulationFigures]:
+    end_s = warmup_s + window_s
+    until_s = end_s + tail_s
+    config = plain_config(point)
+    victim_tier = "first" if point.victim_tier == "higher" else "shared"
+    tenants = (
+        TenantSpec(name="flood", api_key=FLOOD_KEY, tier="shared",
+                   lengths=_lengths(*point.flood_lengths),
+                   arrival=Closed(users=FLOOD_USERS_PER_SLOT * point.slots)),
+        TenantSpec(name="victim", api_key=VICTIM_KEY, tier=victim_tier,
+                   lengths=_lengths(*VICTIM), arrival=Poisson(rate=point.victim_rate)),
+    )
+    workload = Workload(scenario="isolation-matrix", phases=(PhaseSpan("flood", 0, until_s),),
+                        tenants=tenants, victim="victim")
+    engine = _WindowEngine("engine-0", point.engine(), warmup_s, end_s)
+    sim = Simulation(config, [engine], WorkloadClients(workload, seed=seed, until_s=until_s),
+                     run_id="isolation-matrix", scenario="isolation-matrix", until_s=until_s)
+    result = sim.run()
+    ttfts = sorted(math.inf if r.ttft_s is None else r.ttft_s for r in result.records
+                   if r.tenant == "victim" and warmup_s <= r.scheduled_s < end_s)
+    counted = engine.at_edges + [engine.generation_tokens_total] * (2 - len(engine.at_edges))
+    figures = ArmFigures(percentile(ttfts, 0.5), percentile(ttfts, 0.9),
+                         percentile(ttfts, 0.99), (counted[1] - counted[0]) / window_s,
+                         len(ttfts), sum(1 for t in ttfts if math.isinf(t)))
+    return figures, SimulationFigures(result.holds, engine.preemptions_total, result.wall_s)
+
+
+def run_ideal(point: IsolationPoint, warmup_s: float, window_s: float, seed: int, *,
+              paced: bool = False) -> IdealPoint:
+    options = point.engine()
+    flood, victim = point.flood_lengths, VICTIM
+    shape = IdealShape(engine=engine_config(options), profile=engine_profile(options),
+                       victim_rate=point.victim_rate, victim=lambda _rng: victim,
+                       flood=lambda _rng: flood, warmup_s=warmup_s, victim_start_s=0.0)
+    return ideal_run(shape, ideal_cap(point), warmup_s + window_s, seed, paced=paced)
+
+
+def run_point(point: IsolationPoint, *, warmup_s: float = 10.0, window_s: float = 30.0,
+              tail_s: float = 10.0, seed: int = 1) -> PointResult:
+    ideal = run_ideal(point, warmup_s, window_s, seed)
+    paced = run_ideal(point, warmup_s, window_s, seed, paced=True)
+    defaults, sim = run_defaults(point, warmup_s, window_s, tail_s, seed)
+    return PointResult(point=point, ideal_cap=ideal.cap, ideal=_figures(ideal),
+                       paced=_figures(paced), defaults=defaults, holds=sim.holds,
+                       preemptions=sim.preemptions, wall_s=sim.wall_s)
+
+
+def _figures(ideal: IdealPoint) -> ArmFigures:
+    return ArmFigures(ideal.victim_p50_s, ideal.victim_p90_s, ideal.victim_p99_s,
+                      ideal.output_tokens_per_s, ideal.victim_requests)
+
