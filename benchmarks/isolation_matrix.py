@@ -50,11 +50,12 @@ from typing import get_args
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.simulation.isolation import (
+    ArmFigures,
     FloodSize,
     IsolationPoint,
     Kv,
-    Policy,
     PointResult,
+    Policy,
     VictimTier,
     run_point,
 )
@@ -95,8 +96,8 @@ def run_matrix(points: list[IsolationPoint], *, window_s: float = WINDOW_S, seed
     return results
 
 
-def _ms3(arm: object) -> str:
-    p50, p90, p99 = (getattr(arm, f"p{q}_s") for q in (50, 90, 99))
+def _ms3(arm: ArmFigures) -> str:
+    p50, p90, p99 = arm.p50_s, arm.p90_s, arm.p99_s
     return "/".join("inf" if math.isinf(v) else f"{v * 1e3:.0f}" for v in (p50, p90, p99))
 
 
@@ -115,7 +116,7 @@ def _holds(result: PointResult) -> str:
 
 
 def table(results: list[PointResult]) -> Table:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for r in results:
         p = r.point
         rows.append((str(p.slots), str(p.budget), p.kv, p.policy, p.victim_tier, p.flood,
