@@ -38,9 +38,11 @@ is reported beside them). Deterministic: same seed, same table.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import itertools
 import json
 import math
+import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -48,6 +50,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import get_args
 
+from benchmarks import _results, _system
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.simulation.isolation import (
     ArmFigures,
@@ -123,11 +126,11 @@ def table(results: list[PointResult]) -> Table:
                      str(r.ideal_cap), _ms3(r.ideal), _ms3(r.defaults),
                      f"{_ratio(r.ratio(50))} / {_ratio(r.ratio(90))} / {_ratio(r.ratio(99))}",
                      f"{r.output_fraction:.2f}", _ms3(r.paced),
-                     "pass" if passes(r) else "**FAIL**", _holds(r)))
+                     "pass" if passes(r) else "**FAIL**", str(r.preemptions), _holds(r)))
     return Table(("seqs", "budget", "KV", "sched", "victim", "flood", "ideal cap",
                   "ideal ms p50/p90/p99", "defaults ms p50/p90/p99",
                   "ratio p50 / p90 / p99", "output / ideal", "paced ms p50/p90/p99",
-                  "p50, p90 <= 1.3x", "sidecar holds"), rows)
+                  "p50, p90 <= 1.3x", "preemptions", "sidecar holds"), rows)
 
 
 def summary(results: list[PointResult]) -> list[str]:
@@ -143,14 +146,18 @@ def summary(results: list[PointResult]) -> list[str]:
     return lines
 
 
+def bench_result(results: list[PointResult], wall_s: float) -> BenchResult:
+    notes = [__doc__.split("\n\n")[1].replace("\n", " "),
+             f"{len(results)} points in {wall_s:.0f} s of wall time."]
+    return BenchResult(summary=summary(results), tables=[table(results)], notes=notes,
+                       passed=all(passes(r) for r in results))
+
+
 def run(ctx: BenchContext) -> BenchResult:
     points = matrix(slots=(64,), budgets=(2048,)) if ctx.quick else matrix()
     started = time.perf_counter()
     results = run_matrix(points, log=ctx.log)
-    notes = [__doc__.split("\n\n")[1].replace("\n", " "),
-             f"{len(points)} points in {time.perf_counter() - started:.0f} s of wall time."]
-    return BenchResult(summary=summary(results), tables=[table(results)], notes=notes,
-                       passed=all(passes(r) for r in results))
+    return bench_result(results, time.perf_counter() - started)
 
 
 BENCHMARK = Benchmark("isolation_matrix",
@@ -179,14 +186,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", type=Path, default=None,
                         help="also write every point's figures to this file")
+    parser.add_argument("--record", action="store_true",
+                        help="write the result into benchmarks/RESULTS.md, as `python -m "
+                             "benchmarks isolation_matrix` does")
     args = parser.parse_args(argv)
     points = matrix(args.slots, args.budget, args.kv, args.policy, args.victim, args.flood)
     started = time.perf_counter()
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    load_before = _system.load_average()
     results = run_matrix(points, window_s=args.window, seed=args.seed,
                          log=lambda line: print(line, file=sys.stderr, flush=True))
-    print("\n".join(summary(results)) + "\n")
-    print(table(results).markdown())
-    print(f"\n{len(points)} points, {time.perf_counter() - started:.0f} s of wall time")
+    result = bench_result(results, time.perf_counter() - started)
+    print("\n".join(result.summary) + "\n")
+    print(result.tables[0].markdown())
+    print(f"\n{result.notes[-1]}")
+    if args.record:
+        command = shlex.join(["python", "-m", "benchmarks.isolation_matrix",
+                              *(sys.argv[1:] if argv is None else argv)])
+        machine = (f"{_system.machine_note()}; load average (1, 5, 15 min) {load_before} "
+                   f"before, {_system.load_average()} after")
+        _results.write_section(BENCHMARK.name, _results.render(
+            BENCHMARK, result, date=date, command=command, machine=machine))
     if args.json is not None:
         args.json.write_text(json.dumps(
             [{**asdict(r), "ratio_p50": r.ratio(50), "ratio_p90": r.ratio(90),
