@@ -16,6 +16,15 @@ tier) and the flood's request size. Two arms run on the same step model:
               sent at priority 0 and the flood at 1, which is what the defaults send there
               (the flood over its share is demoted by ``over_share_priority_demotion``);
               fcfs ignores priorities.
+``paced``     context, not the bound: the same cap with the flood's prompts admitted one at
+              a time (``ideal_run``'s zero-overhead sidecar).
+
+Why this ideal: it is issue 14's and the live acceptance's (``benchmarks/isolation.py``),
+and it needs no sidecar at all: a flood that limits itself to what the engine holds is what
+the sidecar's defaults must be no worse than. It is not a lower bound everywhere: where the
+flood's streams end and restart faster than the step budget prefills them (many slots, a
+small budget) the engine's own waiting queue holds flood prompts ahead of the victim, and a
+sidecar that paces the prompts does better; ``paced`` shows by how much.
 
 Per arm: the victim's TTFT p50/p90/p99 over the requests it sends in the measurement window
 ``[warmup_s, warmup_s + window_s)`` and the engine's generated tokens per second over the
@@ -80,6 +89,10 @@ class IsolationPoint:
                 f"victim={self.victim_tier} flood={self.flood}")
 
     @property
+    def victim_tier_name(self) -> str:
+        return "first" if self.victim_tier == "higher" else "shared"
+
+    @property
     def flood_lengths(self) -> tuple[int, int]:
         return FLOODS[self.flood]
 
@@ -114,13 +127,11 @@ def plain_config(point: IsolationPoint) -> Config:
     """Tiers, tenants and the backend only (no SLO, so nothing is turned away early); the
     backend says whether it schedules by priority, a fact about the engine, not a knob."""
     tiers: dict[str, object] = {"shared": {"rank": 2}}
-    victim_tier = "shared"
     if point.victim_tier == "higher":
         tiers["first"] = {"rank": 1}
-        victim_tier = "first"
     return parse_config({
         "tiers": tiers,
-        "tenants": {"victim": {"tier": victim_tier, "api_keys": [f"plain:{VICTIM_KEY}"]},
+        "tenants": {"victim": {"tier": point.victim_tier_name, "api_keys": [f"plain:{VICTIM_KEY}"]},
                     "flood": {"tier": "shared", "api_keys": [f"plain:{FLOOD_KEY}"]}},
         "backends": [{"name": "engine-0", "url": "http://127.0.0.1:9",
                       "priority_scheduling": point.policy == "priority"}],
@@ -195,12 +206,11 @@ def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s
     end_s = warmup_s + window_s
     until_s = end_s + tail_s
     config = plain_config(point)
-    victim_tier = "first" if point.victim_tier == "higher" else "shared"
     tenants = (
         TenantSpec(name="flood", api_key=FLOOD_KEY, tier="shared",
                    lengths=_lengths(*point.flood_lengths),
                    arrival=Closed(users=FLOOD_USERS_PER_SLOT * point.slots)),
-        TenantSpec(name="victim", api_key=VICTIM_KEY, tier=victim_tier,
+        TenantSpec(name="victim", api_key=VICTIM_KEY, tier=point.victim_tier_name,
                    lengths=_lengths(*VICTIM), arrival=Poisson(rate=point.victim_rate)),
     )
     workload = Workload(scenario="isolation-matrix", phases=(PhaseSpan("flood", 0, until_s),),
