@@ -22,6 +22,7 @@ Stack file layout::
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -381,10 +382,17 @@ class LocalStack:
         return [p for p in self.processes() if p.pid is not None and not p.is_running()]
 
     def stop(self) -> None:
-        # Front to back: the sidecar's clients first, then what it proxied to.
-        for proc in [self.prometheus, self.sidecar, *reversed(self.engines)]:
-            if proc is not None:
-                proc.stop()
+        # Every process is asked to stop at once (SIGTERM), front to back: the sidecar's
+        # clients first, then what it proxied to; then each is waited for (and killed after
+        # its stop timeout). One by one, a sidecar draining its streams and two engines
+        # draining theirs took 30 s or more to stop on a loaded machine, and a Ctrl-C'd demo
+        # looked hung.
+        procs = [p for p in [self.prometheus, self.sidecar, *reversed(self.engines)]
+                 if p is not None]
+        for proc in procs:
+            proc.signal(signal.SIGTERM)
+        for proc in procs:
+            proc.stop()
 
     def __enter__(self) -> LocalStack:
         return self.start()

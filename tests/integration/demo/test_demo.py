@@ -9,6 +9,7 @@ process behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -97,6 +98,7 @@ def test_ctrl_c_during_the_demo_stops_every_child(tmp_path: Path) -> None:
     # Its own process group, as a shell's foreground job: Ctrl-C signals the whole group.
     demo = subprocess.Popen(demo_argv(out), cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True)
+    children: list[psutil.Process] = []
     try:
         # Wait until the stack runs and the load generator has started its run.
         deadline = time.monotonic() + 60
@@ -119,8 +121,15 @@ def test_ctrl_c_during_the_demo_stops_every_child(tmp_path: Path) -> None:
         _, stderr = demo.communicate(timeout=60)
     finally:
         if demo.poll() is None:
+            # The demo did not stop in time: kill it and what it started (its servers run
+            # in sessions of their own), so that a failure here does not load the tests
+            # after it.
+            children = [*children, *descendants(demo.pid)]
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait()
+            for child in children:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    child.kill()
     assert demo.returncode == 130, stderr.decode()[-2000:]
     assert b"interrupted" in stderr
     deadline = time.monotonic() + 10
