@@ -268,6 +268,13 @@ class SchedulingCore:
                     and self.router.prefill_tokens(name) >= backlog):
                 # Enough prompts already wait to be prefilled there.
                 verdict = GateVerdict("closed", "prefill_backlog", verdict.share_slots)
+            if tenant_aware and verdict.reason == "decode_slow":
+                # The engine decodes below the floor for everyone: more of the tenants that
+                # slowed it would slow it further, but a tenant under its share, beside
+                # others, may still start (its first token is what isolation protects; one
+                # more sequence costs the others little). Closing the gate to all turned a
+                # CPU-starved engine into seconds of queueing for the victim alone.
+                verdict = GateVerdict("headroom", "decode_slow", verdict.share_slots)
             watermark = limits.kv_watermark
             if tenant_aware and watermark is not None and verdict.mode != "closed":
                 footprint = self.kv[name]
@@ -333,6 +340,7 @@ class SchedulingCore:
         (when the slot headroom is reached) and of the KV watermark (when that is), and
         not held by prefill pacing."""
         scheduler = self.scheduler
+        slow = verdict.reason == "decode_slow"
         slot_tight = verdict.reason == "headroom"
         if slot_tight and not self.gates[backend].limits.headroom_always:
             light = self._light_tenants(now)
@@ -353,6 +361,9 @@ class SchedulingCore:
         light = self._light_tenants(now) if kv_tight else set()
 
         def eligible(tenant: str) -> bool:
+            if slow and not (scheduler.share_fraction(tenant) < 1
+                             and scheduler.under_share(tenant, slots)):
+                return False  # a lone tenant keeps the decode floor; over-share ones wait
             if (slot_tight and not scheduler.under_share(tenant, slots)
                     and (reserved_for is None or reserved_for - {tenant})):
                 return False
