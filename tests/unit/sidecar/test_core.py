@@ -213,41 +213,41 @@ def test_headroom_is_for_under_share_tenants_only() -> None:
     assert core.holds[("127.0.0.1:8001", "fallback_cap")] == 2
 
 
-def test_a_slow_decode_holds_the_tenants_that_slowed_it_not_one_under_its_share() -> None:
+SLOW_BACKEND = "127.0.0.1:8001"
+
+
+def slowed_by_a(policy: str) -> SchedulingCore:
+    """A core whose one backend runs 4 of tenant a's requests and decodes them at 5 tokens/s
+    each, below the 7 tokens/s floor (two scrapes 1 s apart, 20 tokens over 4 sequences)."""
     limits = GateLimits(max_inflight=8, max_running=8, min_decode_tokens_per_s=7.0)
-    core = SchedulingCore(make_config(backends=[{"url": "http://127.0.0.1:8001"}]),
+    core = SchedulingCore(make_config(policy, backends=[{"url": f"http://{SLOW_BACKEND}"}]),
                           gate_limits=limits)
-    backend = "127.0.0.1:8001"
     for _ in range(4):
         arrive(core, "a")
     assert len(list(core.dispatch_ready(0.0))) == 4
-    # Two scrapes 1 s apart: 20 tokens over 4 running sequences, 5 tok/s each (< 7).
-    core.on_backend_metrics(backend, MetricsSample(0.5, 0, 4, 0.1, 0))
-    core.on_backend_metrics(backend, MetricsSample(1.5, 0, 4, 0.1, 20))
+    core.on_backend_metrics(SLOW_BACKEND, MetricsSample(0.5, 0, 4, 0.1, 0))
+    core.on_backend_metrics(SLOW_BACKEND, MetricsSample(1.5, 0, 4, 0.1, 20))
+    return core
+
+
+def test_a_slow_decode_holds_the_tenants_that_slowed_it_not_one_under_its_share() -> None:
+    core = slowed_by_a("drr")
     # The lone tenant keeps the floor: nothing more of its own goes in.
     for _ in range(4):
         arrive(core, "a", now=1.6)
     assert core.next_dispatch(1.6) is None
-    assert core.holds[(backend, "decode_slow")] == 1
+    assert core.holds[(SLOW_BACKEND, "decode_slow")] == 1
     # A tenant under its share beside it still starts; the one over its share still waits.
     arrive(core, "b", now=1.7)
     (d,) = core.dispatch_ready(1.7)
     assert d.request.tenant == "b"
     assert core.next_dispatch(1.7) is None
     # Held again at the end of the pass that dispatched b, and once more just now.
-    assert core.holds[(backend, "decode_slow")] == 3
+    assert core.holds[(SLOW_BACKEND, "decode_slow")] == 3
 
 
 def test_fcfs_holds_everyone_while_decode_is_slow() -> None:
-    limits = GateLimits(max_inflight=8, max_running=8, min_decode_tokens_per_s=7.0)
-    core = SchedulingCore(make_config("fcfs", backends=[{"url": "http://127.0.0.1:8001"}]),
-                          gate_limits=limits)
-    backend = "127.0.0.1:8001"
-    for _ in range(4):
-        arrive(core, "a")
-    assert len(list(core.dispatch_ready(0.0))) == 4
-    core.on_backend_metrics(backend, MetricsSample(0.5, 0, 4, 0.1, 0))
-    core.on_backend_metrics(backend, MetricsSample(1.5, 0, 4, 0.1, 20))
+    core = slowed_by_a("fcfs")
     arrive(core, "b", now=1.7)
     assert core.next_dispatch(1.7) is None  # the baseline cannot pick a tenant
 
