@@ -306,9 +306,16 @@ class AdmissionGate:
         if previous is not None and sample.at_s < previous.at_s:
             return  # a late answer to an older scrape: keep the newer view
         self._decode_per_seq = _decode_per_seq(previous, sample)
+        # Our cap bound at this scrape and the engine ran all of it with nothing waiting: it
+        # has at least that many slots (sidecar.shape: how an engine larger than the cap
+        # gets its slots learned at all).
+        at_cap = (self._inflight > 0 and self._inflight >= self.cap(sample.at_s)
+                  and sample.waiting <= 0 and sample.running >= self._inflight)
         self._sample = sample
         if self._derive is not None:
             shape = self._learner.observe(sample, self.limits.poll_s)
+            if at_cap:
+                shape = self._learner.runs_at_least(int(sample.running))
             self.limits = self._derive(shape)
         # Ours awaiting a first token now were dispatched before the answer came; some may
         # have been prefilled since the scrape was sent, which only makes this larger.

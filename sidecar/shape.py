@@ -18,6 +18,13 @@ What is learned, and from what
                 kept, and any larger running count seen later raises it (the engine ran that
                 many, so it can). It is the binding capacity — slots, or KV when KV binds
                 first — which is what admission needs either way.
+                Before any saturation is seen, the gate may report that the engine ran
+                everything the sidecar's own in-flight cap let through, with nothing
+                waiting (``runs_at_least``): the engine has at least that many slots.
+                Without that, an engine larger than the fallback cap never queues, so its
+                slots were never learned and no headroom was kept (issue 14's matrix: 64-
+                and 256-slot engines with ample KV); with it, the learned count grows with
+                the cap that it raises until the engine queues or the count is reached.
 ``kv_blocks``   ``vllm:cache_config_info``'s ``num_gpu_blocks`` and ``block_size`` labels
 ``block_size``  (vLLM exports them; so does the emulator). None when absent: KV-aware
                 admission is then off unless the config gives them.
@@ -101,6 +108,14 @@ class ShapeLearner:
                 shape = replace(shape, slots=max(shape.slots or 0, running))
         self._shape = shape
         return shape
+
+
+    def runs_at_least(self, slots: int) -> EngineShape:
+        """The engine ran ``slots`` sequences at once, all that was sent, nothing waiting:
+        it has at least that many (slots never decrease)."""
+        if slots > 0 and (self._shape.slots is None or slots > self._shape.slots):
+            self._shape = replace(self._shape, slots=slots)
+        return self._shape
 
 
 def _step_s(previous: ShapeMetrics, sample: ShapeMetrics) -> float | None:

@@ -13,7 +13,9 @@ from sidecar.admission import (
     DEFAULT_POLL_S,
     DEFAULT_STEP_BUDGET,
     WAITING_UNKNOWN_SLOTS,
+    AdmissionGate,
     GateLimits,
+    MetricsSample,
     derive_limits,
 )
 from sidecar.shape import SATURATED_WAIT_STEPS, EngineShape, ShapeLearner
@@ -75,6 +77,39 @@ def test_a_queue_that_holds_requests_for_steps_is_saturation() -> None:
     # Later the engine ran more than that: it can.
     shape = learner.observe(Scrape(0.2, 0, 40, 640, 0.4, 10), 0.1)
     assert shape.slots == 40
+
+
+def test_an_engine_larger_than_the_cap_gets_its_slots_learned_at_the_cap() -> None:
+    """An engine of 256 slots behind the fallback cap of 64 never queues, so saturation is
+    never seen; the gate reports the cap binding with all of it running and nothing
+    waiting, and from then on the engine is known to hold at least that many."""
+    fallback = 64
+    gate = AdmissionGate(GateLimits(max_inflight=fallback),
+                         derive=lambda shape: derive_limits(Admission(), shape))
+    for _ in range(fallback):
+        gate.on_dispatched(0.0)
+    assert gate.shape.slots is None
+    gate.observe(MetricsSample(0.1, 0, fallback, 0.1, 0))
+    assert gate.shape.slots == fallback
+    # Sized to it: headroom kept for others, so a lone flood no longer takes every place.
+    assert gate.limits.headroom_slots > 0
+    assert gate.share_slots(0.1) < fallback
+
+
+def test_a_cap_that_binds_while_the_engine_queues_teaches_nothing_new() -> None:
+    gate = AdmissionGate(GateLimits(max_inflight=8),
+                         derive=lambda shape: derive_limits(Admission(), shape))
+    for _ in range(8):
+        gate.on_dispatched(0.0)
+    gate.observe(MetricsSample(0.1, 3, 5, 0.1, 0))  # 5 running, 3 of ours waiting
+    assert gate.shape.slots is None
+
+
+def test_runs_at_least_never_lowers_the_slots() -> None:
+    learner = ShapeLearner()
+    assert learner.runs_at_least(40).slots == 40
+    assert learner.runs_at_least(32).slots == 40
+    assert learner.runs_at_least(48).slots == 48
 
 
 @settings(max_examples=200, deadline=None)
