@@ -96,8 +96,12 @@ def alive(proc: psutil.Process) -> bool:
 def test_ctrl_c_during_the_demo_stops_every_child(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     # Its own process group, as a shell's foreground job: Ctrl-C signals the whole group.
+    # A foreground job also has Ctrl-C's default action, whatever this test inherited: a
+    # runner started in the background of a script ignores SIGINT, children inherit that,
+    # and Python then never raises KeyboardInterrupt (the demo ran on to its end).
     demo = subprocess.Popen(demo_argv(out), cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+                            stderr=subprocess.PIPE, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     children: list[psutil.Process] = []
     try:
         # Wait until the stack runs and the load generator has started its run.
