@@ -27,7 +27,7 @@ from sidecar.backends import BackendPool
 from sidecar.core import Dispatch, SchedulingCore
 from sidecar.metrics import SidecarMetrics, StreamedTokens
 from sidecar.openapi import DEADLINE_MS, description_json
-from sidecar.prompt import PromptError, prompt_tokens
+from sidecar.prompt import PromptError, json_integer, prompt_tokens
 from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
 from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest
@@ -317,12 +317,12 @@ class Sidecar:
             deadline_ms = float(raw_deadline)
         for field in ("max_tokens", "max_completion_tokens", "priority"):
             value = body.get(field)
-            if isinstance(value, float) and value.is_integer():
-                # JSON Schema's integer, and vLLM's (pydantic's lax int): 16.0 is 16.
-                body[field] = value = int(value)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or not INT64_MIN <= value <= INT64_MAX):
+            if value is None:
+                continue
+            number = json_integer(value)
+            if number is None or not INT64_MIN <= number <= INT64_MAX:
                 raise bad("invalid_" + field, f"{field} must be a 64-bit integer")
+            body[field] = number  # 16.0 is forwarded as 16
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         if max_tokens is not None:
             limit = self.config.max_tokens_limit

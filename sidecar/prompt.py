@@ -72,19 +72,21 @@ def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
                       "or list of lists of token ids")
 
 
+def json_integer(value: Any) -> int | None:
+    """``value`` as an integer, or None when it is not one. An integral float is an integer
+    (JSON Schema's rule, and vLLM's lax one: 54.0 is 54); a boolean is not."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def _token_ids(values: list[Any]) -> list[int] | None:
-    """``values`` as token ids, or None when they are not. An integral float is an integer
-    (JSON Schema's rule, and vLLM's lax one: 54.0 is 54); a JSON integer beyond 64 bits
+    """``values`` as token ids, or None when they are not. A JSON integer beyond 64 bits
     arrives as a float from the parser and is out of every vocabulary anyway (the backend
     says so)."""
-    ids: list[int] = []
-    for value in values:
-        if isinstance(value, bool):
-            return None
-        if isinstance(value, int):
-            ids.append(value)
-        elif isinstance(value, float) and value.is_integer():
-            ids.append(int(value))
-        else:
-            return None
-    return ids
+    ids = [json_integer(value) for value in values]
+    return None if any(i is None for i in ids) else [i for i in ids if i is not None]
