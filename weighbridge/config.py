@@ -311,6 +311,12 @@ class HealthProbe(_Model):
     path: EndpointPath = "/health"
     interval_ms: PositiveInt = 1000
     timeout_ms: PositiveInt = 1000
+    # Consecutive failed probes before a healthy backend is marked unhealthy (Kubernetes'
+    # failureThreshold, Envoy's unhealthy_threshold). One late answer is weak evidence: the
+    # probe's timer runs on the sidecar's own event loop, which a burst of arrivals can hold
+    # for a second, and an engine busy with a burst answers late. A failed request (refused
+    # connection, broken stream) still marks the backend at once. One 200 brings it back.
+    unhealthy_threshold: PositiveInt = 3
 
 
 class Scheduler(_Model):
