@@ -246,14 +246,17 @@ class Empirical(_Model):
         return self
 
     def sample(self, rng: random.Random) -> int:
-        chosen = _pick(rng, self._cumulative(), self.bins)
+        used = self._used()
+        chosen = _pick(rng, list(itertools.accumulate(b.count for b in used)), used)
         return max(1, rng.randrange(chosen.low, chosen.high))
 
-    def _cumulative(self) -> list[float]:
-        return list(itertools.accumulate(b.count for b in self.bins))
+    def _used(self) -> list[HistogramBin]:
+        # Empty bins left out: a draw that rounds up to the total weight (random() * total
+        # can) falls past the last interval and must land on a bin that can be drawn.
+        return [b for b in self.bins if b.count > 0]
 
     def bounds(self) -> tuple[int, int]:
-        used = [b for b in self.bins if b.count > 0]
+        used = self._used()
         return max(1, min(b.low for b in used)), max(1, max(b.high - 1 for b in used))
 
     def mean(self) -> float:
