@@ -16,7 +16,7 @@ TENANT_KEYS = ("requests", "ok", "rejected", "failed", "prompt_tokens", "output_
 TIER_KEYS = ("requests", "ttft_p50_s", "ttft_p99_s", "slo_attainment", "goodput_tokens_per_s")
 FAIRNESS_KEYS = ("jain_index", "max_min_share_ratio", "max_service_difference")
 ISOLATION_KEYS = ("quiet_ttft_p99_s", "flood_ttft_p99_s", "flood_over_quiet", "leakage")
-STABILITY_KEYS = ("offered_tokens_per_s", "served_tokens_per_s", "served_over_offered")
+STABILITY_KEYS = ("offered_tokens_per_s", "served_tokens_per_s", "stability_ratio")
 
 
 @dataclass(frozen=True, slots=True)

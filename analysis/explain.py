@@ -119,8 +119,8 @@ def littles_law(v: dict[str, Any], key: str) -> str | None:
 def stability(st: dict[str, Any], key: str) -> str | None:
     if st.get(key) is not None:
         return None
-    if key == "served_over_offered":
-        return "nothing was offered"
+    if key == "stability_ratio":
+        return "nothing was offered or served"
     return "the run has no duration"
 
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.timeline import FloatArray
+from weighbridge.statistics import jain_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +86,6 @@ class Fairness:
         return max(values) if values else None
 
 
-def jain(values: Sequence[float] | FloatArray) -> float | None:
-    x = np.asarray(values, dtype=np.float64)
-    square_sum = float(np.sum(x * x))
-    if x.size == 0 or square_sum == 0:
-        return None
-    return float(np.sum(x) ** 2 / (x.size * square_sum))
-
-
 def share_ratio(values: Sequence[float] | FloatArray) -> float | None:
     x = np.asarray(values, dtype=np.float64)
     if x.size == 0 or float(x.min()) <= 0:
@@ -130,7 +123,8 @@ def tier_fairness(tier: str, edges: FloatArray, service: Mapping[str, FloatArray
                 entitled[n] += weights[n] / weight_sum * total
             values = [counter[n] for n in now]
             windows.append(WindowFairness(float(edges[k]), float(edges[k + 1]), tuple(now),
-                                          jain(x), share_ratio(x), max(values) - min(values)))
+                                          jain_index(x.tolist()), share_ratio(x),
+                                          max(values) - min(values)))
         else:
             windows.append(WindowFairness(float(edges[k]), float(edges[k + 1]), tuple(now),
                                           None, None, None))
@@ -142,7 +136,7 @@ def tier_fairness(tier: str, edges: FloatArray, service: Mapping[str, FloatArray
         tenants=names,
         windows=windows,
         service_ratio=ratio,
-        jain_index=jain(list(ratio.values())) if len(ratio) >= 2 else None,
+        jain_index=jain_index(list(ratio.values())) if len(ratio) >= 2 else None,
         max_min_share_ratio=share_ratio(list(ratio.values())) if len(ratio) >= 2 else None,
         max_service_difference=max(differences) if differences else None,
         starved=tuple(n for n, r in ratio.items() if r == 0),

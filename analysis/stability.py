@@ -5,8 +5,9 @@ the mean prompt of its tenant and endpoint's requests that have one) plus its ou
 request's usage; otherwise the mean output of its tenant and endpoint's ok requests, capped
 at its ``max_tokens``). ``offered_tokens_per_s`` sums them over the requests scheduled in
 ``[0, T)``, over ``T``. ``served_tokens_per_s`` is the tokens served inside ``[0, T]`` (prompt
-at the first token, output spread to the last), over ``T``. A stable run has
-``served / offered`` near 1; a queue that grows without bound shows as a ratio below 1.
+at the first token, output spread to the last), over ``T``. Their stability ratio (offered
+over served, weighbridge.statistics) stays near 1 in a stable run; a queue that grows without
+bound shows as a ratio above 1.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import numpy as np
 import pandas as pd
 
 from analysis.windows import served_tokens
+from weighbridge.statistics import stability_ratio
 
-STABLE_RATIO = 0.95  # served/offered at or above this is reported as stable
+# Stable: served at least 95% of what was offered, i.e. offered/served at most 1/0.95.
+MAX_STABLE_RATIO = 1 / 0.95
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,11 +40,12 @@ class Stability:
 
     @property
     def ratio(self) -> float | None:
-        return self.served_tokens / self.offered_tokens if self.offered_tokens > 0 else None
+        """The stability ratio: offered over served; None when nothing was either."""
+        return stability_ratio(self.offered_tokens, self.served_tokens)
 
     @property
     def stable(self) -> bool | None:
-        return None if self.ratio is None else self.ratio >= STABLE_RATIO
+        return None if self.ratio is None else self.ratio <= MAX_STABLE_RATIO
 
 
 def offered_tokens(frame: pd.DataFrame) -> pd.Series:

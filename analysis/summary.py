@@ -80,7 +80,7 @@ def summary(a: Analysis) -> dict[str, Any]:
         "stability": {
             "offered_tokens_per_s": a.stability.offered_tokens_per_s,
             "served_tokens_per_s": a.stability.served_tokens_per_s,
-            "served_over_offered": a.stability.ratio,
+            "stability_ratio": a.stability.ratio,
             "stable": a.stability.stable,
         },
     }

@@ -190,11 +190,11 @@ def littles_law_table(s: dict[str, Any]) -> Table:
 def stability_table(s: dict[str, Any]) -> Table:
     st = s["stability"]
     verdict = {True: "stable", False: "UNSTABLE",
-               None: explain.undefined(explain.stability(st, "served_over_offered") or "")}
-    return Table("Stability", ("offered tok/s", "served tok/s", "served / offered", "verdict"),
+               None: explain.undefined(explain.stability(st, "stability_ratio") or "")}
+    return Table("Stability", ("offered tok/s", "served tok/s", "offered / served", "verdict"),
                  [(*(cell(st[k], unit_of(k), explain.stability(st, k))
                      for k in ("offered_tokens_per_s", "served_tokens_per_s",
-                               "served_over_offered")), verdict[st["stable"]])],
+                               "stability_ratio")), verdict[st["stable"]])],
                  group=HEALTH)
 
 

@@ -94,7 +94,7 @@ UNITS: dict[str, Unit] = {
     "token_time_in_system_s": MILLISECONDS, "token_ratio": INDEX,
     # stability
     "offered_tokens_per_s": TOKENS_PER_S, "served_tokens_per_s": TOKENS_PER_S,
-    "served_over_offered": INDEX,
+    "stability_ratio": INDEX,
 }
 
 

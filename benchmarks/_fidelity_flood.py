@@ -36,7 +36,7 @@ from benchmarks._flood_shape import (  # noqa: F401 - the regime's shape, re-exp
     VICTIM_WINDOW_S,
 )
 from benchmarks.calibrate_cpu_tiny import StreamResult, make_prompt, stream_completion
-from loadgen.measure import percentile
+from weighbridge.statistics import percentile
 
 START_DELAY_S = 0.5  # both clients get ready, then start together
 METRICS = ("vllm:num_preemptions_total", "vllm:generation_tokens_total",

@@ -35,9 +35,9 @@ import yaml
 from benchmarks import _system
 from benchmarks._core import REPO, BenchContext, Benchmark, BenchResult, Table
 from loadgen.lag import LAG_WARN_S
-from loadgen.measure import percentile
 from weighbridge.launch import emulator_process
 from weighbridge.rundir import read_records
+from weighbridge.statistics import percentile
 
 LEVELS = (150, 300, 400, 500, 600, 800)  # offered requests/s
 QUICK_LEVELS = (150, 300)

@@ -48,8 +48,8 @@ import uvloop
 
 from benchmarks import _system
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from loadgen.measure import percentile
 from weighbridge.launch import emulator_process, sidecar_process
+from weighbridge.statistics import percentile
 
 MODEL = "m"
 KEY = "sk-bench"

@@ -24,25 +24,12 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-__all__ = ["ShareReading", "TokenShareWindow", "entitled_shares", "jain_index"]
+from weighbridge.statistics import jain_index
 
-
-def jain_index(values: Sequence[float]) -> float | None:
-    """Jain's index of non-negative values; None when empty or all zero."""
-    if any(v < 0 or not math.isfinite(v) for v in values):
-        raise ValueError(f"values: must be finite and non-negative, got {list(values)}")
-    top = max(values, default=0.0)
-    if top <= 0:
-        return None
-    # Scaled by the largest so squares neither overflow nor underflow (tiny or huge counts).
-    scaled = [v / top for v in values]
-    total = math.fsum(scaled)
-    squares = math.fsum(v * v for v in scaled)
-    # Rounding can push the quotient a hair past 1 for equal values.
-    return min(1.0, total * total / (len(values) * squares))
+__all__ = ["ShareReading", "TokenShareWindow", "entitled_shares"]
 
 
 def entitled_shares(weights: Mapping[str, float], active: Collection[str]) -> dict[str, float]:

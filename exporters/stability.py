@@ -25,6 +25,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Literal
 
+from weighbridge.statistics import stability_ratio
+
 __all__ = ["StabilityReading", "StabilityWindow"]
 
 Source = Literal["backend", "client"]
@@ -38,10 +40,10 @@ class StabilityReading:
 
     @property
     def ratio(self) -> float:
-        """offered / served; +inf when something is offered and nothing served, NaN idle."""
-        if self.served_tokens_per_s > 0:
-            return self.offered_tokens_per_s / self.served_tokens_per_s
-        return math.inf if self.offered_tokens_per_s > 0 else math.nan
+        """The stability ratio (weighbridge.statistics), NaN when idle (a gauge's "no
+        value")."""
+        ratio = stability_ratio(self.offered_tokens_per_s, self.served_tokens_per_s)
+        return math.nan if ratio is None else ratio
 
 
 class StabilityWindow:

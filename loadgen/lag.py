@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from loadgen.measure import percentile
+from weighbridge.statistics import percentile
 
 __all__ = ["LAG_WARN_S", "LagSummary", "lag_warning"]
 

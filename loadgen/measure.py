@@ -22,7 +22,6 @@ rules are tested exactly:
 
 from __future__ import annotations
 
-import math
 import operator
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -31,8 +30,9 @@ import orjson
 
 from loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord, Status
+from weighbridge.statistics import percentile
 
-__all__ = ["StreamMeter", "percentile"]
+__all__ = ["StreamMeter"]
 
 _REJECT_STATUSES = frozenset({429, 503})
 
@@ -42,17 +42,6 @@ class HeaderLookup(Protocol):
     the HTTP client's own header view)."""
 
     def get(self, key: str, /) -> str | None: ...
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Exact percentile of sorted ``values`` by linear interpolation between ranks."""
-    if not values:
-        return math.nan
-    pos = (len(values) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    if values[lo] == values[hi]:
-        return values[lo]  # also when both are infinite (inf - inf would be nan)
-    return values[lo] + (values[hi] - values[lo]) * (pos - lo)
 
 
 def _has_content(choice: dict[str, Any]) -> bool:

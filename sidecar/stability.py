@@ -20,6 +20,8 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from weighbridge.statistics import stability_ratio
+
 # Long enough to smooth a 250 ms scrape cadence and bursty arrivals, short enough to show an
 # overload within seconds (Prometheus recording rules give the minute-scale view).
 DEFAULT_WINDOW_S = 10.0
@@ -70,10 +72,12 @@ class Stability:
 
     @property
     def ratio(self) -> float | None:
-        """Offered over capacity; None while either is unknown or capacity is zero."""
+        """The stability ratio (weighbridge.statistics), offered over capacity; None while
+        either is unknown or capacity is zero (the gauge is then absent, not +Inf: a fleet
+        whose counters have not moved yet is not known to be overloaded)."""
         if self.offered_tokens_per_s is None or not self.capacity_tokens_per_s:
             return None
-        return self.offered_tokens_per_s / self.capacity_tokens_per_s
+        return stability_ratio(self.offered_tokens_per_s, self.capacity_tokens_per_s)
 
 
 class StabilityMeter:

@@ -18,9 +18,9 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.measure import percentile
 from weighbridge.records import RequestRecord
 from weighbridge.rundir import read_records, read_run_info
+from weighbridge.statistics import percentile
 
 __all__ = ["TOLERANCES", "Check", "compare", "markdown"]
 

@@ -22,11 +22,11 @@ from typing import Any
 from emulator.engine import EngineConfig, Sequence, StepModel
 from emulator.profiles import StepTimeProfile
 from loadgen.arrivals import Closed
-from loadgen.measure import percentile
 from sidecar.admission import derive_limits
 from sidecar.shape import EngineShape
 from weighbridge.simulation.engines import engine_config, engine_profile
 from weighbridge.simulation.run import Inputs, find_scenario, sidecar_for
+from weighbridge.statistics import percentile
 
 __all__ = ["IdealPoint", "IdealShape", "ideal_for", "ideal_run"]
 

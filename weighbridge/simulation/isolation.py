@@ -42,7 +42,6 @@ from typing import Literal
 from emulator.engine import StepResult
 from loadgen.arrivals import Closed, Poisson
 from loadgen.lengths import Lengths
-from loadgen.measure import percentile
 from loadgen.scenario import PhaseSpan, Workload
 from loadgen.tenants import TenantSpec
 from weighbridge.config import Config, parse_config
@@ -51,6 +50,7 @@ from weighbridge.simulation.engines import SimEngine, engine_config, engine_prof
 from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run
 from weighbridge.simulation.loop import Simulation
 from weighbridge.stack import EmulatorOptions
+from weighbridge.statistics import percentile
 
 __all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "ideal_cap",
            "run_point"]

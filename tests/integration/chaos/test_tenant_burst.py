@@ -16,7 +16,6 @@ import aiohttp
 import orjson
 import pytest
 
-from loadgen.measure import percentile
 from tests.support.chaos import assert_conserved, rss_bytes
 from tests.support.driver import (
     Outcome,
@@ -27,6 +26,7 @@ from tests.support.driver import (
 from tests.support.driver import streamed_request as send_streamed
 from tests.support.ledger import ledger, settled
 from tests.support.stack import SMALL_ENGINE, start_emulator, start_sidecar, tenant
+from weighbridge.statistics import percentile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -31,9 +31,10 @@ import orjson
 import pytest
 
 from loadgen.client import HttpTarget
-from loadgen.measure import StreamMeter, percentile
+from loadgen.measure import StreamMeter
 from loadgen.plan import RequestPlan
 from weighbridge.launch import ServerProcess
+from weighbridge.statistics import percentile
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import pytest
 
-from loadgen.measure import percentile
 from tests.support.driver import (
     completion_body,
     poisson_times,
@@ -39,6 +38,7 @@ from tests.support.ledger import ledger
 from tests.support.metrics import scrape
 from tests.support.wait import await_for
 from weighbridge.launch import emulator_process, sidecar_process
+from weighbridge.statistics import percentile
 
 pytestmark = pytest.mark.integration
 

@@ -26,8 +26,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporters.share import jain_index
-from loadgen.measure import percentile
 from tests.support import driver
 from tests.support.metrics import Scrape
 from tests.support.scenarios import (
@@ -60,6 +58,7 @@ from tests.support.scenarios import (
     tier_config,
 )
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
+from weighbridge.statistics import jain_index, percentile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -135,7 +135,7 @@ def test_offered_and_served_tokens(tmp_path: Path) -> None:
     s = stability(run.frame, 10.0)
     assert s.offered_tokens_per_s == pytest.approx(10.5)
     assert s.served_tokens_per_s == pytest.approx(8.0)
-    assert s.ratio == pytest.approx(80 / 105)
+    assert s.ratio == pytest.approx(105 / 80)  # offered over served
     assert s.stable is False
 
 

@@ -1,4 +1,4 @@
-"""Token share, entitled share and Jain's index."""
+"""Token share and entitled share (Jain's index: tests/unit/test_statistics.py)."""
 
 from __future__ import annotations
 
@@ -8,42 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporters.share import TokenShareWindow, entitled_shares, jain_index
+from exporters.share import TokenShareWindow, entitled_shares
 
 amounts = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
-
-
-@given(st.lists(amounts, min_size=1, max_size=50))
-def test_jain_lies_between_one_over_n_and_one(values: list[float]) -> None:
-    j = jain_index(values)
-    if sum(values) == 0:
-        assert j is None
-    else:
-        assert j is not None
-        assert 1 / len(values) - 1e-12 <= j <= 1.0
-
-
-@given(st.floats(1e-6, 1e9), st.integers(1, 50))
-def test_jain_is_one_for_equal_service(value: float, n: int) -> None:
-    assert jain_index([value] * n) == pytest.approx(1.0)
-
-
-@given(st.floats(1e-3, 1e9), st.integers(1, 50))
-def test_jain_is_one_over_n_when_one_takes_everything(value: float, n: int) -> None:
-    assert jain_index([value] + [0.0] * (n - 1)) == pytest.approx(1 / n)
-
-
-@given(st.lists(st.floats(1e-3, 1e6), min_size=1, max_size=20), st.floats(1e-3, 1e3))
-def test_jain_is_scale_invariant(values: list[float], scale: float) -> None:
-    a, b = jain_index(values), jain_index([v * scale for v in values])
-    assert a is not None and b is not None
-    assert a == pytest.approx(b, rel=1e-9)
-
-
-def test_jain_rejects_negative_and_is_none_when_empty() -> None:
-    assert jain_index([]) is None
-    with pytest.raises(ValueError, match="non-negative"):
-        jain_index([1.0, -1.0])
 
 
 weight_maps = st.dictionaries(st.text("abcdef", min_size=1, max_size=3),

@@ -12,10 +12,10 @@ import random
 
 import pytest
 
-from exporters.share import jain_index
 from sidecar.estimator import OutputEstimator
 from sidecar.request import QueuedRequest
 from sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
+from weighbridge.statistics import jain_index
 
 SHORT = (100, 20)
 LONG = (2000, 500)

@@ -17,10 +17,8 @@ from typing import Any
 
 import pytest
 
-from exporters.share import jain_index
 from loadgen.arrivals import Closed, Poisson
 from loadgen.lengths import Lengths
-from loadgen.measure import percentile
 from loadgen.scenario import PhaseSpan, Workload
 from loadgen.tenants import TenantSpec
 from tests.support.scenarios import (
@@ -50,6 +48,7 @@ from weighbridge.simulation.clients import WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation
 from weighbridge.stack import EmulatorOptions
+from weighbridge.statistics import jain_index, percentile
 
 ENGINE = "engine-0"
 
