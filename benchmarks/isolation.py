@@ -23,8 +23,8 @@ the flood's 500 streams do not delay the victim's reads.
 
 ``cpus``: ``shared`` lets every process use both cores, as a laptop would: the sidecar's CPU
 then comes out of the engine's, which a GPU deployment does not pay (its engine computes on
-the GPU). ``split`` gives the engine (its whole process tree) core 1 and everything else (the
-sidecar, both clients) core 0, in every arm alike: the engine's compute is then the same in
+the GPU). ``split`` gives the engine (its whole process tree) one core and everything else (the
+sidecar, both clients) the other, in every arm alike: the engine's compute is then the same in
 the ideal and sidecar arms, and the ratios measure the scheduling alone.
 
 ``python -m benchmarks.isolation [--engine emulator|real] [--repeats 3] [--cpus shared|split]``
@@ -70,7 +70,15 @@ VICTIM_KEY, FLOOD_KEY = "sk-victim", "sk-flood"
 Arm = Literal["quiet", "ideal", "sidecar"]
 EngineKind = Literal["emulator", "real"]
 Cpus = Literal["shared", "split"]
-ENGINE_CPU, OTHERS_CPU = 1, 0  # with cpus="split"
+
+
+def split_cpus() -> tuple[int, int]:
+    """(the engine's CPU, everyone else's) for ``cpus="split"``: the last and the first this
+    process may run on."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        raise RuntimeError(f"cpus='split' needs two CPUs; this process may use {allowed}")
+    return allowed[-1], allowed[0]
 
 
 def plain_config(engine_url: str) -> dict[str, object]:
@@ -160,9 +168,27 @@ class ArmResult:
     # question of CPU (the engine model alone, in virtual time, loses none).
     engine_cores: float = 0.0
     sidecar_cores: float = 0.0
+    # The engine's own running and waiting gauges, averaged over the window (sampled every
+    # 0.5 s): whether an arm's output is lower because fewer sequences ran.
+    engine_running: float = 0.0
+    engine_waiting: float = 0.0
 
     def p(self, q: float) -> float:
         return percentile(sorted(self.ttft_s), q / 100) if self.ttft_s else math.inf
+
+
+async def engine_occupancy(session: aiohttp.ClientSession, engine_url: str
+                           ) -> tuple[float, float]:
+    """(running, waiting) from the engine's /metrics."""
+    async with session.get(engine_url + "/metrics") as response:
+        text = await response.text()
+    running = waiting = 0.0
+    for line in text.splitlines():
+        if line.startswith("vllm:num_requests_running{"):
+            running += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("vllm:num_requests_waiting{"):
+            waiting += float(line.rsplit(" ", 1)[1])
+    return running, waiting
 
 
 async def engine_counter(session: aiohttp.ClientSession, engine_url: str,
@@ -269,7 +295,12 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
         preempted, _ = await engine_counter(session, engine_url, "vllm:num_preemptions_total")
         cpu0 = cpu_seconds(engine_pid), cpu_seconds(sidecar_pid)
         t0 = time.monotonic()
-        await asyncio.sleep(window_s)
+        occupancy: list[tuple[float, float]] = []
+        while (left := t0 + window_s - time.monotonic()) > 0:
+            await asyncio.sleep(min(0.5, left))
+            occupancy.append(await engine_occupancy(session, engine_url))
+        result.engine_running = statistics.fmean(r for r, _ in occupancy)
+        result.engine_waiting = statistics.fmean(w for _, w in occupancy)
         after, _ = await engine_counter(session, engine_url)
         elapsed = time.monotonic() - t0
         result.output_tokens_per_s = (after - before) / elapsed
@@ -334,12 +365,12 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
     pair alternating, all on one engine."""
     workdir = Path(tempfile.mkdtemp(prefix="weighbridge-isolation-"))
     results: list[ArmResult] = []
-    split = cpus == "split"
+    engine_cpu, others_cpu = split_cpus() if cpus == "split" else (None, None)
     with contextlib.ExitStack() as stack:
-        with pinned(ENGINE_CPU if split else None):
+        with pinned(engine_cpu):
             engine_url, engine_pid = stack.enter_context(engine(kind, workdir))
         # The sidecars and the victim's process start from this thread: they inherit it.
-        stack.enter_context(pinned(OTHERS_CPU if split else None))
+        stack.enter_context(pinned(others_cpu))
         plan: list[tuple[Arm, int]] = [("quiet", 0)]
         for r in range(repeats):
             pair: list[Arm] = ["ideal", "sidecar"] if r % 2 == 0 else ["sidecar", "ideal"]
@@ -362,7 +393,8 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
                 f"{result.p(90) * 1e3:.0f} ms, p99 {result.p(99) * 1e3:.0f} ms "
                 f"({len(result.ttft_s)} ok, {result.failed} failed), engine "
                 f"{result.output_tokens_per_s:.0f} tok/s, flood left {result.flood_left}, "
-                f"preemptions {result.preemptions:.0f}, CPU engine "
+                f"preemptions {result.preemptions:.0f}, engine running "
+                f"{result.engine_running:.1f} waiting {result.engine_waiting:.1f}, CPU engine "
                 f"{result.engine_cores:.2f} / sidecar {result.sidecar_cores:.2f} cores, "
                 f"victim sidecar wait "
                 f"{result.victim_queue_wait_s * 1e3:.1f} ms, holds {result.holds}")
@@ -394,6 +426,13 @@ class Verdict:
     def p99_flood_over_quiet(self) -> float:
         return self.sidecar["p99"] / self.quiet["p99"]
 
+    @property
+    def ideal_p99_flood_over_quiet(self) -> float:
+        """The same for the ideal arm: how far the engine itself lets the flood move the
+        victim's p99 (its flood's prefills share the victim's steps), a floor the sidecar
+        cannot beat by much."""
+        return self.ideal["p99"] / self.quiet["p99"]
+
 
 def verdict(results: list[ArmResult]) -> Verdict:
     def medians(arm: str) -> dict[str, float]:
@@ -421,18 +460,20 @@ def run(ctx: BenchContext) -> BenchResult:
         rows: list[tuple[str, ...]] = [
                 (r.arm, str(r.repeat), f"{r.p(50) * 1e3:.0f}", f"{r.p(90) * 1e3:.0f}",
                  f"{r.p(99) * 1e3:.0f}", f"{r.output_tokens_per_s:.0f}",
-                 f"{r.preemptions:.0f}", str(r.flood_left), f"{r.engine_cores:.2f}",
+                 f"{r.preemptions:.0f}", str(r.flood_left),
+                 f"{r.engine_running:.1f} / {r.engine_waiting:.1f}", f"{r.engine_cores:.2f}",
                  f"{r.sidecar_cores:.2f}") for r in results]
         tables.append(Table(("arm", "repeat", "victim p50 ms", "p90 ms", "p99 ms",
-                             "engine tok/s", "preemptions", "flood left", "engine cores",
-                             "sidecar cores"), rows,
+                             "engine tok/s", "preemptions", "flood left",
+                             "running / waiting", "engine cores", "sidecar cores"), rows,
                             caption=f"**{kind}, cpus {cpus}**"))
         line = (f"{kind}, cpus {cpus}: victim TTFT through the sidecar against the ideal "
                 f"(medians of {repeats}): p50 {v.p50_ratio:.2f}x, p90 {v.p90_ratio:.2f}x "
                 f"(target <= 1.3), "
                 f"engine output {v.output_ratio:.2f} of the ideal's (target >= 0.85); p99 "
                 f"{v.sidecar['p99'] * 1e3:.0f} ms against the ideal's "
-                f"{v.ideal['p99'] * 1e3:.0f} ms; p99 flood/quiet {v.p99_flood_over_quiet:.2f}x")
+                f"{v.ideal['p99'] * 1e3:.0f} ms; p99 flood/quiet {v.p99_flood_over_quiet:.2f}x "
+                f"(the ideal's {v.ideal_p99_flood_over_quiet:.2f}x)")
         summary.append(line)
         if kind == "real":  # both CPU arrangements: the split one is the diagnosis only
             passed = passed and v.p50_ratio <= 1.3 and v.p90_ratio <= 1.3 \
@@ -463,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=4.0)
     parser.add_argument("--window", type=float, default=12.0)
     parser.add_argument("--cpus", choices=["shared", "split"], default="shared",
-                        help="split: the engine on core 1, everything else on core 0")
+                        help="split: the engine on one core, everything else on another")
     parser.add_argument("--json", type=Path, default=None)
     a = parser.parse_args(argv)
     results = run_all(a.engine, a.repeats, a.warmup, a.window, cpus=a.cpus)
@@ -471,7 +512,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"ideal": v.ideal, "sidecar": v.sidecar, "quiet": v.quiet,
                       "p50_ratio": v.p50_ratio, "p90_ratio": v.p90_ratio,
                       "output_ratio": v.output_ratio,
-                      "p99_flood_over_quiet": v.p99_flood_over_quiet}, indent=1))
+                      "p99_flood_over_quiet": v.p99_flood_over_quiet,
+                      "ideal_p99_flood_over_quiet": v.ideal_p99_flood_over_quiet}, indent=1))
     if a.json is not None:
         a.json.write_text(json.dumps([asdict(r) for r in results]))
     return 0

@@ -8,6 +8,12 @@ the sidecar's config names tiers, tenants and backends only (benchmarks/isolatio
 
 Judged against the ideal measured in the same run, on the same engine: the flood limiting
 itself to the streams that fit in KV with room for the victim (24), straight to the engine.
+The engine runs on one core and everything else (sidecar, clients, this process) on another, in
+every arm alike (``cpus="split"``): the engine's compute is the same in the ideal and sidecar
+arms, as on a GPU host, where the engine computes on the GPU and the sidecar does not take
+from it. With both cores shared, the sidecar's 0.14 cores and its wake-ups interrupt the
+engine's step loop, and the engine's output in the sidecar arm fell to 0.76-0.88 of the
+ideal's while it ran as many sequences (benchmarks/RESULTS.md, isolation).
 Medians of 3 interleaved repeats (ideal and sidecar alternating, a fresh sidecar each time);
 p99 is printed beside them, not asserted (on a 2-core machine shared by engine, API server,
 sidecar and clients it swings several-fold between repeats). The victim's client runs in a
@@ -45,7 +51,7 @@ def spread(results: list[ArmResult], figure: str) -> float:
 
 
 def test_plain_config_protects_the_victim_on_a_kv_tight_fcfs_engine() -> None:
-    results = run_all("real", REPEATS, WARMUP_S, WINDOW_S)
+    results = run_all("real", REPEATS, WARMUP_S, WINDOW_S, cpus="split")
     v = verdict(results)
     print(f"\nisolation on real vLLM, medians of {REPEATS}: victim TTFT ideal p50/p90/p99 "
           f"{v.ideal['p50'] * 1e3:.0f}/{v.ideal['p90'] * 1e3:.0f}/{v.ideal['p99'] * 1e3:.0f} "
@@ -59,14 +65,8 @@ def test_plain_config_protects_the_victim_on_a_kv_tight_fcfs_engine() -> None:
     # Every window measured a flooded engine: the flood was still backlogged at its end.
     assert all(r.flood_left > 0 for r in sidecar_arms), [r.flood_left for r in sidecar_arms]
     assert all(r.failed == 0 for r in results), [(r.arm, r.failed) for r in results]
-    # Issue 14's targets are p50 and p90 <= 1.3x the ideal's and output >= 0.85 of it; the
-    # output one is NOT met yet. Measured on a quiet machine (2026-12-01, derived defaults
-    # with the light-tenant KV reserve): p50 1.20x, p90 0.83x, output 0.78 (the engine model
-    # alone, in virtual time, gives 0.99: weighbridge/simulation/isolation.py; live, the
-    # sidecar's CPU competes with the engine's on 2 cores, see benchmarks/isolation.py's
-    # "cores" columns). The output bound is a regression guard at 0.6 (that run's 0.78 less
-    # its noise), scaled by the run's noise like the others; the issue stays open until
-    # 0.85 holds.
+    # Issue 14's targets, scaled by the run's own noise (above). Measured with split CPUs on a
+    # quiet machine (2026-12-01): p50 1.19x / 1.08x, p90 0.77x / 0.68x, output 0.91 / 0.99.
     assert v.p50_ratio <= 1.3 * spread(results, "p50")
     assert v.p90_ratio <= 1.3 * spread(results, "p90")
-    assert v.output_ratio >= 0.6 / spread(results, "tok_s")
+    assert v.output_ratio >= 0.85 / spread(results, "tok_s")
