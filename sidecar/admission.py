@@ -174,7 +174,10 @@ def derive_limits(admission: Admission, shape: EngineShape,
     (config, else max(2, S/8), or 8 while S is unknown) give the fresh cap S + W when S was
     learned (the engine runs S, W wait in its queue, so batches stay full) and headroom so
     that a lone tenant holds at most S - max(1, S/8) in flight: the rest are running slots
-    a well-behaved tenant finds free. The KV reserve is the same fraction of the cache.
+    a well-behaved tenant finds free. While a learned S is only a lower bound
+    (``shape.slots_exact`` False), a lone tenant may hold S + W/2 instead: the probe by
+    which a larger engine's slots are learned. The KV reserve is the same fraction of the
+    cache.
     """
     learned = admission.max_running_per_backend is None
     slots = admission.max_running_per_backend or shape.slots
@@ -202,6 +205,12 @@ def derive_limits(admission: Admission, shape: EngineShape,
         headroom = admission.headroom_slots
         if learned and shape.slots is not None:
             headroom += max(0, fresh_cap - shape.slots)
+    elif tenant_aware and slots is not None and learned and not shape.slots_exact:
+        # The slots are a lower bound: a lone tenant may hold half the waiting bound past
+        # them (the probe that lets a larger engine show its size, sidecar.shape), and the
+        # other half stays for everyone else. An engine that has no more slots queues
+        # those few, which makes the count exact and brings the full headroom below.
+        headroom = max(1, waiting - waiting // 2)
     elif tenant_aware and slots is not None:
         headroom = fresh_cap - (slots - max(1, slots // 8))
     else:

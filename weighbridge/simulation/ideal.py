@@ -137,6 +137,7 @@ def ideal_for(inputs: Inputs) -> dict[str, Any]:
     # What the admission defaults let a flood hold, sized to the engine as the sidecar
     # learns it (sidecar.admission.derive_limits); the KV watermark is not modelled here.
     limits = derive_limits(admission, EngineShape(slots=options.max_num_seqs,
+                                                  slots_exact=True,
                                                   kv_blocks=options.num_kv_blocks,
                                                   block_size=options.block_size))
     cap = min(options.max_num_seqs,

@@ -33,6 +33,7 @@ class Scrape:
     queue_time_count: float | None = None
     kv_blocks: int | None = None
     block_size: int | None = None
+    kv_cache_usage: float | None = None
 
 
 def test_cache_config_info_gives_the_kv_cache() -> None:
@@ -79,6 +80,20 @@ def test_a_queue_that_holds_requests_for_steps_is_saturation() -> None:
     assert shape.slots == 40
 
 
+def test_a_ramp_bound_by_the_prefill_budget_is_not_saturation() -> None:
+    """Requests wait for several steps while the engine still admits more every step (long
+    prompts, a small budget): the wait is for prefill budget, not slots. Once the running
+    count stops growing with a queue still there, it is saturation."""
+    learner = ShapeLearner()
+    long_wait = 10 * SATURATED_WAIT_STEPS * 0.01
+    learner.observe(Scrape(0.0, 20, 10, 0, 0.0, 0), 0.1)
+    for i, running in enumerate([20, 30, 40, 50], start=1):
+        shape = learner.observe(Scrape(0.1 * i, 20, running, 1000 * i, long_wait * i, i), 0.1)
+        assert shape.slots is None, running
+    shape = learner.observe(Scrape(0.5, 20, 50, 5000, long_wait * 5, 5), 0.1)
+    assert shape.slots == 50 and shape.slots_exact
+
+
 def test_an_engine_larger_than_the_cap_gets_its_slots_learned_at_the_cap() -> None:
     """An engine of 256 slots behind the fallback cap of 64 never queues, so saturation is
     never seen; the gate reports the cap binding with all of it running and nothing
@@ -90,10 +105,37 @@ def test_an_engine_larger_than_the_cap_gets_its_slots_learned_at_the_cap() -> No
         gate.on_dispatched(0.0)
     assert gate.shape.slots is None
     gate.observe(MetricsSample(0.1, 0, fallback, 0.1, 0))
-    assert gate.shape.slots == fallback
-    # Sized to it: headroom kept for others, so a lone flood no longer takes every place.
+    assert gate.shape.slots == fallback and not gate.shape.slots_exact
+    # A lower bound: headroom kept for others, and a lone flood may probe a little past it.
     assert gate.limits.headroom_slots > 0
-    assert gate.share_slots(0.1) < fallback
+    assert fallback < gate.share_slots(0.1) < gate.cap(0.1)
+
+
+def test_a_lower_bound_grows_to_a_larger_engine_and_becomes_exact_where_it_queues() -> None:
+    """A lone flood behind the gate, on an engine of 256 slots: each scrape shows all it
+    sent running, which raises the bound, until the engine is full; then the engine queues
+    and the count becomes exact, with the full headroom below it."""
+    engine_slots = 256
+    gate = AdmissionGate(GateLimits(max_inflight=64),
+                         derive=lambda shape: derive_limits(Admission(), shape))
+    inflight, t, generated = 0, 0.0, 0.0
+    queue_time = queue_count = 0.0
+    rounds = 0
+    while not gate.shape.slots_exact and rounds < 200:
+        rounds += 1
+        while gate.verdict(t).mode == "open":  # the lone flood takes every open place
+            gate.on_dispatched(t)
+            inflight += 1
+        t += 0.1
+        running, waiting = min(inflight, engine_slots), max(0, inflight - engine_slots)
+        generated += running * 10  # 10 ms steps
+        if waiting:  # what waits, waits for a slot turnover: many steps
+            queue_time, queue_count = queue_time + 10.0, queue_count + 1
+        gate.observe(Scrape(t, waiting, running, generated, queue_time, queue_count))
+    # ~6% more a round (half the waiting bound, S/16): 64 to 256 in about two dozen scrapes.
+    assert rounds < 40, rounds
+    assert gate.shape.slots == engine_slots and gate.shape.slots_exact
+    assert gate.share_slots(t) < engine_slots  # a lone tenant now leaves running slots free
 
 
 def test_a_cap_that_binds_while_the_engine_queues_teaches_nothing_new() -> None:
@@ -144,7 +186,7 @@ def test_nothing_learned_gives_the_unknown_engine_defaults() -> None:
 
 
 def test_a_learned_engine_sizes_every_knob() -> None:
-    shape = EngineShape(slots=32, kv_blocks=572, block_size=32, step_s=0.02)
+    shape = EngineShape(slots=32, slots_exact=True, kv_blocks=572, block_size=32, step_s=0.02)
     limits = derive_limits(Admission(), shape)
     assert limits.max_backend_waiting == 4
     assert limits.max_running == 36  # 32 running, 4 waiting
@@ -156,7 +198,7 @@ def test_a_learned_engine_sizes_every_knob() -> None:
 
 
 def test_config_values_override_what_is_learned() -> None:
-    shape = EngineShape(slots=32, kv_blocks=572, block_size=32, step_s=0.02)
+    shape = EngineShape(slots=32, slots_exact=True, kv_blocks=572, block_size=32, step_s=0.02)
     admission = Admission(max_running_per_backend=16, max_backend_waiting=1, headroom_slots=3,
                           kv_cache_blocks=100, kv_reserve_blocks=10, metrics_poll_ms=200,
                           step_budget_tokens=512, max_backend_prefill_tokens=0)
@@ -170,7 +212,7 @@ def test_config_values_override_what_is_learned() -> None:
 
 
 def test_fifo_baselines_get_no_derived_fairness_settings() -> None:
-    shape = EngineShape(slots=32, kv_blocks=572, block_size=32)
+    shape = EngineShape(slots=32, slots_exact=True, kv_blocks=572, block_size=32)
     limits = derive_limits(Admission(), shape, tenant_aware=False)
     assert limits.headroom_slots == 0 and limits.kv_blocks is None
     assert limits.max_prefill_tokens_inflight is None
@@ -181,10 +223,12 @@ def test_fifo_baselines_get_no_derived_fairness_settings() -> None:
 @settings(max_examples=300, deadline=None)
 @given(slots=st.one_of(st.none(), st.integers(1, 4096)),
        kv=st.one_of(st.none(), st.integers(1, 10**6)),
-       fallback=st.integers(1, 512), waiting=st.one_of(st.none(), st.integers(0, 64)))
+       fallback=st.integers(1, 512), waiting=st.one_of(st.none(), st.integers(0, 64)),
+       exact=st.booleans())
 def test_derived_limits_are_always_valid_and_leave_a_lone_tenant_room(slots, kv, fallback,
-                                                                      waiting) -> None:
-    shape = EngineShape(slots=slots, kv_blocks=kv, block_size=16 if kv else None)
+                                                                      waiting, exact) -> None:
+    shape = EngineShape(slots=slots, slots_exact=exact, kv_blocks=kv,
+                        block_size=16 if kv else None)
     limits = derive_limits(Admission(max_inflight_per_backend=fallback,
                                      max_backend_waiting=waiting), shape)
     assert isinstance(limits, GateLimits)  # __post_init__ checked headroom < caps
@@ -193,7 +237,7 @@ def test_derived_limits_are_always_valid_and_leave_a_lone_tenant_room(slots, kv,
 
 
 def test_configured_caps_and_headroom_keep_their_meaning_once_slots_are_learned() -> None:
-    shape = EngineShape(slots=16)
+    shape = EngineShape(slots=16, slots_exact=True)
     limits = derive_limits(Admission(max_inflight_per_backend=16, headroom_slots=4,
                                      max_backend_waiting=8), shape)
     assert limits.max_running == 16  # the configured in-flight cap still bounds it

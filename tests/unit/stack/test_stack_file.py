@@ -147,7 +147,7 @@ def test_request_level_baseline_drops_every_tenant_aware_mechanism() -> None:
     assert base.sidecar["scheduler"]["policy"] == "fcfs"
     assert base.sidecar["routing"] == "round_robin"
     assert not set(FAIRNESS_ADMISSION) & set(base.sidecar.get("admission", {}))
-    shape = EngineShape(slots=32, kv_blocks=1024, block_size=16, step_s=0.01)
+    shape = EngineShape(slots=32, slots_exact=True, kv_blocks=1024, block_size=16, step_s=0.01)
     fair = derive_limits(parse_config(sidecar_config(spec, ["http://h:1"])).admission, shape)
     fifo = derive_limits(parse_config(sidecar_config(base, ["http://h:1"])).admission, shape,
                          tenant_aware=False)
