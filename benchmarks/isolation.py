@@ -52,6 +52,7 @@ import aiohttp
 import psutil
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from benchmarks._system import pin_this_thread
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.statistics import percentile
 
@@ -326,21 +327,6 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
 
 
 @contextlib.contextmanager
-def pinned(cpu: int | None) -> Iterator[None]:
-    """This thread, and every process it starts meanwhile (children inherit the mask), on
-    ``cpu`` alone; the previous mask afterwards. ``None``: no change."""
-    if cpu is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-@contextlib.contextmanager
 def engine(kind: EngineKind, log_dir: Path) -> Iterator[tuple[str, int | None]]:
     """The engine's URL and process id."""
     if kind == "real":
@@ -367,10 +353,11 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
     results: list[ArmResult] = []
     engine_cpu, others_cpu = split_cpus() if cpus == "split" else (None, None)
     with contextlib.ExitStack() as stack:
-        with pinned(engine_cpu):
+        # Processes started while the thread is pinned inherit its mask.
+        with pin_this_thread(engine_cpu):
             engine_url, engine_pid = stack.enter_context(engine(kind, workdir))
         # The sidecars and the victim's process start from this thread: they inherit it.
-        stack.enter_context(pinned(others_cpu))
+        stack.enter_context(pin_this_thread(others_cpu))
         plan: list[tuple[Arm, int]] = [("quiet", 0)]
         for r in range(repeats):
             pair: list[Arm] = ["ideal", "sidecar"] if r % 2 == 0 else ["sidecar", "ideal"]
