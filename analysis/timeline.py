@@ -55,8 +55,11 @@ def cumulative(starts: npt.ArrayLike, ends: npt.ArrayLike, amounts: npt.ArrayLik
 
 def per_window(starts: npt.ArrayLike, ends: npt.ArrayLike, amounts: npt.ArrayLike,
                edges: npt.ArrayLike) -> FloatArray:
-    """Amount delivered in each window ``[edges[k], edges[k+1])`` (see :func:`cumulative`)."""
-    return np.diff(cumulative(starts, ends, amounts, edges))
+    """Amount delivered in each window ``[edges[k], edges[k+1])`` (see :func:`cumulative`),
+    never negative: the cumulative ramps' rounding leaves residues like -9e-13 in a window
+    that received nothing, which Jain's index rightly refuses (a CI run's report failed on
+    one)."""
+    return np.maximum(np.diff(cumulative(starts, ends, amounts, edges)), 0.0)
 
 
 def _steps(points: FloatArray, amounts: FloatArray, t: FloatArray) -> FloatArray:
