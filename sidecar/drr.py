@@ -65,6 +65,9 @@ difference satisfies
 Eligibility (``pick(eligible=...)``) lets the caller skip flows that may not use the
 capacity at hand (admission headroom). A skipped flow keeps its key and gains no quanta for
 the rounds it was skipped: it is not compensated for capacity it was not allowed to use.
+Those quanta are counted (``forfeited``): a flow served at round ``R`` after being keyed for
+``r < R`` forfeits ``(R - r) * q`` credit, and the bound above holds for it with its
+weight-normalised forfeit added (what a caller checking fairness adds to its margin).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ class _Flow:
     position: int = 0
     version: int = 0  # a heap entry is live only while its version matches
     active: bool = False
+    forfeited: float = 0.0  # credit not granted for rounds it was passed over (ineligible)
 
 
 # (round, position, version, flow): positions are unique, so names are never compared.
@@ -125,6 +129,11 @@ class DeficitRoundRobin:
     def credit(self, flow: str) -> float:
         return self._flows[flow].credit
 
+    def forfeited(self, flow: str) -> float:
+        """Credit the flow did not receive for rounds in which it was passed over as
+        ineligible while others were served (cumulative, in the caller's unit)."""
+        return self._flows[flow].forfeited
+
     def key(self, flow: str) -> tuple[int, int] | None:
         """(round, position) of an active flow's next visit: its place in the ring."""
         f = self._flows[flow]
@@ -156,6 +165,12 @@ class DeficitRoundRobin:
         self._maybe_compact()
 
     # ------------------------------------------------------------------ decisions
+
+    def _forfeit(self, f: _Flow, keyed_round: int) -> None:
+        # Keyed for an earlier round than the one being served: only a pass-over (pick's
+        # eligibility) lets the ring move past a live flow, and the rounds it moved are lost.
+        if keyed_round < self._round:
+            f.forfeited += (self._round - keyed_round) * f.quantum
 
     def _requeue(self, f: _Flow, flow: str, base_round: int) -> None:
         """Send a flow whose credit is <= 0 to the tail, credited for as many rounds after
@@ -192,6 +207,7 @@ class DeficitRoundRobin:
                 # it by, exactly as a ring visit without enough credit would.
                 heapq.heappop(heap)
                 self._round = max(self._round, round_)
+                self._forfeit(f, round_)
                 self._requeue(f, flow, self._round)
                 continue
             if eligible is not None and not eligible(flow):
@@ -218,6 +234,7 @@ class DeficitRoundRobin:
         elif f.credit <= 0:
             # End of its turn. Base on the current round, not the flow's own: a flow that
             # was passed over (ineligible) is not compensated for the rounds it missed.
+            self._forfeit(f, f.round)
             self._requeue(f, flow, max(f.round, self._round))
             self._maybe_compact()
 

@@ -94,6 +94,11 @@ class CoreCollector(Collector):
         deficit = GaugeMetricFamily("weighbridge_drr_deficit_quanta",
                                     "A tenant's deficit round robin credit in a tier, in "
                                     "quanta (negative: debt).", labels=labels)
+        forfeited = CounterMetricFamily(
+            "weighbridge_drr_quanta_forfeited",
+            "Quanta a tenant did not receive for rounds in which admission passed it over "
+            "(prefill pacing, decode floor, headroom, KV reserve) while others were served.",
+            labels=labels)
         weight = GaugeMetricFamily("weighbridge_drr_weight",
                                    "A tenant's configured weight in its tier (its DRR share).",
                                    labels=labels)
@@ -101,8 +106,9 @@ class CoreCollector(Collector):
         for tenant, spec in core.config.tenants.items():
             queued_tokens.add_metric([tenant], scheduler.tenant_queued(tenant)[1])
             deficit.add_metric([tenant, spec.tier], scheduler.deficit(spec.tier, tenant))
+            forfeited.add_metric([tenant, spec.tier], scheduler.forfeited(spec.tier, tenant))
             weight.add_metric([tenant, spec.tier], spec.weight)
-        yield from (queued_tokens, deficit, weight)
+        yield from (queued_tokens, deficit, forfeited, weight)
 
         holds = CounterMetricFamily("weighbridge_admission_holds",
                                     "Dispatch attempts held by admission control, by reason.",

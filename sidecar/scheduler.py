@@ -208,6 +208,12 @@ class Scheduler:
         drr = self._tiers[tier].drr
         return drr.credit(tenant) if tenant in drr else 0.0
 
+    def forfeited(self, tier: str, tenant: str) -> float:
+        """Turns a tenant forfeited in a tier: rounds in which admission passed it over
+        while others were served (DeficitRoundRobin.forfeited; 0 if it never queued there)."""
+        drr = self._tiers[tier].drr
+        return drr.forfeited(tenant) if tenant in drr else 0.0
+
     def queued(self, request_id: str) -> QueuedRequest | None:
         return self._queued_index.get(request_id)
 

@@ -151,17 +151,23 @@ def fair_config(policy: str) -> dict[str, Any]:
             "tiers": {"standard": {"rank": 1}}}
 
 
-def drr_share_tolerance(name: str, per_weight_tokens: float) -> float:
+def drr_share_tolerance(name: str, per_weight_tokens: float,
+                        forfeited: Mapping[str, float]) -> float:
     """How far tenant ``name``'s weight-normalised service, relative to the mean, may be off
     over a window in which every tenant was backlogged, by DRR's own guarantee
     (sidecar/drr.py, "The guarantee"): two backlogged flows' weight-normalised booked
     service differ by less than ``2Q + C_i/w_i + C_j/w_j`` tokens (Q the quantum, C a flow's
-    largest request), taken against the worst other flow, over ``per_weight_tokens`` (the
-    window's service per unit of weight)."""
+    largest request) plus the quanta each forfeited when admission passed it over
+    (``forfeited``: the window's increase of weighbridge_drr_quanta_forfeited_total, which
+    DRR does not give back), taken against the worst other flow, over ``per_weight_tokens``
+    (the window's service per unit of weight)."""
     largest = {"short": sum(SHORT), "long": sum(LONG), "mixed": sum(LONG)}
-    own = largest[name] / FAIR_WEIGHTS[name]
-    other = max(largest[n] / FAIR_WEIGHTS[n] for n in FAIR_WEIGHTS if n != name)
-    return (2 * FAIR_QUANTUM + own + other) / per_weight_tokens
+
+    def own(n: str) -> float:
+        return (largest[n] + FAIR_QUANTUM * forfeited.get(n, 0.0)) / FAIR_WEIGHTS[n]
+
+    other = max(own(n) for n in FAIR_WEIGHTS if n != name)
+    return (2 * FAIR_QUANTUM + own(name) + other) / per_weight_tokens
 
 
 # Tiers. "bulk" (batch tier) floods with 64 closed-loop clients of 1024 + 256 tokens; "app",

@@ -116,6 +116,7 @@ class FairRun:
     counter_shares: dict[str, float]  # the same from the sidecar's token counters
     dispatched_shares: dict[str, float]  # the same for the tokens dispatched in the window
     min_queued: dict[str, float]  # fewest queued at the sidecar in any sample of the window
+    forfeited: dict[str, float]  # quanta each tenant forfeited to admission in the window
     failures: list[str]
 
 
@@ -165,6 +166,9 @@ async def fairness_phase(session: aiohttp.ClientSession, policy: str, url: str,
         dispatched_shares=relative(dispatched),
         min_queued={n: min(s.total("weighbridge_requests_queued", tenant=n) for s in scrapes)
                     for n in FAIR_WEIGHTS},
+        forfeited={n: last.total("weighbridge_drr_quanta_forfeited_total", tenant=n)
+                   - first.total("weighbridge_drr_quanta_forfeited_total", tenant=n)
+                   for n in FAIR_WEIGHTS},
         failures=[f for n in FAIR_WEIGHTS for f in failures(outcomes[n])],
     )
 
@@ -180,6 +184,14 @@ async def test_token_fairness_drr_vs_rr() -> None:
     issue asks for is what DRR gives on average, and is asserted exactly where it can be, in
     virtual time. A CI run on 2026-12-01 measured short 0.933 dispatched (0.941 served)
     against 0.99 on a quiet machine: inside the guarantee, outside +-5%.
+
+    The guarantee is for flows DRR may serve. On a loaded machine the emulator decodes below
+    the sidecar's floor (min_decode_tokens_per_s) for moments, and then only tenants under
+    their share of *slots* may start: "short", whose requests hold more slots per token, is
+    passed over and forfeits those rounds (ci11 failed at 0.925; reproduced with four busy
+    loops beside the test, 0.913, with short forfeiting turns to ``decode_slow`` and mixed to
+    prefill pacing). The margin adds each tenant's forfeit, read from the sidecar's
+    weighbridge_drr_quanta_forfeited_total over the window.
     """
     engines = [emulator(f"fair-{p}", **FAIR_ENGINE) for p in ("drr", "rr")]
     sidecars = [sidecar(f"fair-{p}", [engine], **fair_config(p))
@@ -196,7 +208,7 @@ async def test_token_fairness_drr_vs_rr() -> None:
               f"{fmt_shares(run.shares)}; Jain {run.jain:.4f}; from the sidecar's "
               f"completion counters {fmt_shares(run.counter_shares)}; dispatched in the window "
               f"{fmt_shares(run.dispatched_shares)}; fewest queued "
-              f"{run.min_queued}")
+              f"{run.min_queued}; quanta forfeited to admission {fmt_shares(run.forfeited)}")
     drr, rr = runs
     for run in runs:
         assert not run.failures, (run.policy, run.failures[:5])
@@ -204,7 +216,7 @@ async def test_token_fairness_drr_vs_rr() -> None:
         assert min(run.min_queued.values()) > 0, (run.policy, run.min_queued)
     per_weight = drr.tokens_per_s * (FAIR_END_S - FAIR_WARMUP_S) / sum(FAIR_WEIGHTS.values())
     for name in FAIR_WEIGHTS:
-        tolerance = drr_share_tolerance(name, per_weight)
+        tolerance = drr_share_tolerance(name, per_weight, drr.forfeited)
         for measure in (drr.dispatched_shares, drr.shares):
             assert measure[name] == pytest.approx(1.0, abs=tolerance), (name, tolerance, measure)
     assert drr.jain >= 0.99

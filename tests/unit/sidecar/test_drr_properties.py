@@ -35,6 +35,8 @@ class Model:
     adjust_budget: list[float] = field(default_factory=list)
     history: list[tuple[list[float], list[bool], list[float]]] = field(default_factory=list)
     served: list[int] = field(default_factory=list)  # flow served by each decision
+    # per snapshot, each flow's weight-normalised forfeit (quanta lost to pass-overs)
+    forfeited: list[list[float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.weights)
@@ -53,6 +55,8 @@ class Model:
                 list(self.adjust_budget),
             )
         )
+        self.forfeited.append([self.drr.forfeited(str(i)) / w
+                               for i, w in enumerate(self.weights)])
 
     def enqueue(self, i: int, cost: float) -> None:
         if not self.queues[i]:
@@ -61,10 +65,13 @@ class Model:
         self.queues[i].append(cost)
         self.max_cost[i] = max(self.max_cost[i], cost)
 
-    def decide(self) -> int | None:
-        flow = self.drr.pick()
+    def decide(self, ineligible: int = 0) -> int | None:
+        """One decision; flows whose bit is set in ``ineligible`` are passed over."""
+        flow = self.drr.pick(lambda f: not ineligible >> int(f) & 1) if ineligible else (
+            self.drr.pick())
         if flow is None:
-            assert not any(self.queues), "a backlogged flow exists but pick() found none"
+            assert ineligible or not any(self.queues), (
+                "a backlogged flow exists but pick() found none")
             return None
         i = int(flow)
         cost = self.queues[i].pop(0)
@@ -97,6 +104,9 @@ ADJUST = st.tuples(
     st.floats(min_value=-2.0, max_value=2.0, allow_nan=False, allow_infinity=False),
 )
 OPS_ADJUSTED = st.one_of(OPS_PLAIN, ADJUST)
+# A decision with some flows ineligible (admission passing them over): a bit mask of flows.
+PASS_OVER = st.tuples(st.just("skip"), st.integers(1, 14), st.just(0.0))
+OPS_PASSED_OVER = st.one_of(OPS_PLAIN, PASS_OVER, PASS_OVER)
 
 
 def run(weights: list[float], ops: list[tuple[str, int, float]], model: Model | None = None):
@@ -111,6 +121,8 @@ def run(weights: list[float], ops: list[tuple[str, int, float]], model: Model | 
             model.decide()
         elif kind == "cancel":
             model.cancel(i)
+        elif kind == "skip":
+            model.decide(ineligible=i)
         else:
             model.adjust(i, value)
         model.snapshot()
@@ -131,7 +143,8 @@ def backlogged_spans(history, i: int, j: int):
         yield start, len(history) - 1
 
 
-def check_sliding_bound(model: Model, adjusted: bool) -> None:
+def check_sliding_bound(model: Model, adjusted: bool, forfeits: bool = False) -> None:
+    """With ``forfeits``, each flow's service is counted with the quanta it forfeited."""
     w, c = model.weights, model.max_cost
     n = len(w)
     for i in range(n):
@@ -147,9 +160,12 @@ def check_sliding_bound(model: Model, adjusted: bool) -> None:
                 )
                 for a in range(start, end + 1):
                     xa = model.history[a][0]
+                    fa = model.forfeited[a] if forfeits else [0.0] * n
                     for b in range(a + 1, end + 1):
                         xb = model.history[b][0]
-                        diff = (xb[i] - xa[i]) - (xb[j] - xa[j])
+                        fb = model.forfeited[b] if forfeits else [0.0] * n
+                        diff = ((xb[i] + fb[i] - xa[i] - fa[i])
+                                - (xb[j] + fb[j] - xa[j] - fa[j]))
                         assert abs(diff) < bound, (i, j, a, b, diff, bound)
 
 
@@ -173,6 +189,36 @@ def test_sliding_window_bound_with_settlement_and_live_charges(weights, ops) -> 
     """With adjustments (settlement, streamed charges) at arbitrary times the bound grows by
     2A_i/w_i + 2A_j/w_j, A bounding a flow's |adjustments| within one backlog period."""
     check_sliding_bound(run(weights, ops), adjusted=True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
+    ops=st.lists(OPS_PASSED_OVER, max_size=120),
+)
+def test_sliding_window_bound_with_pass_overs_counts_the_forfeit(weights, ops) -> None:
+    """A flow passed over (ineligible) while others are served is not compensated; the
+    classic bound holds once each flow's forfeited quanta are counted as service:
+    |d(x_i + F_i/w_i) - d(x_j + F_j/w_j)| < 2 + C_i/w_i + C_j/w_j. This is what a fairness
+    check adds to its margin (weighbridge_drr_quanta_forfeited)."""
+    model = run(weights, ops)
+    check_sliding_bound(model, adjusted=False, forfeits=True)
+
+
+def test_a_flow_passed_over_forfeits_the_rounds_others_were_served() -> None:
+    model = Model([1.0, 1.0])
+    for _ in range(4):
+        model.enqueue(0, 1.0)
+        model.enqueue(1, 1.0)
+    assert model.decide() == 0  # round 1
+    for _ in range(3):  # flow 0 ineligible: flow 1 is served in rounds 1, 2 and 3
+        assert model.decide(ineligible=0b01) == 1
+    assert model.drr.forfeited("1") == 0
+    # Flow 0 kept its place (keyed for round 2) and is served first, but in round 3: its
+    # round 2 went to flow 1 and is not given back.
+    assert model.decide() == 0
+    assert model.drr.forfeited("0") == 1.0
+    assert model.booked[1] - model.booked[0] == 1.0 == model.drr.forfeited("0")
 
 
 @settings(max_examples=300, deadline=None)
