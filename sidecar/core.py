@@ -399,7 +399,10 @@ class SchedulingCore:
             self._light[request.tenant] = now
         else:
             self._light.pop(request.tenant, None)  # backlogged upstream: not light
-        over = self.scheduler.uses_headroom and self.scheduler.over_share(request.tenant, slots)
+        # Judged with the tenants active lately (light), so a flood that had the engine to
+        # itself between a light tenant's requests is still demoted below it.
+        over = self.scheduler.uses_headroom and self.scheduler.over_share(
+            request.tenant, slots, self._light_tenants(now))
         priority = None
         if backend in self._priority_backends:
             priority = vllm_priority(self._tier_priority[request.tier], over, self._demotion)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -398,13 +398,19 @@ class Scheduler:
         active = self._active_weight + (0.0 if t.active else t.weight)
         return t.weight / active if active > 0 else 1.0
 
-    def over_share(self, tenant: str, slots: float) -> bool:
+    def over_share(self, tenant: str, slots: float, recent: Iterable[str] = ()) -> bool:
         """Whether ``tenant`` holds more in-flight requests than its weighted share (checked
-        after a dispatch: its latest request is the one over the share)."""
+        after a dispatch: its latest request is the one over the share). Tenants in
+        ``recent`` (active lately, idle now) count toward the active weight as if active:
+        a tenant whose requests come one at a time is idle between them, and a share judged
+        without it hands the whole engine to the flood at the moment it next arrives."""
         t = self._tenants[tenant]
-        if self._active_weight <= 0:
+        weight = self._active_weight + sum(
+            other.weight for name in recent if name != tenant
+            and (other := self._tenants.get(name)) is not None and not other.active)
+        if weight <= 0:
             return False
-        return t.inflight > slots * t.weight / self._active_weight
+        return t.inflight > slots * t.weight / weight
 
     def backlog_view(self, tier: str, tenant: str) -> BacklogView:
         t = self._tenant(tenant)

@@ -230,11 +230,28 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
 
 
+# A tier's default vLLM priority is TIER_PRIORITY_STEP * (rank - 1): the default tiers'
+# 0 / 5 / 10, and room for over_share_priority_demotion within a tier.
+TIER_PRIORITY_STEP = 5
+
+
 class Tier(_Model):
     rank: int  # lower rank is served first, strictly
-    vllm_priority: int = 0  # sent as the request's `priority` to backends with priority_scheduling
+    # Sent as the request's `priority` to backends with priority_scheduling. Default: from
+    # the rank, so a better tier is also served first inside the engine (with one value for
+    # every tier, the engine would order a tier-1 request behind tier-2 prompts it already
+    # holds).
+    vllm_priority: int = 0
     ttft_slo_ms: PositiveFloat | None = None  # default deadline for time to first token
     e2e_slo_ms: PositiveFloat | None = None  # default deadline for the whole request
+
+    @model_validator(mode="before")
+    @classmethod
+    def _priority_from_rank(cls, data: Any) -> Any:
+        if (isinstance(data, dict) and "vllm_priority" not in data
+                and isinstance(data.get("rank"), int) and not isinstance(data["rank"], bool)):
+            return {**data, "vllm_priority": TIER_PRIORITY_STEP * (data["rank"] - 1)}
+        return data
 
 
 def default_tiers() -> dict[str, Tier]:

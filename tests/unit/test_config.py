@@ -279,6 +279,19 @@ def test_tier_ranks_must_be_unique() -> None:
     ]
 
 
+def test_a_tiers_vllm_priority_defaults_from_its_rank() -> None:
+    """A better tier is ahead inside a priority-scheduling engine too, unless told otherwise;
+    the steps leave room for over_share_priority_demotion within a tier."""
+    tiers = {"gold": {"rank": 1}, "silver": {"rank": 2}, "bronze": {"rank": 4, "vllm_priority": 3}}
+    data = minimal(tiers=tiers)
+    data["tenants"]["acme"]["tier"] = "gold"
+    config = parse_config(data)
+
+    assert {n: t.vllm_priority for n, t in config.tiers.items()} == {
+        "gold": 0, "silver": 5, "bronze": 3}
+    assert parse_config(minimal()).tiers["standard"].vllm_priority == 5  # the default tiers'
+
+
 def test_duplicate_backends_are_errors() -> None:
     errors = errors_of(minimal(backends=[{"url": "http://h:1"}, {"url": "http://h:1/"}]))
 

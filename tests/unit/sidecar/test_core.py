@@ -266,6 +266,36 @@ def test_over_share_requests_get_a_demoted_vllm_priority() -> None:
     assert ("a", 5, False) in got and ("a", 6, True) in got
 
 
+def test_a_flood_is_demoted_below_a_light_tenant_that_is_idle_between_requests() -> None:
+    """The victim sends one request at a time: between them it is idle, and a share judged
+    among the active tenants only would give the flood every slot and the victim's own
+    engine priority, so the flood's prompts already in the engine go first when the victim
+    next arrives. It counts as active for 10 s after its last request (a light tenant)."""
+    core = SchedulingCore(make_config(backends=[
+        {"url": "http://127.0.0.1:8002", "name": "p", "priority_scheduling": True}]))
+    victim = arrive(core, "a", now=0.0)
+    (d,) = core.dispatch_ready(0.0)
+    assert d.request is victim and (d.vllm_priority, d.over_share) == (5, False)
+    core.on_first_token(victim, 0.1)
+    core.on_completed(victim, 100, 10, 0.2)
+    for _ in range(4):
+        arrive(core, "b", now=1.0)
+    flood = [(d.vllm_priority, d.over_share) for d in core.dispatch_ready(1.0)]
+    # b (weight 2) beside a lately active a (weight 1): its share is 4 * 2/3 of the slots
+    assert flood[:2] == [(5, False), (5, False)]
+    assert flood[2:] == [(6, True)] * (len(flood) - 2) and len(flood) > 2
+    # Once a has been idle longer than the light memory, b alone may hold every slot.
+    core2 = SchedulingCore(make_config(backends=[
+        {"url": "http://127.0.0.1:8002", "name": "p", "priority_scheduling": True}]))
+    v2 = arrive(core2, "a", now=0.0)
+    list(core2.dispatch_ready(0.0))
+    core2.on_first_token(v2, 0.1)
+    core2.on_completed(v2, 100, 10, 0.2)
+    for _ in range(4):
+        arrive(core2, "b", now=20.0)
+    assert {d.over_share for d in core2.dispatch_ready(20.0)} == {False}
+
+
 def test_no_priority_field_for_backends_without_priority_scheduling() -> None:
     core = SchedulingCore(make_config(backends=[{"url": "http://127.0.0.1:8001"}]))
     arrive(core)
