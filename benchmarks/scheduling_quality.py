@@ -169,8 +169,9 @@ def run(ctx: BenchContext) -> BenchResult:
     notes = [
         f"Each row is one fresh stack (deploy/stacks/noisy-neighbour.yaml: 2 emulated "
         f"h100-llama3-8b engines x 32 sequences, step budget 512, 1,024 KV blocks, priority "
-        f"scheduling; the sidecar's gate with headroom 4, prefill pacing 1,024) and one "
-        f"headless Locust run with --stretch {stretch} --seed 1; only `scheduler` changes.",
+        f"scheduling; no admission section: every admission setting derived from the "
+        f"engines) and one headless Locust run with --stretch {stretch} --seed 1; only "
+        f"`scheduler` changes.",
         *[f"{c.name}: {c.why}." for c in CASES],
         "victim: the run's tenant with the fewest requests (the report's isolation "
         "section); flood/quiet: its p99 TTFT in the flood phase (or the busiest) over the "
