@@ -51,10 +51,12 @@ from typing import Any, Literal
 import aiohttp
 import psutil
 
+from benchmarks import _prom
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks._system import pin_this_thread
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.statistics import percentile
+from weighbridge.vllm_metrics import BackendSample, parse_vllm_metrics
 
 MODEL = "tiny"
 ENGINE: dict[str, Any] = {"max_num_seqs": 32, "max_num_batched_tokens": 1024,
@@ -178,58 +180,33 @@ class ArmResult:
         return percentile(sorted(self.ttft_s), q / 100) if self.ttft_s else math.inf
 
 
-async def engine_occupancy(session: aiohttp.ClientSession, engine_url: str
-                           ) -> tuple[float, float]:
-    """(running, waiting) from the engine's /metrics."""
+async def engine_sample(session: aiohttp.ClientSession, engine_url: str) -> BackendSample:
+    """One scrape of the engine's /metrics, read as the sidecar reads it."""
     async with session.get(engine_url + "/metrics") as response:
-        text = await response.text()
-    running = waiting = 0.0
-    for line in text.splitlines():
-        if line.startswith("vllm:num_requests_running{"):
-            running += float(line.rsplit(" ", 1)[1])
-        elif line.startswith("vllm:num_requests_waiting{"):
-            waiting += float(line.rsplit(" ", 1)[1])
-    return running, waiting
-
-
-async def engine_counter(session: aiohttp.ClientSession, engine_url: str,
-                         name: str = "vllm:generation_tokens_total") -> tuple[float, float]:
-    """(the sum of ``name`` over label sets, waiting + running) from the engine's /metrics."""
-    async with session.get(engine_url + "/metrics") as response:
-        text = await response.text()
-    total = busy = 0.0
-    for line in text.splitlines():
-        if line.startswith(name + "{") or line.startswith(name + " "):
-            total += float(line.rsplit(" ", 1)[1])
-        elif line.startswith(("vllm:num_requests_waiting{", "vllm:num_requests_running{")):
-            busy += float(line.rsplit(" ", 1)[1])
-    return total, busy
+        return parse_vllm_metrics(await response.text(), time.monotonic())
 
 
 async def sidecar_diagnostics(session: aiohttp.ClientSession, sidecar_url: str,
                               result: ArmResult) -> None:
     """The sidecar's holds by reason and the victim's mean queue wait, from its /metrics."""
     async with session.get(sidecar_url + "/metrics") as response:
-        text = await response.text()
-    wait = {"sum": 0.0, "count": 0.0}
-    for line in text.splitlines():
-        if line.startswith("weighbridge_admission_holds_total{"):
-            reason = line.split('reason="', 1)[1].split('"', 1)[0]
-            result.holds[reason] = result.holds.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
-        for part in ("sum", "count"):
-            if (line.startswith(f"weighbridge_queue_wait_seconds_{part}{{")
-                    and 'tenant="victim"' in line):
-                wait[part] += float(line.rsplit(" ", 1)[1])
-    if wait["count"]:
-        result.victim_queue_wait_s = wait["sum"] / wait["count"]
+        samples = _prom.parse(await response.text())
+    for key, value in samples.items():
+        if key.startswith("weighbridge_admission_holds_total{"):
+            reason = key.split("reason=", 1)[1].split(",", 1)[0].rstrip("}")
+            result.holds[reason] = result.holds.get(reason, 0.0) + value
+    count = _prom.total(samples, "weighbridge_queue_wait_seconds_count", tenant="victim")
+    if count:
+        result.victim_queue_wait_s = _prom.total(
+            samples, "weighbridge_queue_wait_seconds_sum", tenant="victim") / count
 
 
 async def drain(session: aiohttp.ClientSession, engine_url: str, timeout_s: float = 120) -> None:
     """Wait until the engine runs and holds nothing (aborted streams leave it)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        _, busy = await engine_counter(session, engine_url)
-        if busy == 0:
+        sample = await engine_sample(session, engine_url)
+        if sample.running + sample.waiting == 0:
             return
         await asyncio.sleep(0.25)
     raise RuntimeError(f"engine {engine_url} still busy {timeout_s:.0f} s after the arm")
@@ -292,23 +269,23 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
             sys.executable, "-m", "benchmarks.isolation", "victim", victim_url, VICTIM_KEY,
             str(VICTIM_RATE), str(window_s), str(seed), str(start_at), str(out))
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        before, _ = await engine_counter(session, engine_url)
-        preempted, _ = await engine_counter(session, engine_url, "vllm:num_preemptions_total")
+        first = await engine_sample(session, engine_url)
         cpu0 = cpu_seconds(engine_pid), cpu_seconds(sidecar_pid)
         t0 = time.monotonic()
         occupancy: list[tuple[float, float]] = []
         while (left := t0 + window_s - time.monotonic()) > 0:
             await asyncio.sleep(min(0.5, left))
-            occupancy.append(await engine_occupancy(session, engine_url))
+            sample = await engine_sample(session, engine_url)
+            occupancy.append((sample.running, sample.waiting))
         result.engine_running = statistics.fmean(r for r, _ in occupancy)
         result.engine_waiting = statistics.fmean(w for _, w in occupancy)
-        after, _ = await engine_counter(session, engine_url)
+        last = await engine_sample(session, engine_url)
         elapsed = time.monotonic() - t0
-        result.output_tokens_per_s = (after - before) / elapsed
+        result.output_tokens_per_s = (
+            last.generation_tokens_total - first.generation_tokens_total) / elapsed
         result.engine_cores = (cpu_seconds(engine_pid) - cpu0[0]) / elapsed
         result.sidecar_cores = (cpu_seconds(sidecar_pid) - cpu0[1]) / elapsed
-        result.preemptions = (await engine_counter(session, engine_url,
-                                                   "vllm:num_preemptions_total"))[0] - preempted
+        result.preemptions = last.preemptions_total - first.preemptions_total
         if sidecar_url is not None:
             await sidecar_diagnostics(session, sidecar_url, result)
         result.flood_left = (FLOOD_COUNT - done) if arm == "sidecar" else 0
