@@ -61,6 +61,8 @@ import aiohttp
 if __package__ in (None, ""):  # run as a script: make the repo importable for --start
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from emulator.real_vllm import RealVllmServer  # after the path: runnable as a script
+
 SERVER_HISTOGRAMS = (
     "time_to_first_token_seconds", "inter_token_latency_seconds",
     "request_prefill_time_seconds", "request_queue_time_seconds",
@@ -413,8 +415,6 @@ def main(argv: list[str] | None = None) -> int:
                             "host": platform.node(), "argv": sys.argv[1:],
                             "loadavg_before": os.getloadavg()}
     if args.start:
-        from emulator.real_vllm import RealVllmServer
-
         server = RealVllmServer(max_num_seqs=32, max_num_batched_tokens=2048,
                                 max_model_len=2048, block_size=32, num_kv_blocks=1024)
         with server:

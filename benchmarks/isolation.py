@@ -54,6 +54,7 @@ import psutil
 from benchmarks import _prom
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks._system import pin_this_thread
+from emulator.real_vllm import RealVllmServer
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.statistics import percentile
 from weighbridge.vllm_metrics import BackendSample, parse_vllm_metrics
@@ -307,8 +308,6 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
 def engine(kind: EngineKind, log_dir: Path) -> Iterator[tuple[str, int | None]]:
     """The engine's URL and process id."""
     if kind == "real":
-        from emulator.real_vllm import RealVllmServer
-
         server = RealVllmServer(model_name=MODEL, num_kv_blocks=KV_BLOCKS,
                                 scheduling_policy="fcfs", log_path=log_dir / "vllm.log",
                                 **ENGINE)

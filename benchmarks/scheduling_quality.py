@@ -18,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.frame import load_run
+from analysis.summary import analyse, summary
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from loadgen.tenants import load_tenants
 from weighbridge.demo import Headline, headline
 from weighbridge.loadrun import LoadRun
 from weighbridge.resources import SCENARIOS_DIR
@@ -62,8 +65,6 @@ BASELINE_POLICY = "passthrough"
 def sidecar_tenants(tenants_file: Path) -> dict[str, Any]:
     """The sidecar's tenants for a load-generator tenants file: same names, tiers, weights
     and keys; queues deep enough that a flood is queued, not turned away at once."""
-    from loadgen.tenants import load_tenants
-
     out: dict[str, Any] = {}
     for t in load_tenants(tenants_file).tenants:
         if t.api_key is None:
@@ -84,8 +85,6 @@ def case_stack(base: StackSpec, case: ScenarioCase, scheduler: dict[str, Any]) -
 
 def run_case(spec: StackSpec, case: ScenarioCase, stretch: float, directory: Path,
              ctx: BenchContext, label: str) -> Headline:
-    from analysis.frame import load_run
-    from analysis.summary import analyse, summary
 
     task = ctx.progress.add_task(f"{label}: starting", total=None)
     with LocalStack(spec, directory / "stack") as stack:

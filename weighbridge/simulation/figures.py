@@ -15,6 +15,10 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
+from analysis.frame import load_run
+from analysis.summary import analyse, summary
+from weighbridge.demo import headline
+
 __all__ = ["FIGURES", "auto_window_s", "figures", "figures_table"]
 
 # Figures a sweep can plot: key in figures() -> label.
@@ -34,10 +38,6 @@ def auto_window_s(duration_s: float) -> float:
 
 
 def figures(run_dir: Path, window_s: float) -> dict[str, Any]:
-    from analysis.frame import load_run
-    from analysis.summary import analyse, summary
-    from weighbridge.demo import headline
-
     s = summary(analyse(load_run(run_dir), window_s))
     head = headline(s).to_json()
     rejections: Counter[str] = Counter()
