@@ -470,7 +470,7 @@ class Sidecar:
                     self.metrics.ttft.labels(req.tenant, req.tier).observe(t - req.arrival_s)
                     if trace is not None:
                         trace.first_token()
-                streamed.chunk()
+                streamed.chunk(n)
                 self.core.on_tokens_streamed(req, n, t)
 
             try:

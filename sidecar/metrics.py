@@ -269,12 +269,13 @@ class StreamedTokens:
         self.prompt_counted = 0
         self.output_counted = 0
 
-    def chunk(self) -> None:
+    def chunk(self, chunks: int = 1) -> None:
+        """``chunks`` content chunks relayed (one token each until the usage settles)."""
         if not self.prompt_counted and self._prompt_estimate:
             self._prompt.inc(self._prompt_estimate)
             self.prompt_counted = self._prompt_estimate
-        self._output.inc()
-        self.output_counted += 1
+        self._output.inc(chunks)
+        self.output_counted += chunks
 
     def settle(self, prompt_tokens: int, output_tokens: int) -> None:
         if prompt_tokens > self.prompt_counted:

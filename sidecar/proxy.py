@@ -3,7 +3,9 @@
 The only bytes the sidecar changes on the way back are the usage chunk it asked the backend
 for on the client's behalf (``stream_options.include_usage`` is forced on so the sidecar
 learns the real token counts; the chunk is dropped again if the client did not ask for it).
-Everything else — chunk boundaries, field order, unknown fields — passes through as sent.
+Everything else — event boundaries, field order, unknown fields — passes through as sent. The
+events of one read from the backend go to the client in one write (the HTTP chunk framing
+may differ; SSE's framing is the blank line, which stays).
 """
 
 from __future__ import annotations
@@ -157,13 +159,15 @@ async def relay(
             try:
                 async for data in upstream.content.iter_any():
                     buffer += data
-                    while True:
-                        end = buffer.find(b"\n\n")
-                        if end < 0:
-                            break
-                        event, buffer = buffer[: end + 2], buffer[end + 2:]
-                        await _forward(event, response, outcome, strip_usage_chunk,
-                                       on_content, clock)
+                    end = buffer.rfind(b"\n\n")
+                    if end < 0:
+                        continue
+                    # Every complete event of this read goes out in one write: one system
+                    # call instead of one per event when the backend got ahead of us (the
+                    # relay's dominant cost is the socket write, benchmarks/RESULTS.md).
+                    events, buffer = buffer[: end + 2], buffer[end + 2:]
+                    await _forward(events, response, outcome, strip_usage_chunk, on_content,
+                                   clock)
                 if buffer.strip():
                     await _forward(buffer, response, outcome, strip_usage_chunk, on_content,
                                    clock)
@@ -194,21 +198,40 @@ async def relay(
             upstream.close()
 
 
-async def _forward(event: bytes, response: web.StreamResponse, outcome: RelayOutcome,
+async def _forward(events: bytes, response: web.StreamResponse, outcome: RelayOutcome,
                    strip_usage_chunk: bool, on_content: Callable[[int], None] | None,
                    clock: Callable[[], float]) -> None:
-    if event.startswith(b"data: {") and b'"usage":{' in event and b'"choices":[]' in event:
-        with contextlib.suppress(orjson.JSONDecodeError):
-            outcome.usage = _usage_of(orjson.loads(event[len(b"data: "):]))
-        if strip_usage_chunk:
-            return
-    elif event.startswith(b"data: {") and (
-        # Parse only until the first content chunk; after it every data chunk is content.
-        outcome.first_token_s is not None or _carries_content(event)
-    ):
-        outcome.content_chunks += 1
-        if outcome.first_token_s is None:
-            outcome.first_token_s = clock()
+    """Relay one read's complete SSE events (each ending in a blank line, but the last of a
+    stream may not) in one write, counting the content chunks among them."""
+    content = 0
+    kept: list[bytes] | None = None  # the events written, once one is dropped
+    start = 0
+    while start < len(events):
+        end = events.find(b"\n\n", start)
+        end = len(events) if end < 0 else end + 2
+        event = events[start:end]
+        drop = False
+        if event.startswith(b"data: {") and b'"usage":{' in event \
+                and b'"choices":[]' in event:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                outcome.usage = _usage_of(orjson.loads(event[len(b"data: "):]))
+            drop = strip_usage_chunk
+        elif event.startswith(b"data: {") and (
+            # Parse only until the first content chunk; after it every data chunk is content.
+            outcome.first_token_s is not None or _carries_content(event)
+        ):
+            content += 1
+            if outcome.first_token_s is None:
+                outcome.first_token_s = clock()
+        if drop and kept is None:
+            kept = [events[:start]]
+        elif not drop and kept is not None:
+            kept.append(event)
+        start = end
+    if content:
+        outcome.content_chunks += content
         if on_content is not None:
-            on_content(1)
-    await response.write(event)
+            on_content(content)
+    out = events if kept is None else b"".join(kept)
+    if out:
+        await response.write(out)
