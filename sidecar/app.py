@@ -32,7 +32,7 @@ from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, Rel
 from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest
 from sidecar.stability import StabilityMeter
-from sidecar.tracing import RequestTrace, RequestTracing
+from sidecar.tracing import NO_TRACE, RequestTracing, Trace
 from weighbridge.config import Config
 from weighbridge.vllm_metrics import BackendSample
 
@@ -342,9 +342,8 @@ class Sidecar:
         return body, tier, deadline_ms, prompt
 
     async def _proxy(self, endpoint: str, request: web.Request) -> web.StreamResponse:
-        if self.tracing is None:
-            return await self._handle(endpoint, request, None)
-        trace = self.tracing.start(endpoint, request.headers)
+        trace = NO_TRACE if self.tracing is None else self.tracing.start(endpoint,
+                                                                          request.headers)
         try:
             response = await self._handle(endpoint, request, trace)
         except ApiError as e:
@@ -363,7 +362,7 @@ class Sidecar:
         return response
 
     async def _handle(self, endpoint: str, request: web.Request,
-                      trace: RequestTrace | None) -> web.StreamResponse:
+                      trace: Trace) -> web.StreamResponse:
         tenant = self._authenticate(request)
         try:
             # A client dribbling its body must not hold a handler and a connection forever.
@@ -387,19 +386,17 @@ class Sidecar:
         # overload that bounded queues turn away is still an overload.
         offered = prompt + self.core.estimator.estimate(tenant, endpoint, max_tokens)
         self.metrics.offer(tenant, tier, offered)
-        if trace is not None:
-            trace.identify(tenant=tenant, tier=tier, model=body.get("model"),
-                           max_tokens=max_tokens, stream=bool(body.get("stream", False)))
-            checks_ns = time.time_ns()
+        trace.identify(tenant=tenant, tier=tier, model=body.get("model"),
+                       max_tokens=max_tokens, stream=bool(body.get("stream", False)))
+        checks_ns = time.time_ns()
         result = self.core.arrive(
             request_id=request_id, tenant=tenant, tier=tier, endpoint=endpoint,
             prompt_tokens=prompt, max_tokens=max_tokens, now=now, user=body.get("user"),
             priority=body.get("priority") or 0,
             deadline_s=self.core.deadline_for(tier, now, deadline_ms),
         )
-        if trace is not None:
-            trace.admission(checks_ns, time.time_ns(),
-                            result.reason if isinstance(result, Reject) else "queued", offered)
+        trace.admission(checks_ns, time.time_ns(),
+                        result.reason if isinstance(result, Reject) else "queued", offered)
         if isinstance(result, Reject):
             raise self._rejection(result)
         in_system = self.metrics.in_system
@@ -427,20 +424,18 @@ class Sidecar:
         return ApiError(status, reject.reason, message, type_, headers)
 
     async def _serve(self, req: QueuedRequest, body: dict[str, Any], endpoint: str,
-                     request: web.Request, trace: RequestTrace | None) -> web.StreamResponse:
+                     request: web.Request, trace: Trace) -> web.StreamResponse:
         stream = bool(body.get("stream", False))
         options = body.get("stream_options")
         client_wants_usage = (isinstance(options, dict)
                               and bool(options.get("include_usage")))
         streamed = self.metrics.streamed(req.tenant, req.tier, req.prompt_tokens)
         for attempt in range(MAX_DISPATCH_ATTEMPTS):
-            if trace is not None:
-                trace.queued(attempt + 1)
+            trace.queued(attempt + 1)
             dispatch = await self._await_dispatch(req)
             now = self.clock()
             self.metrics.queue_wait.labels(req.tenant, req.tier).observe(now - req.arrival_s)
-            if trace is not None:
-                trace.dispatched(dispatch.backend, dispatch.vllm_priority, dispatch.over_share)
+            trace.dispatched(dispatch.backend, dispatch.vllm_priority, dispatch.over_share)
             forwarded = dict(body)
             if dispatch.vllm_priority is None:
                 forwarded.pop("priority", None)
@@ -459,8 +454,7 @@ class Sidecar:
             first = True
             url = self.pool.url(dispatch.backend, endpoint)
             upstream_headers: dict[str, str] = {}
-            if trace is not None:
-                trace.backend_call(dispatch.backend, url, upstream_headers)
+            trace.backend_call(dispatch.backend, url, upstream_headers)
 
             def on_content(n: int, req: QueuedRequest = req) -> None:
                 nonlocal first
@@ -468,8 +462,7 @@ class Sidecar:
                 if first:
                     first = False
                     self.metrics.ttft.labels(req.tenant, req.tier).observe(t - req.arrival_s)
-                    if trace is not None:
-                        trace.first_token()
+                    trace.first_token()
                 streamed.chunk(n)
                 self.core.on_tokens_streamed(req, n, t)
 
@@ -480,15 +473,13 @@ class Sidecar:
                     on_content=on_content, clock=self.clock, upstream_headers=upstream_headers)
             except BackendUnavailable as e:
                 # The request never reached the backend: back to its place in the queue.
-                if trace is not None:
-                    trace.backend_done(None, str(e))
+                trace.backend_done(None, str(e))
                 self.pool.mark_failed(dispatch.backend, str(e))
                 self.core.dispatch_failed(req, self.clock())
                 self.wake()
                 continue
             except BackendFailed as e:
-                if trace is not None:
-                    trace.backend_done(None, str(e))
+                trace.backend_done(None, str(e))
                 self.pool.mark_failed(dispatch.backend, str(e))
                 self.core.on_failed(req, 0, 0, self.clock())
                 self.wake()
@@ -533,16 +524,14 @@ class Sidecar:
             raise
 
     def _finish(self, req: QueuedRequest, dispatch: Dispatch, outcome: RelayOutcome,
-                stream: bool, streamed: StreamedTokens, trace: RequestTrace | None) -> None:
+                stream: bool, streamed: StreamedTokens, trace: Trace) -> None:
         now = self.clock()
         usage = outcome.usage
-        if trace is not None:
-            trace.backend_done(outcome.status, outcome.error)
+        trace.backend_done(outcome.status, outcome.error)
         if outcome.client_gone:
             self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens, now)
             self._count_partial(req, trace)
-            if trace is not None:
-                trace.end("cancelled", outcome.status)
+            trace.end("cancelled", outcome.status)
         elif outcome.status == 200 and not outcome.broken:
             prompt = usage.prompt_tokens if usage else req.prompt_tokens
             output = usage.completion_tokens if usage else req.streamed_output_tokens
@@ -551,8 +540,7 @@ class Sidecar:
             self.core.on_completed(req, prompt, output, now)
             self._count_tokens(req, prompt, output)
             streamed.settle(prompt, output)
-            if trace is not None:
-                trace.usage(prompt, output)
+            trace.usage(prompt, output)
         else:
             if outcome.broken:
                 assert self.pool is not None
@@ -560,10 +548,9 @@ class Sidecar:
                 self._count_partial(req, trace)
             self.core.on_failed(req, req.prompt_tokens if outcome.broken else 0,
                                 req.streamed_output_tokens, now)
-            if trace is not None:
-                # A backend's own error answer (4xx/5xx) passes through: the request failed.
-                trace.end("failed", outcome.status,
-                          BACKEND_FAILED if outcome.broken else f"backend_{outcome.status}")
+            # A backend's own error answer (4xx/5xx) passes through: the request failed.
+            trace.end("failed", outcome.status,
+                      BACKEND_FAILED if outcome.broken else f"backend_{outcome.status}")
         self.wake()
 
     def _count_tokens(self, req: QueuedRequest, prompt: int, output: int) -> None:
@@ -572,14 +559,13 @@ class Sidecar:
         if output:
             self.metrics.tokens.labels(req.tenant, req.tier, "output").inc(output)
 
-    def _count_partial(self, req: QueuedRequest, trace: RequestTrace | None) -> None:
+    def _count_partial(self, req: QueuedRequest, trace: Trace) -> None:
         """Tokens a cut-off stream delivered: what passed through (one per content chunk)
         and, once the first came back, its prompt."""
         streamed = req.streamed_output_tokens
         prompt = req.prompt_tokens if streamed else 0
         self._count_tokens(req, prompt, streamed)
-        if trace is not None:
-            trace.usage(prompt, streamed)
+        trace.usage(prompt, streamed)
 
 
 def run_sidecar(config: Config, host: str, port: int) -> None:

@@ -3,8 +3,9 @@ semantic-convention attributes, and child spans for the ingress checks, the wait
 and the backend call, plus an event at the first token.
 
 Tracing is off unless ``telemetry.otlp_endpoint`` is configured. Off means no tracer provider
-at all: the application holds ``None`` instead of a :class:`RequestTracing` and skips every
-call into OpenTelemetry, so a request pays one ``is not None`` test per step.
+at all: the application holds ``None`` instead of a :class:`RequestTracing`, and each request
+gets ``NO_TRACE``, a :class:`Trace` whose steps do nothing, so no call reaches OpenTelemetry
+and the HTTP shell never asks whether tracing is on.
 
 Spans carry counts, names and timings only — never an API key, a prompt or generated text.
 The client's W3C ``traceparent`` (if any) parents the request's span, and the backend call
@@ -82,8 +83,46 @@ class RequestTracing:
         self.provider.shutdown()
 
 
-class RequestTrace:
-    """The spans of one request, driven by the HTTP shell as the request moves along."""
+class Trace:
+    """The steps of one request's trace, driven by the HTTP shell as the request moves along.
+    This base records nothing (``NO_TRACE``, tracing off); :class:`RequestTrace` records
+    spans."""
+
+    def identify(self, *, tenant: str, tier: str, model: object,
+                 max_tokens: int | None, stream: bool) -> None:
+        """What the request is, once it passed authentication and validation."""
+
+    def admission(self, start_ns: int, end_ns: int, result: str,
+                  estimated_tokens: int | None) -> None:
+        """The ingress checks, from ``start_ns`` to ``end_ns``, and their result."""
+
+    def queued(self, attempt: int) -> None:
+        """The request waits for a dispatch (again, after a backend refused it)."""
+
+    def dispatched(self, backend: str, vllm_priority: int | None, over_share: bool) -> None:
+        """The wait ended: the request goes to ``backend``."""
+
+    def backend_call(self, backend: str, url: str, headers: dict[str, str]) -> None:
+        """The backend call starts; ``headers`` are those sent upstream."""
+
+    def first_token(self) -> None:
+        """The first content chunk reached the client."""
+
+    def backend_done(self, status: int | None, error: str | None = None) -> None:
+        """The backend call ended."""
+
+    def usage(self, input_tokens: int, output_tokens: int) -> None:
+        """The tokens the request consumed."""
+
+    def end(self, outcome: str, status: int | None = None, reason: str | None = None) -> None:
+        """The request's single end (later calls are ignored)."""
+
+
+NO_TRACE = Trace()
+
+
+class RequestTrace(Trace):
+    """The spans of one request."""
 
     def __init__(self, tracer: trace.Tracer, root: Span, operation: str) -> None:
         self.tracer = tracer
@@ -97,7 +136,6 @@ class RequestTrace:
 
     def identify(self, *, tenant: str, tier: str, model: object,
                  max_tokens: int | None, stream: bool) -> None:
-        """What the request is, once it passed authentication and validation."""
         attributes: dict[str, Any] = {"weighbridge.tenant": tenant, "weighbridge.tier": tier,
                                       "weighbridge.stream": stream}
         if isinstance(model, str):
@@ -120,7 +158,6 @@ class RequestTrace:
         span.end(end_time=end_ns)
 
     def queued(self, attempt: int) -> None:
-        """The request waits for a dispatch (again, after a backend refused it)."""
         self._queue = self.tracer.start_span("weighbridge.queue_wait", context=self._context,
                                              attributes={"weighbridge.attempt": attempt})
 

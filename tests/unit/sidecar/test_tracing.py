@@ -4,6 +4,7 @@ real aiohttp application, in front of a small in-process vLLM stand-in that stre
 from __future__ import annotations
 
 import asyncio
+import inspect
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,7 +20,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from sidecar import tracing as tracing_module
 from sidecar.app import Sidecar
-from sidecar.tracing import RequestTracing, tracer_provider
+from sidecar.tracing import NO_TRACE, RequestTrace, RequestTracing, Trace, tracer_provider
 from weighbridge.config import ConfigError, Telemetry, parse_config
 
 KEY = "sk-trace-secret-key"
@@ -331,3 +332,16 @@ async def test_sampled_out_requests_record_nothing(backend: tuple[FakeVllm, str]
         provider.shutdown()
     assert status == 200
     assert exporter.get_finished_spans() == ()
+
+
+def test_the_no_op_trace_has_every_step_of_the_recording_one() -> None:
+    # The HTTP shell calls a trace's steps unconditionally: the no-op one (tracing off) must
+    # take every call the recording one takes, with the same parameters.
+    steps = {name for name, value in vars(RequestTrace).items()
+             if callable(value) and not name.startswith("_")}
+    assert steps == {name for name, value in vars(Trace).items()
+                     if callable(value) and not name.startswith("_")}
+    for name in steps:
+        assert (inspect.signature(getattr(Trace, name))
+                == inspect.signature(getattr(RequestTrace, name))), name
+    assert type(NO_TRACE) is Trace
