@@ -121,73 +121,18 @@ async def relay(
     aborts the backend's request. ``upstream_headers`` go to the backend besides the
     content type (the trace context); the client's own headers never do.
     """
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5.0)
-    try:
-        upstream = await session.post(url, data=body, timeout=timeout,
-                                      headers={**(upstream_headers or {}),
-                                               "content-type": "application/json"})
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
-        raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
-    except (TimeoutError, aiohttp.ClientError, OSError) as e:
-        raise BackendFailed(f"{type(e).__name__}: {e}") from e
+    upstream = await _post(session, url, body, timeout_s, upstream_headers)
     complete = False
     try:
         headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
         headers.update(extra_headers)
-        is_sse = upstream.content_type == "text/event-stream"
-        if not (stream and is_sse and upstream.status == 200):
-            try:
-                payload = await upstream.read()
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                raise BackendFailed(f"{type(e).__name__}: {e}") from e
-            usage = None
-            if upstream.status == 200:
-                try:
-                    usage = _usage_of(orjson.loads(payload))
-                except orjson.JSONDecodeError:
-                    usage = None
-            response: web.StreamResponse = web.Response(body=payload, status=upstream.status,
-                                                        headers=headers)
+        if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
+            response, outcome = await _relay_stream(upstream, request, headers,
+                                                    strip_usage_chunk, on_content, clock)
+            complete = not (outcome.broken or outcome.client_gone)
+        else:
+            response, outcome = await _relay_whole(upstream, headers, clock)
             complete = True
-            return response, RelayOutcome(upstream.status, usage,
-                                          clock() if usage else None, 0)
-        response = web.StreamResponse(status=200, headers=headers)
-        outcome = RelayOutcome(200, None, None, 0)
-        try:
-            await response.prepare(request)
-            buffer = b""
-            try:
-                async for data in upstream.content.iter_any():
-                    buffer += data
-                    end = buffer.rfind(b"\n\n")
-                    if end < 0:
-                        continue
-                    # Every complete event of this read goes out in one write: one system
-                    # call instead of one per event when the backend got ahead of us (the
-                    # relay's dominant cost is the socket write, benchmarks/RESULTS.md).
-                    events, buffer = buffer[: end + 2], buffer[end + 2:]
-                    await _forward(events, response, outcome, strip_usage_chunk, on_content,
-                                   clock)
-                if buffer.strip():
-                    await _forward(buffer, response, outcome, strip_usage_chunk, on_content,
-                                   clock)
-            except ConnectionResetError:
-                raise  # writing to the client failed: the client is gone, not the backend
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                outcome.broken = True
-                outcome.error = f"{type(e).__name__}: {e}"
-            if outcome.broken or (outcome.usage is None and not outcome.content_chunks):
-                outcome.broken = True
-                outcome.error = outcome.error or "backend ended the stream early"
-                await response.write(error_event(f"backend failed mid-stream: {outcome.error}"))
-                await response.write(_DONE + b"\n\n")
-            complete = not outcome.broken
-            await response.write_eof()
-        except ConnectionResetError:
-            # A write to the client failed: it went away. Unless the backend had finished,
-            # the upstream is closed below, which aborts the request there. Returning (not
-            # raising) lets aiohttp end the exchange quietly.
-            outcome.client_gone = not complete and not outcome.broken
         return response, outcome
     finally:
         # Closing (not releasing) an unfinished upstream drops its connection, which is how
@@ -196,6 +141,85 @@ async def relay(
             upstream.release()
         else:
             upstream.close()
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes, timeout_s: float | None,
+                upstream_headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
+    """The backend's response, its headers read; the two exceptions say whether the request
+    may be retried elsewhere."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5.0)
+    try:
+        return await session.post(url, data=body, timeout=timeout,
+                                  headers={**(upstream_headers or {}),
+                                           "content-type": "application/json"})
+    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+        raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        raise BackendFailed(f"{type(e).__name__}: {e}") from e
+
+
+async def _relay_whole(upstream: aiohttp.ClientResponse, headers: dict[str, str],
+                       clock: Callable[[], float]) -> tuple[web.Response, RelayOutcome]:
+    """A whole answer (not streamed, or the backend's error answer to a streamed request),
+    passed on as one response; usage read from a successful one."""
+    try:
+        payload = await upstream.read()
+    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        raise BackendFailed(f"{type(e).__name__}: {e}") from e
+    usage = None
+    if upstream.status == 200:
+        try:
+            usage = _usage_of(orjson.loads(payload))
+        except orjson.JSONDecodeError:
+            usage = None
+    response = web.Response(body=payload, status=upstream.status, headers=headers)
+    return response, RelayOutcome(upstream.status, usage, clock() if usage else None, 0)
+
+
+async def _relay_stream(upstream: aiohttp.ClientResponse, request: web.Request,
+                        headers: dict[str, str], strip_usage_chunk: bool,
+                        on_content: Callable[[int], None] | None,
+                        clock: Callable[[], float]) -> tuple[web.StreamResponse, RelayOutcome]:
+    """An SSE stream, relayed as its events arrive. A backend that breaks off ends the
+    client's stream with an error event (``broken``); a client that goes away makes a write
+    fail (``client_gone``)."""
+    response = web.StreamResponse(status=200, headers=headers)
+    outcome = RelayOutcome(200, None, None, 0)
+    complete = False
+    try:
+        await response.prepare(request)
+        buffer = b""
+        try:
+            async for data in upstream.content.iter_any():
+                buffer += data
+                end = buffer.rfind(b"\n\n")
+                if end < 0:
+                    continue
+                # Every complete event of this read goes out in one write: one system call
+                # instead of one per event when the backend got ahead of us (the relay's
+                # dominant cost is the socket write, benchmarks/RESULTS.md).
+                events, buffer = buffer[: end + 2], buffer[end + 2:]
+                await _forward(events, response, outcome, strip_usage_chunk, on_content, clock)
+            if buffer.strip():
+                await _forward(buffer, response, outcome, strip_usage_chunk, on_content, clock)
+        except ConnectionResetError:
+            raise  # writing to the client failed: the client is gone, not the backend
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+            outcome.broken = True
+            outcome.error = f"{type(e).__name__}: {e}"
+        if outcome.broken or (outcome.usage is None and not outcome.content_chunks):
+            outcome.broken = True
+            outcome.error = outcome.error or "backend ended the stream early"
+            await response.write(error_event(f"backend failed mid-stream: {outcome.error}"))
+            await response.write(_DONE + b"\n\n")
+        complete = not outcome.broken
+        await response.write_eof()
+    except ConnectionResetError:
+        # A write to the client failed: it went away. Unless the backend had finished,
+        # the caller closes the upstream, which aborts the request there. Returning (not
+        # raising) lets aiohttp end the exchange quietly.
+        outcome.client_gone = not complete and not outcome.broken
+    return response, outcome
 
 
 async def _forward(events: bytes, response: web.StreamResponse, outcome: RelayOutcome,
