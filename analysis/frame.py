@@ -97,7 +97,8 @@ def _to_pandas(table: pa.Table) -> pd.DataFrame:
 
 
 def with_derived(frame: pd.DataFrame) -> pd.DataFrame:
-    """Adds DESIGN.md's derived quantities, vectorised (never stored in the records)."""
+    """Adds the derived quantities (docs/analysis.md), vectorised (never stored in the
+    records)."""
     frame["ttft_s"] = frame["first_token_s"] - frame["scheduled_s"]
     frame["e2e_s"] = frame["end_s"] - frame["scheduled_s"]
     span = frame["last_token_s"] - frame["first_token_s"]

@@ -1,6 +1,6 @@
 """The report's numbers, computed once from a run, and their ``summary.json`` form.
 
-``summary.json`` keys are a contract (issue 6): ``run``, ``tenants.<name>.*``,
+``summary.json`` keys are a contract (docs/analysis.md): ``run``, ``tenants.<name>.*``,
 ``tiers.<name>.*``, ``fairness.*``, ``isolation`` (when the run has phases),
 ``littles_law.<tenant>.*``, ``stability.*``. Non-finite numbers are written as null.
 """

@@ -1,8 +1,8 @@
 """The unit of every number the report prints, declared per summary.json key.
 
 A key's unit is looked up here, never guessed from its name: ``goodput_tokens_per_s`` ends in
-``_s`` like ``ttft_p99_s`` but is a rate, not a duration (issue 18: it was once printed x1000
-as milliseconds). A key without a declared unit is an error, so a new figure cannot reach a
+``_s`` like ``ttft_p99_s`` but is a rate, not a duration (it was once printed x1000 as
+milliseconds). A key without a declared unit is an error, so a new figure cannot reach a
 table with a wrong unit; ``tests/unit/analysis/test_units.py`` covers every unit.
 """
 

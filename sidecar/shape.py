@@ -1,7 +1,8 @@
 """What one engine is, learned from its own ``/metrics``: slots, KV cache, step time.
 
-Admission sized by hand only fits the engine it was sized for (issue 14: the same defaults
-were too many slots for a KV-tight engine and too few for a large one). ``ShapeLearner``
+Admission sized by hand only fits the engine it was sized for (the same fixed defaults were
+too many slots for a KV-tight engine and too few for a large one: docs/sidecar.md,
+"Admission defaults: learned from each engine"). ``ShapeLearner``
 watches consecutive scrapes of one backend and keeps an ``EngineShape``; the admission gate
 derives every knob a config leaves unset from it (``sidecar.admission.derive_limits``).
 
@@ -24,10 +25,10 @@ What is learned, and from what
                 everything the sidecar's own in-flight cap let through, with nothing
                 waiting (``runs_at_least``): the engine has at least that many slots.
                 Without that, an engine larger than the fallback cap never queues, so its
-                slots were never learned and no headroom was kept (issue 14's matrix: 64-
-                and 256-slot engines with ample KV). Such a count is a lower bound
-                (``slots_exact`` False): the derived limits let a lone tenant run a little
-                past it, so that a larger engine shows a larger running count and the
+                slots were never learned and no headroom was kept (the isolation matrix's
+                64- and 256-slot engines with ample KV, docs/sidecar.md). Such a count is a
+                lower bound (``slots_exact`` False): the derived limits let a lone tenant run a
+                little past it, so that a larger engine shows a larger running count and the
                 bound grows, step by step, until the engine queues (then the count is
                 exact) or runs all the traffic there is. Without that probing the bound
                 stayed at the fallback cap and a 256-slot engine ran 64-72 sequences (the

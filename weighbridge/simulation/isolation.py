@@ -1,5 +1,5 @@
 """One isolation point in virtual time: the victim's TTFT beside a flood through the sidecar
-with its defaults, against the ideal bound on the same engine (issue 14, "a matrix").
+with its defaults, against the ideal bound on the same engine (docs/sidecar.md's matrix).
 
 A point is an engine shape (slots, step budget, KV ample or tight, fcfs or priority
 scheduling), where the victim sits (in the flood's tier with its weight, or in a higher
@@ -19,7 +19,7 @@ tier) and the flood's request size. Two arms run on the same step model:
 ``paced``     context, not the bound: the same cap with the flood's prompts admitted one at
               a time (``ideal_run``'s zero-overhead sidecar).
 
-Why this ideal: it is issue 14's and the live acceptance's (``benchmarks/isolation.py``),
+Why this ideal: it is the live isolation benchmark's (``benchmarks/isolation.py``),
 and it needs no sidecar at all: a flood that limits itself to what the engine holds is what
 the sidecar's defaults must be no worse than. It is not a lower bound everywhere: where the
 flood's streams end and restart faster than the step budget prefills them (many slots, a
