@@ -2,13 +2,13 @@
 
 vLLM grows a sequence's KV one block at a time as it decodes and, when the cache runs out,
 preempts running sequences and puts them back at the *front* of its waiting queue — ahead of
-any other tenant's request that waits there (on a KV-tight engine a flood the engine
-could not hold pushed the victim's first token from 50 ms to seconds, whatever the slot
-headroom: docs/sidecar.md, "Admission defaults: learned from each engine"). Admission
-therefore counts each in-flight request at the size it will reach: prompt + max(tokens
-generated so far, expected output), in blocks of the engine's ``block_size``. Keeping that
-sum under the cache means the engine never has to preempt for our load; keeping an over-share tenant's part under a lower watermark leaves room for the
-others (``sidecar.core.SchedulingCore``).
+any other tenant's request that waits there (on a KV-tight engine a flood the engine could
+not hold pushed the victim's first token from 50 ms to seconds, whatever the slot headroom:
+docs/sidecar.md, "Admission defaults: learned from each engine"). Admission therefore counts
+each in-flight request at the size it will reach: prompt + max(tokens generated so far,
+expected output), in blocks of the engine's ``block_size``. Keeping that sum under the cache
+means the engine never has to preempt for our load; keeping an over-share tenant's part
+under a lower watermark leaves room for the others (``sidecar.core.SchedulingCore``).
 
 Invariants (tests/unit/sidecar/test_kv.py): ``blocks()`` is the sum over in-flight requests
 of ceil(footprint tokens / block_size), and per tenant likewise; a request's footprint never
