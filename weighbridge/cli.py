@@ -145,7 +145,7 @@ def sidecar(
 @app.command("hash-key")
 def hash_key(key: Annotated[str, typer.Argument(help="The raw API key.")]) -> None:
     """Print the sha256:<hex> form of an API key, for api_keys in the config."""
-    from weighbridge.config import hash_api_key
+    from weighbridge.keys import hash_api_key
 
     typer.echo(hash_api_key(key))
 

@@ -11,39 +11,34 @@ message lists each error as ``dotted.path: message``.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     NonNegativeInt,
-    PlainSerializer,
     PlainValidator,
     PositiveInt,
     PrivateAttr,
     TypeAdapter,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic import HttpUrl as _HttpUrl
 from pydantic_core import PydanticCustomError
 
+from weighbridge.keys import ApiKey, ApiKeyField, key_digest
+from weighbridge.settings_file import Issue, SettingsError, conflicts, dotted, problems, read_yaml
 from weighbridge.tiers import DEFAULT_TIERS
 
 __all__ = [
     "Admission",
-    "ApiKey",
     "Backend",
     "Config",
     "ConfigError",
@@ -54,7 +49,6 @@ __all__ = [
     "Telemetry",
     "Tenant",
     "Tier",
-    "hash_api_key",
     "load_config",
     "parse_config",
 ]
@@ -62,89 +56,15 @@ __all__ = [
 CostModel = Literal["tokens", "requests"]
 Policy = Literal["drr", "rr", "fcfs", "passthrough"]
 Routing = Literal["least_tokens", "least_requests", "round_robin"]
-KeySource = Literal["sha256", "env", "plain"]
 
 DEFAULT_TOKEN_QUANTUM = 2048
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
-_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
-_ENV_VAR = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Tenant, tier and backend names end up in HTTP headers and Prometheus label values.
 _NAME = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9_.:\[\]-]{0,63}")
-_CONFLICTS = "config_conflicts"
 
 PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegativeFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-
-
-# --------------------------------------------------------------------------- API keys
-
-
-def _digest(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-def hash_api_key(key: str) -> str:
-    """The form to store in the config for a raw API key: ``sha256:<64 hex>``."""
-    return "sha256:" + _digest(key)
-
-
-@dataclass(frozen=True, slots=True)
-class ApiKey:
-    """A configured key, reduced to its digest at load time so the secret is not kept."""
-
-    source: KeySource
-    digest: str  # lowercase sha256 hex of the raw key
-    label: str  # safe to print or log; never contains the key
-
-    def __str__(self) -> str:
-        return self.label
-
-
-def _key_error(message: str) -> PydanticCustomError:
-    return PydanticCustomError("api_key", message)
-
-
-def _parse_api_key(value: Any, info: ValidationInfo) -> ApiKey:
-    if isinstance(value, ApiKey):
-        return value
-    if not isinstance(value, str):
-        raise _key_error("API key must be a string: 'sha256:<64 hex>', 'env:VAR' or 'plain:<key>'")
-    scheme, _, rest = value.partition(":")
-    if scheme == "sha256":
-        if not _HEX64.fullmatch(rest):
-            raise _key_error("sha256 key must be 'sha256:' followed by 64 hex digits")
-        digest = rest.lower()
-        return ApiKey("sha256", digest, f"sha256:{digest[:8]}…")
-    if scheme == "env":
-        if not _ENV_VAR.fullmatch(rest):
-            raise _key_error("env key must name an environment variable, e.g. 'env:ACME_KEY'")
-        # The variable holds the raw key (e.g. from a Kubernetes secret), read once at load.
-        environ: Mapping[str, str] = (info.context or {}).get("environ", os.environ)
-        secret = environ.get(rest)
-        if not secret:
-            raise PydanticCustomError(
-                "api_key_env", "environment variable {var} is not set or empty", {"var": rest}
-            )
-        return ApiKey("env", _digest(secret), f"env:{rest}")
-    if scheme == "plain":
-        if not rest:
-            raise _key_error("plain key must not be empty")
-        return ApiKey("plain", _digest(rest), "plain:<redacted>")
-    # Never echo the value: a raw key pasted without a prefix would end up in logs.
-    raise _key_error("API key must start with 'sha256:', 'env:' or 'plain:'")
-
-
-def _serialize_api_key(key: ApiKey) -> str:
-    # Dumping a config must not write secrets back out: plain keys become their digest.
-    return key.label if key.source == "env" else f"sha256:{key.digest}"
-
-
-ApiKeyField = Annotated[
-    ApiKey,
-    PlainValidator(_parse_api_key, json_schema_input_type=str),
-    PlainSerializer(_serialize_api_key, return_type=str),
-]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -204,24 +124,6 @@ def _check_path(value: Any) -> str:
 
 
 EndpointPath = Annotated[str, PlainValidator(_check_path, json_schema_input_type=str)]
-
-Issue = tuple[tuple[str | int, ...], str]
-
-
-def _conflicts(issues: Sequence[Issue]) -> PydanticCustomError:
-    """One error carrying several cross-field problems, each with its own relative path.
-
-    A model validator only gets the model's own location; ``ConfigError`` unpacks the
-    ``issues`` so every problem is still reported at its own dotted path.
-    """
-    return PydanticCustomError(
-        _CONFLICTS, "{count} conflicting settings", {"count": len(issues), "issues": tuple(issues)}
-    )
-
-
-def _dotted(loc: Sequence[str | int]) -> str:
-    return ".".join(str(part) for part in loc) or "(top level)"
-
 
 # --------------------------------------------------------------------------- schema
 
@@ -416,7 +318,7 @@ class Admission(_Model):
             issues.append((("kv_reserve_blocks",), f"must be below kv_cache_blocks "
                            f"({self.kv_cache_blocks}), or a lone tenant could never be served"))
         if issues:
-            raise _conflicts(issues)
+            raise conflicts(issues)
         return self
 
 
@@ -502,7 +404,7 @@ class Config(_Model):
                 issues.append(
                     (
                         loc,
-                        f"same key as {_dotted(key_owner[key.digest])}; "
+                        f"same key as {dotted(key_owner[key.digest])}; "
                         "a key may belong to one tenant (or admin) only",
                     )
                 )
@@ -512,7 +414,7 @@ class Config(_Model):
                 by_digest[key.digest] = tenant_name
             if key.source == "plain":
                 self._warnings.append(
-                    f"{_dotted(loc)}: plain-text API key; store its sha256 digest "
+                    f"{dotted(loc)}: plain-text API key; store its sha256 digest "
                     "(or use env:VAR) outside tests and demos"
                 )
 
@@ -530,7 +432,7 @@ class Config(_Model):
                     )
 
         if issues:
-            raise _conflicts(issues)
+            raise conflicts(issues)
         if not self.tenants:
             self._warnings.append("tenants: no tenants defined; every request will get 401")
         self._tenant_by_digest = by_digest
@@ -564,10 +466,10 @@ class Config(_Model):
 
     def tenant_for_key(self, key: str) -> str | None:
         """The tenant owning a raw bearer key, or None."""
-        return self.tenant_for_digest(_digest(key))
+        return self.tenant_for_digest(key_digest(key))
 
     def is_admin_key(self, key: str) -> bool:
-        digest = _digest(key)
+        digest = key_digest(key)
         # Few admin keys: a full constant-time scan is affordable and leaks nothing.
         found = False
         for stored in self._admin_digests:
@@ -588,28 +490,10 @@ class Config(_Model):
 # --------------------------------------------------------------------------- loading
 
 
-class ConfigError(Exception):
+class ConfigError(SettingsError):
     """Every problem with a configuration, each as ``(dotted.path, message)``."""
 
-    def __init__(self, source: str, errors: Sequence[tuple[str, str]]) -> None:
-        self.source = source
-        self.errors: list[tuple[str, str]] = list(errors)
-        count = len(self.errors)
-        lines = [f"{source}: cannot load configuration ({count} error{'s' * (count != 1)})"]
-        lines += [f"  {path}: {message}" for path, message in self.errors]
-        super().__init__("\n".join(lines))
-
-
-def _flatten(exc: ValidationError) -> list[tuple[str, str]]:
-    errors: list[tuple[str, str]] = []
-    for err in exc.errors(include_url=False, include_input=False):
-        loc = tuple(err["loc"])
-        if err["type"] == _CONFLICTS:
-            issues: tuple[Issue, ...] = err["ctx"]["issues"]
-            errors += [(_dotted(loc + rel), message) for rel, message in issues]
-        else:
-            errors.append((_dotted(loc), err["msg"]))
-    return errors
+    what = "configuration"
 
 
 def parse_config(
@@ -625,56 +509,12 @@ def parse_config(
     try:
         return Config.model_validate(dict(data), context=context)
     except ValidationError as exc:
-        raise ConfigError(source, _flatten(exc)) from None
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate mapping keys: a repeated tenant would silently win."""
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        try:
-            duplicate = key in seen
-        except TypeError:  # unhashable key: construct_mapping reports it properly
-            break
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                "while constructing a mapping",
-                node.start_mark,
-                f"duplicate key {key!r}",
-                key_node.start_mark,
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=True)
-
-
-_UniqueKeyLoader.add_constructor(
-    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping
-)
+        raise ConfigError(source, problems(exc)) from None
 
 
 def load_config(
     path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None
 ) -> Config:
     """Load and validate a YAML config file; raises ``ConfigError`` naming the file."""
-    source = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise ConfigError(source, [(source, reason)]) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
-    except yaml.YAMLError as exc:
-        where = source
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None:
-            where = f"{source}:{mark.line + 1}:{mark.column + 1}"
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(source, [(where, problem)]) from None
-    if data is None:
-        raise ConfigError(source, [(source, "file is empty")])
-    return parse_config(data, environ=environ, source=source)
+    data = read_yaml(path, ConfigError)
+    return parse_config(data, environ=environ, source=os.fspath(path))

@@ -30,7 +30,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from emulator.engine import EngineConfig
@@ -45,6 +44,7 @@ from weighbridge.launch import (
 )
 from weighbridge.prometheus import ScrapeTarget, binary, prometheus_process, rule_files
 from weighbridge.resources import DEPLOY_DIR, SCENARIOS_DIR
+from weighbridge.settings_file import SettingsError, problems, read_yaml
 
 __all__ = [
     "DEFAULT_STACK",
@@ -69,16 +69,10 @@ JOB_LOADGEN = "weighbridge-loadgen"
 PrometheusMode = Literal["auto", "on", "off"]
 
 
-class StackError(ValueError):
-    """Every problem with a stack file, each as ``dotted.path: message``."""
+class StackError(SettingsError, ValueError):
+    """Every problem with a stack file, each as ``(dotted.path, message)``."""
 
-    def __init__(self, source: str, errors: list[tuple[str, str]]) -> None:
-        self.source = source
-        self.errors = errors
-        lines = [f"{source}: cannot load stack ({len(errors)} error"
-                 f"{'s' * (len(errors) != 1)})"]
-        lines += [f"  {path}: {message}" for path, message in errors]
-        super().__init__("\n".join(lines))
+    what = "stack"
 
 
 class _Model(BaseModel):
@@ -195,10 +189,6 @@ def sidecar_config(spec: StackSpec, engine_urls: list[str]) -> dict[str, Any]:
     return {**spec.sidecar, "admission": admission, "backends": backends}
 
 
-def _dotted(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) or "(top level)"
-
-
 def parse_stack(data: Any, *, source: str = "<stack>", base_dir: Path | None = None) -> StackSpec:
     """Validate a parsed mapping: the stack's own fields, the emulator's start-up checks and
     the sidecar section against the sidecar's schema."""
@@ -210,8 +200,7 @@ def parse_stack(data: Any, *, source: str = "<stack>", base_dir: Path | None = N
     try:
         spec = StackSpec.model_validate(data)
     except ValidationError as exc:
-        raise StackError(source, [(_dotted(tuple(e["loc"])), e["msg"])
-                                  for e in exc.errors(include_url=False)]) from None
+        raise StackError(source, problems(exc)) from None
     errors: list[tuple[str, str]] = []
     try:
         spec.engines.emulator.check()
@@ -236,19 +225,8 @@ def parse_stack(data: Any, *, source: str = "<stack>", base_dir: Path | None = N
 
 def load_stack(path: str | os.PathLike[str]) -> StackSpec:
     """Load and validate a stack file; raises StackError naming the file."""
-    source = os.fspath(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError as exc:
-        raise StackError(source, [(source, exc.strerror or str(exc))]) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
-        raise StackError(source, [(where, getattr(exc, "problem", None) or str(exc))]) \
-            from None
-    return parse_stack(data, source=source, base_dir=Path(path).resolve().parent)
+    data = read_yaml(path, StackError)
+    return parse_stack(data, source=os.fspath(path), base_dir=Path(path).resolve().parent)
 
 
 # ----------------------------------------------------------------------------- running

@@ -12,10 +12,10 @@ import pytest
 from weighbridge.config import (
     Config,
     ConfigError,
-    hash_api_key,
     load_config,
     parse_config,
 )
+from weighbridge.keys import hash_api_key
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -22,7 +22,8 @@ import yaml
 from dashboards.generate import DASHBOARDS, JSON_DIR, file_name
 from tests.support.prometheus import check_config
 from weighbridge.cli import app
-from weighbridge.config import hash_api_key, load_config
+from weighbridge.config import load_config
+from weighbridge.keys import hash_api_key
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "docker-compose.yml"

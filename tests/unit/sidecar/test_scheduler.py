@@ -301,7 +301,8 @@ def test_snapshot_is_json_serialisable() -> None:
 
 
 def test_from_config_maps_the_schema() -> None:
-    from weighbridge.config import hash_api_key, parse_config
+    from weighbridge.config import parse_config
+    from weighbridge.keys import hash_api_key
 
     config = parse_config(
         {
