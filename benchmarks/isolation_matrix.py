@@ -54,11 +54,11 @@ from benchmarks import _results, _system
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.simulation.isolation import (
     ArmFigures,
+    EngineScheduling,
     FloodSize,
     IsolationPoint,
     Kv,
     PointResult,
-    Policy,
     VictimTier,
     run_point,
 )
@@ -66,7 +66,7 @@ from weighbridge.simulation.isolation import (
 SLOTS = (16, 64, 256)
 BUDGETS = (512, 2048, 8192)
 KVS: tuple[Kv, ...] = get_args(Kv)
-POLICIES: tuple[Policy, ...] = get_args(Policy)
+POLICIES: tuple[EngineScheduling, ...] = get_args(EngineScheduling)
 VICTIM_TIERS: tuple[VictimTier, ...] = get_args(VictimTier)
 FLOOD_SIZES: tuple[FloodSize, ...] = get_args(FloodSize)
 TARGET = 1.3  # the defaults' victim p50 and p90 over the ideal's
@@ -74,7 +74,7 @@ WARMUP_S, WINDOW_S, TAIL_S = 10.0, 30.0, 10.0
 
 
 def matrix(slots: Iterable[int] = SLOTS, budgets: Iterable[int] = BUDGETS,
-           kvs: Iterable[Kv] = KVS, policies: Iterable[Policy] = POLICIES,
+           kvs: Iterable[Kv] = KVS, policies: Iterable[EngineScheduling] = POLICIES,
            victims: Iterable[VictimTier] = VICTIM_TIERS,
            floods: Iterable[FloodSize] = FLOOD_SIZES) -> list[IsolationPoint]:
     return [IsolationPoint(s, b, k, p, v, f) for s, b, k, p, v, f in

@@ -10,9 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
 
-CostModel = Literal["tokens", "requests"]
+from weighbridge.config import CostModel
 
 
 class RequestState(Enum):

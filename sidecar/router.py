@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, get_args
 
-Routing = Literal["least_tokens", "least_requests", "round_robin"]
+from weighbridge.config import Routing
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ class Router:
             raise ValueError("at least one backend is required")
         if len(set(backends)) != len(backends):
             raise ValueError("backend names must be unique")
-        if policy not in ("least_tokens", "least_requests", "round_robin"):
+        if policy not in get_args(Routing):
             raise ValueError(f"unknown routing policy {policy!r}")
         self.policy: Routing = policy
         self._backends = [_Backend(name, i) for i, name in enumerate(backends)]

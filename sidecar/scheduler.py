@@ -29,19 +29,17 @@ import heapq
 import itertools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from sidecar.drr import DeficitRoundRobin
 from sidecar.queues import QueueLimits, TenantQueue
 from sidecar.rejection import Reject
 from sidecar.request import CostModel, QueuedRequest, RequestState, request_cost
 from sidecar.tiers import TierSelector
+from weighbridge.config import Policy
 
 if TYPE_CHECKING:
     from weighbridge.config import Config
-
-Policy = Literal["drr", "rr", "fcfs", "passthrough"]
-_FIFO_POLICIES = ("fcfs", "passthrough")
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,17 +103,19 @@ class Scheduler:
         tenants: Mapping[str, TenantSpec],
         endpoints: Mapping[str, EndpointSpec] | None = None,
         *,
-        policy: Policy = "drr",
+        policy: Policy | str = Policy.DRR,
         anti_starvation_weight: float | None = None,
         repeat_demotion: bool = False,
         charge_streamed_tokens: bool = True,
     ) -> None:
-        if policy not in ("drr", "rr", "fcfs", "passthrough"):
-            raise ValueError(f"unknown policy {policy!r}")
-        self._policy: Policy = policy
+        try:
+            self._policy = Policy(policy)
+        except ValueError:
+            raise ValueError(f"unknown policy {policy!r}") from None
+        traits = self._traits = self._policy.traits
         self._selector = TierSelector(tiers, anti_starvation_weight)
         self._tiers = {name: _Tier(name, rank) for name, rank in tiers.items()}
-        weight_blind = policy != "drr"
+        weight_blind = not traits.weighted
         self._tenants: dict[str, _Tenant] = {}
         for name, spec in tenants.items():
             if spec.tier not in self._tiers:
@@ -125,7 +125,7 @@ class Scheduler:
             self._tenants[name] = _Tenant(name, spec, 1.0 if weight_blind else spec.weight)
         self._endpoints = dict(endpoints or {})
         self._repeat_demotion = repeat_demotion
-        self._charge_streamed = charge_streamed_tokens and policy == "drr"
+        self._charge_streamed = charge_streamed_tokens and traits.costs_tokens
         self._seq = itertools.count()
         self._queued_index: dict[str, QueuedRequest] = {}
         self._dispatched: dict[str, QueuedRequest] = {}
@@ -168,13 +168,13 @@ class Scheduler:
     @property
     def holds_requests(self) -> bool:
         """False for passthrough: the shell forwards at once, ignoring the admission gate."""
-        return self._policy != "passthrough"
+        return self._traits.holds_requests
 
     @property
     def uses_headroom(self) -> bool:
         """Whether admission headroom applies: only the tenant-aware policies can pick an
         under-share tenant; the FIFO baselines use the whole capacity as one pool."""
-        return self._policy in ("drr", "rr")
+        return self._traits.per_tenant
 
     @property
     def queued_requests(self) -> int:
@@ -250,7 +250,7 @@ class Scheduler:
         self._insert(tenant, request)
         if request.user is not None:
             tenant.users[request.user] = tenant.users.get(request.user, 0) + 1
-        if self._policy in _FIFO_POLICIES:
+        if not self._traits.per_tenant:
             heapq.heappush(self._fifo, (request.seq, request))
         self._touch_active(tenant)
         return None
@@ -284,7 +284,7 @@ class Scheduler:
         """
         if not self._queued_index:
             return None
-        fifo = self._policy in _FIFO_POLICIES
+        fifo = not self._traits.per_tenant
         request = self._next_fifo() if fifo else self._next_fair(eligible)
         if request is None:
             return None
@@ -337,7 +337,7 @@ class Scheduler:
         request.dispatched_s = None
         request.backend = None
         self._insert(tenant, request)
-        if self._policy in _FIFO_POLICIES:
+        if not self._traits.per_tenant:
             heapq.heappush(self._fifo, (request.seq, request))
         else:
             # After _insert: re-activation first, so the refund restores credit instead of
@@ -369,7 +369,7 @@ class Scheduler:
             raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
         tenant = self._tenants[request.tenant]
         actual = request_cost(self.endpoint(request.endpoint).cost, prompt_tokens, output_tokens)
-        if self._policy == "drr":
+        if self._traits.costs_tokens:
             self._tiers[request.tier].drr.adjust(
                 request.tenant, self._turns(request, actual - request.charged)
             )
@@ -422,7 +422,7 @@ class Scheduler:
             if other.rank < tier_state.rank
         )
         return BacklogView(
-            fifo=self._policy in _FIFO_POLICIES,
+            fifo=not self._traits.per_tenant,
             total_tokens=self._queued_tokens,
             higher_tiers_tokens=higher,
             tier_tokens=tier_state.queued_tokens,
@@ -449,7 +449,7 @@ class Scheduler:
 
     def _turns(self, request: QueuedRequest, amount: float) -> float:
         """A cost in DRR units: turns of the endpoint's quantum; 1 per request under rr."""
-        if self._policy == "rr":
+        if not self._traits.costs_tokens:
             return 1.0
         return amount / self.endpoint(request.endpoint).quantum
 
@@ -471,7 +471,7 @@ class Scheduler:
         if was_empty:
             tier.backlogged_tenants += 1
             tier.backlogged_weight += tenant.weight
-            if self._policy in ("drr", "rr"):
+            if self._traits.per_tenant:
                 if tenant.name not in tier.drr:
                     tier.drr.add(tenant.name, tenant.weight)
                 tier.drr.activate(tenant.name)
@@ -483,7 +483,7 @@ class Scheduler:
         del self._queued_index[request.id]
         tier = self._tiers[request.tier]
         self._account_removed(tenant, tier, request, queue)
-        if not queue and self._policy in ("drr", "rr"):
+        if not queue and self._traits.per_tenant:
             tier.drr.deactivate(tenant.name)
 
     def _account_removed(
@@ -561,7 +561,7 @@ class Scheduler:
                 },
             }
         return {
-            "policy": self._policy,
+            "policy": self._policy.value,
             "queued": self.queued_requests,
             "queued_tokens": self._queued_tokens,
             "inflight": self.inflight_requests,

@@ -15,6 +15,8 @@ import hmac
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -45,6 +47,8 @@ __all__ = [
     "Endpoint",
     "HealthProbe",
     "Limits",
+    "Policy",
+    "PolicyTraits",
     "Scheduler",
     "Telemetry",
     "Tenant",
@@ -54,8 +58,43 @@ __all__ = [
 ]
 
 CostModel = Literal["tokens", "requests"]
-Policy = Literal["drr", "rr", "fcfs", "passthrough"]
 Routing = Literal["least_tokens", "least_requests", "round_robin"]
+
+
+
+class Policy(StrEnum):
+    """The order in which the sidecar serves queued requests (docs/sidecar.md, "Egress").
+    ``drr`` is the product; the others are baselines to compare it with."""
+
+    DRR = "drr"  # deficit round robin over tenants, in tokens, weighted
+    RR = "rr"  # round robin over tenants, one request a turn, unweighted
+    FCFS = "fcfs"  # one queue in arrival order, through the admission gate
+    PASSTHROUGH = "passthrough"  # no queue: forwarded at once, no gate
+
+    @property
+    def traits(self) -> PolicyTraits:
+        return POLICY_TRAITS[self]
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyTraits:
+    holds_requests: bool  # queued and gated; False: forwarded at once
+    per_tenant: bool  # picks among tenants' queues, so it can choose an under-share tenant
+    # (admission headroom, fairness); False: one FIFO, headroom is ordinary capacity
+    weighted: bool  # tenants' weights count
+    costs_tokens: bool  # a request costs its endpoint's cost (tokens); False: one turn
+
+
+POLICY_TRAITS: dict[Policy, PolicyTraits] = {
+    Policy.DRR: PolicyTraits(holds_requests=True, per_tenant=True, weighted=True,
+                             costs_tokens=True),
+    Policy.RR: PolicyTraits(holds_requests=True, per_tenant=True, weighted=False,
+                            costs_tokens=False),
+    Policy.FCFS: PolicyTraits(holds_requests=True, per_tenant=False, weighted=False,
+                              costs_tokens=False),
+    Policy.PASSTHROUGH: PolicyTraits(holds_requests=False, per_tenant=False, weighted=False,
+                                     costs_tokens=False),
+}
 
 DEFAULT_TOKEN_QUANTUM = 2048
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -239,7 +278,8 @@ class HealthProbe(_Model):
 
 
 class Scheduler(_Model):
-    policy: Policy = "drr"  # rr, fcfs and passthrough are baselines for comparison
+    # Not strict: YAML gives the policy's name, a string.
+    policy: Annotated[Policy, Field(strict=False)] = Policy.DRR
     # Fraction of dispatches offered to lower tiers while a higher tier is backlogged;
     # None keeps tiers strict.
     anti_starvation_weight: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from weighbridge.config import (
+    POLICY_TRAITS,
     Config,
     ConfigError,
+    Policy,
     load_config,
     parse_config,
 )
@@ -470,3 +472,13 @@ def test_example_config_loads() -> None:
     assert all(config.tenant_for_key(f"sk-{name}-demo") == name for name in config.tenants)
     assert len(config.warnings) == len(config.tenants) + 1  # every plain key warns
     assert isinstance(config, Config)
+
+
+def test_every_policy_has_its_traits_and_loads_by_name() -> None:
+    assert set(POLICY_TRAITS) == set(Policy)
+    for policy in Policy:
+        loaded = parse_config(minimal(scheduler={"policy": policy.value})).scheduler.policy
+        assert loaded is policy and loaded.traits is POLICY_TRAITS[policy]
+    # Only the product weighs tenants and charges tokens; only passthrough skips the queue.
+    assert [p for p in Policy if POLICY_TRAITS[p].weighted] == [Policy.DRR]
+    assert [p for p in Policy if not POLICY_TRAITS[p].holds_requests] == [Policy.PASSTHROUGH]

@@ -56,7 +56,7 @@ __all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "ideal_cap",
            "run_point"]
 
 Kv = Literal["ample", "tight"]
-Policy = Literal["fcfs", "priority"]
+EngineScheduling = Literal["fcfs", "priority"]
 VictimTier = Literal["same", "higher"]
 FloodSize = Literal["short", "long"]
 
@@ -77,7 +77,7 @@ class IsolationPoint:
     slots: int  # max_num_seqs
     budget: int  # max_num_batched_tokens
     kv: Kv
-    policy: Policy
+    policy: EngineScheduling
     victim_tier: VictimTier  # same: the flood's tier and weight; higher: a lower rank
     flood: FloodSize
     profile: str = "h100-llama3-8b"

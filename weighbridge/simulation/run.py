@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from loadgen.scenario import Scenario, ScenarioError, Workload, discover_scenarios, load_scenario
-from weighbridge.config import Config, parse_config
+from weighbridge.config import Config, Policy, parse_config
 from weighbridge.records import write_parquet
 from weighbridge.rundir import (
     REQUESTS_PARQUET,
@@ -37,7 +37,7 @@ __all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "policy_stack", "run_poli
            "scenario_load", "sidecar_for", "trace_load"]
 
 BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.demo.baseline_stack)
-POLICIES = ("drr", "rr", "fcfs", "passthrough", BASELINE)
+POLICIES = (*(policy.value for policy in Policy), BASELINE)
 
 
 @dataclass(frozen=True)
