@@ -73,6 +73,7 @@ from benchmarks.calibrate_cpu_tiny import (
 from emulator.profiles import get_profile
 from emulator.real_vllm import RealVllmServer
 from weighbridge.launch import emulator_process
+from weighbridge.statistics import percentile
 
 MODEL = "tiny"
 PROFILE = "cpu-tiny"
@@ -299,14 +300,8 @@ def _idle_cpu(pgid: int, seconds: float = 2.0) -> float:
 # --- figures -----------------------------------------------------------------------------
 
 def _quantile(xs: list[float], q: float) -> float:
-    """Linear interpolation between order statistics (numpy's default)."""
-    xs = sorted(x for x in xs if x == x)
-    if not xs:
-        return math.nan
-    pos = q * (len(xs) - 1)
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+    """The quantile of the samples that were measured (a NaN is a sample that was not)."""
+    return percentile(sorted(x for x in xs if x == x), q)
 
 
 @dataclass(slots=True)
