@@ -24,7 +24,7 @@ from typing import Any
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks._system import choose_pinning, load_average, pin_this_thread, thread_sched
 from emulator.engine import Sequence, StepModel, simulate
-from weighbridge.simulation.engines import SimEngine, engine_config, engine_profile
+from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation, SimulationResult
 from weighbridge.simulation.run import Inputs, scenario_load, sidecar_for
 from weighbridge.stack import DEFAULT_STACK, load_stack
@@ -72,7 +72,7 @@ def _measure(stretch: float) -> Measurement:
     floor = 0.0
     for engine in engines:
         # What the engine was sent (at the time it was sent), through the StepModel alone.
-        model = StepModel(engine_config(options), engine_profile(options))
+        model = StepModel(options.engine(), options.step_profile())
         started = time.process_time()
         for _ in simulate(model, engine.sent, until_s=load.until_s):
             pass

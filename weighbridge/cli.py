@@ -9,10 +9,17 @@ pyproject.toml put this module at the top of the layering (docs/architecture.md)
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from pydantic import BaseModel, ValidationError
+
+from emulator.options import EmulatorOptions
+from weighbridge.settings_file import problems
 
 app = typer.Typer(
     name="weighbridge",
@@ -27,94 +34,67 @@ def _root() -> None:
     """Token-aware multi-tenant fair scheduling and measurement for vLLM serving."""
 
 
+def _with_options(model: type[BaseModel]) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command that takes every field of ``model`` as an option (its description is the
+    help, its extra ``flags`` the spellings), besides the command's own parameters; the
+    command receives them as one ``options`` instance. One declaration, the model's, for
+    the flags, the stack files and the code that starts engines."""
+
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        own = [p for name, p in inspect.signature(command, eval_str=True).parameters.items()
+               if name != "options"]
+        fields = []
+        for name, info in model.model_fields.items():
+            flags = EmulatorOptions.cli_flags(name) if model is EmulatorOptions else []
+            option = typer.Option(*flags, help=info.description)
+            fields.append(inspect.Parameter(
+                name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
+                annotation=Annotated[info.annotation, option]))
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> None:
+            values = {name: kwargs.pop(name) for name in model.model_fields}
+            try:
+                options = model(**values)
+            except ValidationError as e:
+                raise typer.BadParameter("; ".join(
+                    f"--{path.replace('_', '-')}: {message}"
+                    for path, message in problems(e))) from None
+            command(options=options, **kwargs)
+
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + fields
+        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return decorate
+
+
 @app.command()
+@_with_options(EmulatorOptions)
 def emulator(
+    options: EmulatorOptions,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
-    model_name: Annotated[str, typer.Option(help="Model name served and checked.")] = (
-        "weighbridge-emulator"),
-    profile: Annotated[str, typer.Option(
-        help="Step-time profile: cpu-tiny or h100-llama3-8b (docs/emulator.md).")] = "cpu-tiny",
-    max_num_seqs: Annotated[int, typer.Option(help="Most sequences running at once.")] = 64,
-    max_num_batched_tokens: Annotated[int, typer.Option(
-        help="Token budget B of one step.")] = 2048,
-    num_kv_blocks: Annotated[int | None, typer.Option(
-        "--num-kv-blocks", "--num-gpu-blocks-override",
-        help="KV-cache size in blocks (vLLM's --num-gpu-blocks-override); default 512 "
-             "unless --kv-cache-memory-bytes sizes it.")] = None,
-    kv_cache_memory_bytes: Annotated[int | None, typer.Option(
-        help="KV-cache size in bytes, as vLLM's flag: as many whole blocks as fit, at the "
-             "profile's KV bytes per token. --num-kv-blocks wins when both are given.")] = None,
-    kv_bytes_per_token: Annotated[int | None, typer.Option(
-        help="Override: KV-cache bytes per token (for --kv-cache-memory-bytes).")] = None,
-    block_size: Annotated[int, typer.Option(help="Tokens per KV block.")] = 16,
-    max_model_len: Annotated[int, typer.Option(
-        help="Longest prompt + output accepted.")] = 4096,
-    scheduling_policy: Annotated[str, typer.Option(
-        help="Waiting-queue order: fcfs or priority (by the request's priority field).")] = "fcfs",
-    long_prefill_token_threshold: Annotated[int, typer.Option(
-        help="Most prompt tokens one sequence prefills per step (0: no cap), as vLLM's "
-             "flag of the same name.")] = 0,
-    no_chunked_prefill: Annotated[bool, typer.Option(
-        "--no-chunked-prefill",
-        help="Steps are all-prefill or all-decode (vLLM V0) instead of mixed.")] = False,
-    seed: Annotated[int, typer.Option(help="Seed of the output-length draws.")] = 0,
-    mean_output_tokens: Annotated[float, typer.Option(
-        help="Mean output length when a request does not set ignore_eos.")] = 128.0,
-    vocab_size: Annotated[int, typer.Option(help="Token ids must be below this.")] = 32000,
-    t_fixed: Annotated[float | None, typer.Option(help="Override: seconds per step.")] = None,
-    t_prefill_token: Annotated[float | None, typer.Option(
-        help="Override: seconds per prefill token.")] = None,
-    t_decode_seq: Annotated[float | None, typer.Option(
-        help="Override: seconds per decoding sequence.")] = None,
-    t_kv_token: Annotated[float | None, typer.Option(
-        help="Override: seconds per KV token attended.")] = None,
-    t_api_serial: Annotated[float | None, typer.Option(
-        help="Override: API-server seconds per request, one request at a time.")] = None,
-    t_api_latency: Annotated[float | None, typer.Option(
-        help="Override: API-server latency per request, in parallel.")] = None,
-    t_api_token: Annotated[float | None, typer.Option(
-        help="Override: API-server seconds per streamed token, serial with admission.")] = None,
 ) -> None:
     """Serve a vLLM-compatible engine emulator (OpenAI API and vLLM's /metrics)."""
-    from emulator.engine import EngineConfig, kv_blocks_for_bytes
-    from emulator.profiles import get_profile
     from emulator.server import EmulatorSettings, run_emulator
 
     try:
-        step_profile = get_profile(profile).with_overrides(
-            t_fixed=t_fixed, t_prefill_token=t_prefill_token, t_decode_seq=t_decode_seq,
-            t_kv_token=t_kv_token, t_api_serial=t_api_serial, t_api_latency=t_api_latency,
-            t_api_token=t_api_token, kv_bytes_per_token=kv_bytes_per_token)
-        # As vLLM: a block count wins over a size in bytes; without either, 512 blocks.
-        blocks = num_kv_blocks
-        if blocks is None and kv_cache_memory_bytes is not None:
-            if not step_profile.kv_bytes_per_token:
-                raise ValueError(f"profile {profile} has no KV bytes per token: give "
-                                 "--kv-bytes-per-token or size the cache in blocks")
-            blocks = kv_blocks_for_bytes(kv_cache_memory_bytes, block_size,
-                                         step_profile.kv_bytes_per_token)
-        engine = EngineConfig(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            num_kv_blocks=512 if blocks is None else blocks,
-            block_size=block_size,
-            max_model_len=max_model_len,
-            # Why the ignore below: typer hands the option over as str; EngineConfig checks it is
-            # fcfs or priority.
-            scheduling_policy=scheduling_policy,  # type: ignore[arg-type]
-            chunked_prefill=not no_chunked_prefill,
-            long_prefill_token_threshold=long_prefill_token_threshold,
-        )
+        step_profile = options.step_profile()
+        engine = options.engine()
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
-    settings = EmulatorSettings(model_name=model_name, engine=engine, profile_name=profile,
-                                seed=seed, mean_output_tokens=mean_output_tokens,
-                                vocab_size=vocab_size, num_gpu_blocks_override=num_kv_blocks,
-                                kv_cache_memory_bytes=kv_cache_memory_bytes)
-    typer.echo(f"weighbridge emulator: {model_name} on http://{host}:{port} "
-               f"(profile {profile}, {max_num_seqs} seqs, B={max_num_batched_tokens}, "
-               f"{engine.num_kv_blocks}x{block_size} KV tokens)", err=True)
+    settings = EmulatorSettings(model_name=options.model_name, engine=engine,
+                                profile_name=options.profile, seed=options.seed,
+                                mean_output_tokens=options.mean_output_tokens,
+                                vocab_size=options.vocab_size,
+                                num_gpu_blocks_override=options.num_kv_blocks,
+                                kv_cache_memory_bytes=options.kv_cache_memory_bytes)
+    typer.echo(f"weighbridge emulator: {options.model_name} on http://{host}:{port} "
+               f"(profile {options.profile}, {engine.max_num_seqs} seqs, "
+               f"B={engine.max_num_batched_tokens}, {engine.num_kv_blocks}x{engine.block_size} "
+               "KV tokens)", err=True)
     run_emulator(settings, step_profile, host, port)
 
 

@@ -32,8 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from emulator.engine import EngineConfig
-from emulator.profiles import get_profile
+from emulator.options import EmulatorOptions
 from weighbridge.config import ConfigError, parse_config
 from weighbridge.launch import (
     LaunchError,
@@ -48,7 +47,6 @@ from weighbridge.settings_file import SettingsError, problems, read_yaml
 
 __all__ = [
     "DEFAULT_STACK",
-    "EmulatorOptions",
     "LocalStack",
     "StackError",
     "StackSpec",
@@ -77,46 +75,6 @@ class StackError(SettingsError, ValueError):
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class EmulatorOptions(_Model):
-    """The options of ``weighbridge emulator`` (same names, Python spelling)."""
-
-    model_name: str = "weighbridge-emulator"
-    profile: str = "h100-llama3-8b"
-    max_num_seqs: int = Field(default=32, ge=1)
-    max_num_batched_tokens: int = Field(default=512, ge=1)
-    num_kv_blocks: int = Field(default=1024, ge=1)
-    block_size: int = Field(default=16, ge=1)
-    max_model_len: int = Field(default=4096, ge=1)
-    scheduling_policy: Literal["fcfs", "priority"] = "priority"
-    long_prefill_token_threshold: int = Field(default=0, ge=0)
-    no_chunked_prefill: bool = False
-    seed: int = 0
-    mean_output_tokens: float = Field(default=128.0, gt=0)
-    t_fixed: float | None = Field(default=None, ge=0)
-    t_prefill_token: float | None = Field(default=None, ge=0)
-    t_decode_seq: float | None = Field(default=None, ge=0)
-    t_kv_token: float | None = Field(default=None, ge=0)
-    t_api_serial: float | None = Field(default=None, ge=0)
-    t_api_latency: float | None = Field(default=None, ge=0)
-    t_api_token: float | None = Field(default=None, ge=0)
-
-    def check(self) -> None:
-        """The emulator's own start-up checks, run at load time (ValueError)."""
-        get_profile(self.profile)
-        EngineConfig(max_num_seqs=self.max_num_seqs,
-                     max_num_batched_tokens=self.max_num_batched_tokens,
-                     num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-                     max_model_len=self.max_model_len, scheduling_policy=self.scheduling_policy,
-                     chunked_prefill=not self.no_chunked_prefill,
-                     long_prefill_token_threshold=self.long_prefill_token_threshold)
-
-    def flags(self, seed_offset: int = 0) -> dict[str, object]:
-        """Keyword arguments of :func:`weighbridge.launch.emulator_process`."""
-        flags = self.model_dump(exclude_none=True)
-        flags["seed"] = self.seed + seed_offset  # engines draw different output lengths
-        return flags
 
 
 class Engines(_Model):

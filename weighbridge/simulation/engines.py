@@ -12,38 +12,19 @@ sidecar's parser).
 
 from __future__ import annotations
 
-from emulator.engine import Batch, EngineConfig, Sequence, StepModel, StepResult
+from emulator.engine import Batch, Sequence, StepModel, StepResult
 from emulator.eos import EosModel
 from emulator.frontend import ApiFrontEnd
-from emulator.profiles import StepTimeProfile, get_profile
-from weighbridge.stack import EmulatorOptions
+from emulator.options import EmulatorOptions
 from weighbridge.vllm_metrics import BackendSample
 
-__all__ = ["SimEngine", "engine_config", "engine_profile"]
-
-
-def engine_config(options: EmulatorOptions) -> EngineConfig:
-    """The EngineConfig ``weighbridge emulator`` builds from the same options."""
-    return EngineConfig(
-        max_num_seqs=options.max_num_seqs,
-        max_num_batched_tokens=options.max_num_batched_tokens,
-        num_kv_blocks=options.num_kv_blocks, block_size=options.block_size,
-        max_model_len=options.max_model_len, scheduling_policy=options.scheduling_policy,
-        chunked_prefill=not options.no_chunked_prefill,
-        long_prefill_token_threshold=options.long_prefill_token_threshold)
-
-
-def engine_profile(options: EmulatorOptions) -> StepTimeProfile:
-    return get_profile(options.profile).with_overrides(
-        t_fixed=options.t_fixed, t_prefill_token=options.t_prefill_token,
-        t_decode_seq=options.t_decode_seq, t_kv_token=options.t_kv_token,
-        t_api_serial=options.t_api_serial, t_api_latency=options.t_api_latency)
+__all__ = ["SimEngine"]
 
 
 class SimEngine:
     def __init__(self, name: str, options: EmulatorOptions, seed_offset: int = 0) -> None:
         self.name = name
-        self.model = StepModel(engine_config(options), engine_profile(options))
+        self.model = StepModel(options.engine(), options.step_profile())
         self.front_end = ApiFrontEnd(self.model.profile)
         # As `weighbridge up`: engine i draws its output lengths from seed + i.
         self.eos = EosModel(options.mean_output_tokens, options.seed + seed_offset)

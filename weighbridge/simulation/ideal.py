@@ -24,7 +24,6 @@ from emulator.profiles import StepTimeProfile
 from loadgen.arrivals import Closed
 from sidecar.admission import derive_limits
 from sidecar.shape import EngineShape
-from weighbridge.simulation.engines import engine_config, engine_profile
 from weighbridge.simulation.run import Inputs, find_scenario, sidecar_for
 from weighbridge.statistics import percentile
 
@@ -142,7 +141,7 @@ def ideal_for(inputs: Inputs) -> dict[str, Any]:
                                                   block_size=options.block_size))
     cap = min(options.max_num_seqs,
               (limits.max_running or limits.max_inflight) - limits.headroom_slots)
-    shape = IdealShape(engine=engine_config(options), profile=engine_profile(options),
+    shape = IdealShape(engine=options.engine(), profile=options.step_profile(),
                        victim_rate=max(rates) / stack.engines.count,
                        victim=victim.lengths.draw, flood=flood.lengths.draw)
     duration = workload.end_s if inputs.duration_s is None else inputs.duration_s

@@ -40,16 +40,16 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from emulator.engine import StepResult
+from emulator.options import EmulatorOptions
 from loadgen.arrivals import Closed, Poisson
 from loadgen.lengths import Lengths
 from loadgen.scenario import PhaseSpan, Workload
 from loadgen.tenants import TenantSpec
 from weighbridge.config import Config, parse_config
 from weighbridge.simulation.clients import WorkloadClients
-from weighbridge.simulation.engines import SimEngine, engine_config, engine_profile
+from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run
 from weighbridge.simulation.loop import Simulation
-from weighbridge.stack import EmulatorOptions
 from weighbridge.statistics import percentile
 
 __all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "ideal_cap",
@@ -232,7 +232,7 @@ def run_ideal(point: IsolationPoint, warmup_s: float, window_s: float, seed: int
               paced: bool = False) -> IdealPoint:
     options = point.engine()
     flood, victim = point.flood_lengths, VICTIM
-    shape = IdealShape(engine=engine_config(options), profile=engine_profile(options),
+    shape = IdealShape(engine=options.engine(), profile=options.step_profile(),
                        victim_rate=point.victim_rate, victim=lambda _rng: victim,
                        flood=lambda _rng: flood, warmup_s=warmup_s, victim_start_s=0.0)
     return ideal_run(shape, ideal_cap(point), warmup_s + window_s, seed, paced=paced)

@@ -28,7 +28,6 @@ from weighbridge.loadrun import LoadRun
 from weighbridge.records import RequestRecord
 from weighbridge.rundir import read_records
 from weighbridge.simulation.agreement import compare, markdown
-from weighbridge.simulation.engines import engine_profile
 from weighbridge.simulation.run import Inputs, find_scenario, run_policy
 from weighbridge.stack import LocalStack, Ports, StackSpec, load_stack
 
@@ -71,7 +70,7 @@ def live_run(stack_file: Path, stretch: float, out: Path) -> tuple[Path, list[fl
 def slowed_stack(stack_file: Path, factor: float) -> StackSpec:
     spec = load_stack(stack_file)
     options = spec.engines.emulator
-    profile = engine_profile(options)
+    profile = options.step_profile()
     terms = {name: getattr(profile, name) * factor
              for name in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token")}
     engines = spec.engines.model_copy(update={"emulator": options.model_copy(update=terms)})

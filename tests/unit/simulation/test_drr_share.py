@@ -16,6 +16,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from emulator.options import EmulatorOptions
 from loadgen.arrivals import Burst
 from loadgen.lengths import Lengths
 from loadgen.scenario import PhaseSpan, Workload
@@ -24,7 +25,6 @@ from weighbridge.config import DEFAULT_TOKEN_QUANTUM, parse_config
 from weighbridge.simulation.clients import WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation
-from weighbridge.stack import EmulatorOptions
 
 RUN_S = 4.0  # virtual seconds, every tenant backlogged throughout
 # More tokens than the engine can serve in RUN_S (it prefills at most 512 tokens a step of

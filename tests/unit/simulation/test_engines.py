@@ -6,8 +6,8 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 
 from emulator.metrics import EngineMetrics
+from emulator.options import EmulatorOptions
 from weighbridge.simulation.engines import SimEngine
-from weighbridge.stack import EmulatorOptions
 from weighbridge.vllm_metrics import parse_vllm_metrics
 
 # A small KV cache so the run preempts (the preemption counter must agree too).

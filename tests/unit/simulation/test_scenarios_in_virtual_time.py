@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from emulator.options import EmulatorOptions
 from loadgen.arrivals import Closed, Poisson
 from loadgen.lengths import Lengths
 from loadgen.scenario import PhaseSpan, Workload
@@ -47,7 +48,6 @@ from weighbridge.records import RequestRecord
 from weighbridge.simulation.clients import WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation
-from weighbridge.stack import EmulatorOptions
 from weighbridge.statistics import jain_index, percentile
 
 ENGINE = "engine-0"

@@ -74,8 +74,8 @@ def test_backends_are_one_per_engine_with_priorities_when_the_engines_order_by_t
     fcfs = parse_stack(minimal(engines={"emulator": {"scheduling_policy": "fcfs"}}))
     assert not any(b["priority_scheduling"]
                    for b in sidecar_config(fcfs, ["http://h:1"])["backends"])
-    forced = parse_stack(minimal(engines={"priority_scheduling": False}))
-    assert forced.engines.emulator.scheduling_policy == "priority"
+    forced = parse_stack(minimal(engines={"priority_scheduling": False,
+                                          "emulator": {"scheduling_policy": "priority"}}))
     assert not sidecar_config(forced, ["http://h:1"])["backends"][0]["priority_scheduling"]
 
 
