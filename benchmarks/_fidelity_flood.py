@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 import aiohttp
 import uvloop
 
+from benchmarks import _prom
 from benchmarks._flood_shape import (  # noqa: F401 - the regime's shape, re-exported
     ENGINE,
     FLOOD,
@@ -109,13 +110,9 @@ class FloodRun:
 
 async def _counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     async with session.get(f"{url}/metrics") as r:
-        text = await r.text()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        if name in METRICS:
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+        samples = _prom.parse(await r.text())
+    names = {key.partition("{")[0] for key in samples}
+    return {name: _prom.total(samples, name) for name in METRICS if name in names}
 
 
 async def _send_all(url: str, model: str, prompts: list[list[int]], max_tokens: int,

@@ -61,7 +61,8 @@ import aiohttp
 if __package__ in (None, ""):  # run as a script: make the repo importable for --start
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from emulator.real_vllm import RealVllmServer  # after the path: runnable as a script
+from benchmarks import _prom  # after the path: runnable as a script
+from emulator.real_vllm import RealVllmServer
 
 SERVER_HISTOGRAMS = (
     "time_to_first_token_seconds", "inter_token_latency_seconds",
@@ -127,14 +128,11 @@ def make_prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
 async def server_sums(session: aiohttp.ClientSession, url: str) -> dict[str, tuple[float, float]]:
     """(sum, count) of vLLM's latency histograms; empty when the server has none."""
     async with session.get(f"{url}/metrics") as r:
-        text = await r.text()
-    out: dict[str, list[float]] = {}
-    for line in text.splitlines():
-        for name in SERVER_HISTOGRAMS:
-            for suffix, k in (("_sum", 0), ("_count", 1)):
-                if line.startswith(f"vllm:{name}{suffix}"):
-                    out.setdefault(name, [0.0, 0.0])[k] += float(line.rsplit(" ", 1)[1])
-    return {k: (v[0], v[1]) for k, v in out.items()}
+        samples = _prom.parse(await r.text())
+    names = {key.partition("{")[0] for key in samples}
+    return {name: (_prom.total(samples, f"vllm:{name}_sum"),
+                   _prom.total(samples, f"vllm:{name}_count"))
+            for name in SERVER_HISTOGRAMS if f"vllm:{name}_count" in names}
 
 
 def server_means(before: dict[str, tuple[float, float]],
