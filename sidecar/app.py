@@ -384,7 +384,7 @@ class Sidecar:
         max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
-        offered = prompt + self.core.estimator.estimate(tenant, endpoint, max_tokens)
+        offered = self.core.offered_tokens(tenant, endpoint, prompt, max_tokens)
         self.metrics.offer(tenant, tier, offered)
         trace.identify(tenant=tenant, tier=tier, model=body.get("model"),
                        max_tokens=max_tokens, stream=bool(body.get("stream", False)))

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from sidecar.admission import (
@@ -59,7 +59,7 @@ from sidecar.admission import (
 )
 from sidecar.estimator import OutputEstimator
 from sidecar.kv import KvFootprint
-from sidecar.ledger import Ledger, Outcome
+from sidecar.ledger import Ledger, Outcome, Tally
 from sidecar.predictor import ThroughputMeter, WaitPredictor
 from sidecar.ratelimit import Admit, TenantRateLimiter
 from sidecar.rejection import DEADLINE_UNMEETABLE, Reject
@@ -88,6 +88,42 @@ class Dispatch:
     # --scheduling-policy priority (the shell removes the field then).
     vllm_priority: int | None
     over_share: bool  # the tenant now holds more than its weighted share of slots
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    tenant: str
+    tier: str  # the tenant's own tier
+    weight: float
+    queued_tokens: int  # estimated, over all its queues
+    deficit_quanta: float  # its DRR credit in its tier (negative: debt)
+    forfeited_quanta: float  # quanta it did not get while admission passed it over
+
+
+@dataclass(frozen=True, slots=True)
+class BackendStats:
+    backend: str
+    healthy: bool
+    inflight: int  # our requests there
+    outstanding_tokens: float  # prompt plus expected remaining output in flight
+    prefill_tokens: int  # prompt tokens dispatched there with no first token yet
+    cap: int  # the admission cap in force
+    decode_tokens_per_s_per_seq: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStats:
+    """What the core has counted, as /metrics shows it: read-only values, not the parts."""
+
+    tallies: dict[tuple[str, str], Tally]  # per (tenant, tier); copies
+    tenants: tuple[TenantStats, ...]  # every configured tenant
+    holds: dict[tuple[str, str], int]  # (backend or "", reason) -> dispatches held
+    tokens_per_s: float | None  # measured throughput feeding the wait predictor
+    backends: tuple[BackendStats, ...]
+
+    @property
+    def healthy_backends(self) -> list[str]:
+        return [b.backend for b in self.backends if b.healthy]
 
 
 class SchedulingCore:
@@ -527,6 +563,27 @@ class SchedulingCore:
         self.router.mark_healthy(backend)
 
     # ------------------------------------------------------------------ admin
+
+    def offered_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
+                       max_tokens: int | None) -> int:
+        """A request's expected tokens (prompt + estimated output) as the stability ratio
+        counts offered load: every request that reaches the checks, admitted or not."""
+        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens)
+
+    def stats(self, now: float) -> CoreStats:
+        scheduler, router = self.scheduler, self.router
+        tenants = tuple(
+            TenantStats(name, spec.tier, spec.weight, scheduler.tenant_queued(name)[1],
+                        scheduler.deficit(spec.tier, name), scheduler.forfeited(spec.tier, name))
+            for name, spec in self.config.tenants.items())
+        backends = tuple(
+            BackendStats(name, router.is_healthy(name), gate.inflight,
+                         router.outstanding_tokens(name), router.prefill_tokens(name),
+                         gate.cap(now), gate.decode_tokens_per_s_per_seq)
+            for name, gate in self.gates.items())
+        tallies = {key: replace(tally, rejected=Counter(tally.rejected))
+                   for key, tally in self.ledger.tallies().items()}
+        return CoreStats(tallies, tenants, dict(self.holds), self.meter.tokens_per_s, backends)
 
     def snapshot(self, now: float, max_tenants: int | None = 100) -> dict[str, Any]:
         """Everything /admin/state shows, as plain dicts."""

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from sidecar.backends import BackendPool
-from sidecar.core import SchedulingCore
+from sidecar.core import CoreStats, SchedulingCore
 from sidecar.stability import StabilityMeter
 
 # From a few milliseconds (queue-free TTFT) to a minute (a flood's backlog).
@@ -42,6 +42,7 @@ class CoreCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         core, now = self.core, self.clock()
+        stats = core.stats(now)
         labels = ["tenant", "tier"]
         arrived = CounterMetricFamily("weighbridge_requests_arrived",
                                       "Requests that reached the sidecar.", labels=labels)
@@ -58,13 +59,13 @@ class CoreCollector(Collector):
                                    "Requests waiting in the sidecar's queues.", labels=labels)
         dispatched = GaugeMetricFamily("weighbridge_requests_dispatched",
                                        "Requests in flight at a backend.", labels=labels)
-        tallies = core.ledger.tallies()
+        tallies = stats.tallies
         # Every configured tenant's series exists from the first scrape, at 0: rate() over
         # a series that appears with a value loses everything counted before its first
         # sample (the Prometheus convention: initialise the label sets you know).
-        for tenant, spec in core.config.tenants.items():
-            if (tenant, spec.tier) not in tallies:
-                values = [tenant, spec.tier]
+        for t in stats.tenants:
+            if (t.tenant, t.tier) not in tallies:
+                values = [t.tenant, t.tier]
                 for family in (arrived, completed, cancelled, failed, queued, dispatched):
                     family.add_metric(values, 0)
         for (tenant, tier), tally in tallies.items():
@@ -82,8 +83,8 @@ class CoreCollector(Collector):
                                       "Request-seconds spent queued or in flight (its rate "
                                       "is the average number in the sidecar).", labels=labels)
         totals = self.in_system.totals(now)
-        for tenant, spec in core.config.tenants.items():
-            totals.setdefault((tenant, spec.tier), 0.0)
+        for t in stats.tenants:
+            totals.setdefault((t.tenant, t.tier), 0.0)
         for (tenant, tier), total in totals.items():
             seconds.add_metric([tenant, tier], total)
         yield seconds
@@ -102,33 +103,30 @@ class CoreCollector(Collector):
         weight = GaugeMetricFamily("weighbridge_drr_weight",
                                    "A tenant's configured weight in its tier (its DRR share).",
                                    labels=labels)
-        scheduler = core.scheduler
-        for tenant, spec in core.config.tenants.items():
-            queued_tokens.add_metric([tenant], scheduler.tenant_queued(tenant)[1])
-            deficit.add_metric([tenant, spec.tier], scheduler.deficit(spec.tier, tenant))
-            forfeited.add_metric([tenant, spec.tier], scheduler.forfeited(spec.tier, tenant))
-            weight.add_metric([tenant, spec.tier], spec.weight)
+        for t in stats.tenants:
+            queued_tokens.add_metric([t.tenant], t.queued_tokens)
+            deficit.add_metric([t.tenant, t.tier], t.deficit_quanta)
+            forfeited.add_metric([t.tenant, t.tier], t.forfeited_quanta)
+            weight.add_metric([t.tenant, t.tier], t.weight)
         yield from (queued_tokens, deficit, forfeited, weight)
 
         holds = CounterMetricFamily("weighbridge_admission_holds",
                                     "Dispatch attempts held by admission control, by reason.",
                                     labels=["backend", "reason"])
-        for (backend, reason), count in core.holds.items():
+        for (backend, reason), count in stats.holds.items():
             holds.add_metric([backend or "none", reason], count)
         yield holds
 
         throughput = GaugeMetricFamily("weighbridge_predictor_tokens_per_second",
                                        "Measured token throughput feeding the wait predictor.")
-        throughput.add_metric([], core.meter.tokens_per_s or 0.0)
+        throughput.add_metric([], stats.tokens_per_s or 0.0)
         yield throughput
-        yield from self._stability(now)
+        yield from self._stability(now, stats)
 
-        yield from self._backends(now)
+        yield from self._backends(now, stats)
 
-    def _stability(self, now: float) -> Iterator[Metric]:
-        core = self.core
-        healthy = [name for name in core.gates if core.router.is_healthy(name)]
-        reading = self.stability.read(now, healthy, core.meter.tokens_per_s)
+    def _stability(self, now: float, stats: CoreStats) -> Iterator[Metric]:
+        reading = self.stability.read(now, stats.healthy_backends, stats.tokens_per_s)
         offered = GaugeMetricFamily("weighbridge_stability_offered_tokens_per_second",
                                     "Tokens (prompt + expected output) of arriving requests "
                                     "per second, over the stability window.")
@@ -147,8 +145,7 @@ class CoreCollector(Collector):
             ratio.add_metric([], value)
         yield from (offered, capacity, ratio)
 
-    def _backends(self, now: float) -> Iterator[Metric]:
-        core = self.core
+    def _backends(self, now: float, stats: CoreStats) -> Iterator[Metric]:
         b = ["backend"]
         healthy = GaugeMetricFamily("weighbridge_backend_healthy",
                                     "1 when the backend is routed to.", labels=b)
@@ -188,13 +185,14 @@ class CoreCollector(Collector):
                                           labels=b)
         errors = CounterMetricFamily("weighbridge_backend_scrape_errors",
                                      "Failed scrapes of the backend's /metrics.", labels=b)
-        for name, gate in core.gates.items():
-            healthy.add_metric([name], 1.0 if core.router.is_healthy(name) else 0.0)
-            inflight.add_metric([name], gate.inflight)
-            outstanding.add_metric([name], core.router.outstanding_tokens(name))
-            prefilling.add_metric([name], core.router.prefill_tokens(name))
-            cap.add_metric([name], gate.cap(now))
-            per_seq = gate.decode_tokens_per_s_per_seq
+        for backend in stats.backends:
+            name = backend.backend
+            healthy.add_metric([name], 1.0 if backend.healthy else 0.0)
+            inflight.add_metric([name], backend.inflight)
+            outstanding.add_metric([name], backend.outstanding_tokens)
+            prefilling.add_metric([name], backend.prefill_tokens)
+            cap.add_metric([name], backend.cap)
+            per_seq = backend.decode_tokens_per_s_per_seq
             if per_seq is not None:
                 speed.add_metric([name], per_seq)
             rate = self.stability.backend_rate(name, now)

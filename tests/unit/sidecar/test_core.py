@@ -436,3 +436,27 @@ def test_backend_prefill_backlog_closes_the_gate_until_a_first_token() -> None:
     assert core.holds[("b1", "prefill_backlog")] >= 1
     core.on_tokens_streamed(sent[0], 1, 0.1)
     assert len(list(core.dispatch_ready(0.1))) == 1
+
+
+def test_stats_are_values_of_what_the_parts_counted() -> None:
+    core = SchedulingCore(make_config())
+    req = arrive(core, prompt_tokens=300)
+    assert core.offered_tokens("a", CHAT, 300, None) == 400  # prompt + the initial estimate
+    dispatched = next(core.dispatch_ready(0.0))
+    queued = arrive(core, "b", prompt_tokens=50)
+    stats = core.stats(0.0)
+    by_tenant = {t.tenant: t for t in stats.tenants}
+    assert set(by_tenant) == set(core.config.tenants)
+    assert by_tenant["b"].weight == 2.0 and by_tenant["b"].tier == "standard"
+    assert by_tenant["b"].queued_tokens == core.scheduler.tenant_queued("b")[1] > 0
+    backends = {b.backend: b for b in stats.backends}
+    assert backends[dispatched.backend].inflight == 1
+    assert backends[dispatched.backend].prefill_tokens == 300
+    assert stats.healthy_backends == ["b1", "b2"]
+    assert stats.tallies[("a", "standard")].dispatched == 1
+    # Values, not the parts: a later event does not change a taken snapshot.
+    core.on_first_token(req, 0.1)
+    core.on_completed(req, 300, 10, 0.2)
+    assert stats.tallies[("a", "standard")].dispatched == 1
+    assert core.stats(0.2).tallies[("a", "standard")].completed == 1
+    assert isinstance(queued, QueuedRequest)
