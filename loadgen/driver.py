@@ -210,7 +210,7 @@ class TrafficDriver:
         words = None
         if tenant.endpoint == "chat":
             words = self._framing[tenant.name].words_for(plan.prompt_tokens)
-        headers = dict(tenant.headers)
+        headers = tenant.request_headers
         if tenant.api_key:
             headers["authorization"] = f"Bearer {tenant.api_key}"
         return build_body(plan, tenant, self.model, chat_words=words), headers, words

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import orjson
 
 from loadgen.plan import RequestPlan
+from weighbridge import headers as headers_
 from weighbridge.records import RequestRecord, Status
 from weighbridge.statistics import percentile
 
@@ -92,13 +93,13 @@ class StreamMeter:
 
     def response(self, t: float, status: int, headers: HeaderLookup) -> None:
         self.http_status = status
-        self.backend = headers.get("x-weighbridge-backend")
-        if (queue_ms := headers.get("x-weighbridge-queue-ms")) is not None:
+        self.backend = headers.get(headers_.BACKEND)
+        if (queue_ms := headers.get(headers_.QUEUE_MS)) is not None:
             try:
                 self.queue_s = float(queue_ms) / 1000
             except ValueError:
                 self.queue_s = None
-        if reason := headers.get("x-weighbridge-reject-reason"):
+        if reason := headers.get(headers_.REJECT_REASON):
             self.reason = reason
             self.status = "rejected"
         elif status in _REJECT_STATUSES:

@@ -38,6 +38,7 @@ from pydantic import (
 
 from loadgen.arrivals import Arrival
 from loadgen.lengths import Lengths
+from weighbridge import headers as headers_
 
 __all__ = ["ENDPOINT_PATHS", "TenantSpec", "TenantsError", "TenantsFile", "load_tenants"]
 
@@ -64,7 +65,13 @@ class TenantSpec(_Model):
     users: NonNegativeInt = 0
     timeout_s: PositiveFloat = 300.0
     priority: int | None = None  # vLLM's priority field, for servers run with priority policy
-    headers: dict[str, str] = Field(default_factory=dict)
+    # Ask the sidecar for ``tier`` (x-weighbridge-tier): it schedules the request there, at or
+    # below the tenant's own tier, and refuses a higher one (403) or an unknown one (400).
+    ask_tier: bool = False
+    # x-weighbridge-deadline-ms: the sidecar turns the request away at once (503
+    # deadline_unmeetable) when it predicts it cannot start it within this many ms.
+    deadline_ms: PositiveFloat | None = None
+    headers: dict[str, str] = Field(default_factory=dict)  # any others, sent as given
     lengths: Lengths
     arrival: Arrival | None = None
     phases: dict[str, Arrival | None] = Field(default_factory=dict)
@@ -72,6 +79,16 @@ class TenantSpec(_Model):
     @property
     def path(self) -> str:
         return ENDPOINT_PATHS[self.endpoint]
+
+    @property
+    def request_headers(self) -> dict[str, str]:
+        """The headers of every request of this tenant, besides its authorization."""
+        out = dict(self.headers)
+        if self.ask_tier:
+            out[headers_.TIER] = self.tier
+        if self.deadline_ms is not None:
+            out[headers_.DEADLINE_MS] = f"{self.deadline_ms:g}"
+        return out
 
     def arrival_in(self, phase: str) -> Arrival | None:
         """The tenant's traffic in ``phase``: its override there, else its default."""

@@ -33,17 +33,15 @@ from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest
 from sidecar.stability import StabilityMeter
 from sidecar.tracing import NO_TRACE, RequestTracing, Trace
+from weighbridge import headers as headers_
 from weighbridge.config import Config
 from weighbridge.vllm_metrics import BackendSample
 
 log = logging.getLogger("weighbridge.sidecar")
 
-TIER_HEADER = "x-weighbridge-tier"
-DEADLINE_HEADER = "x-weighbridge-deadline-ms"
 # vLLM's request models bound their integers to int64 (priority explicitly; the others by
 # the engine): so does the sidecar, for the fields it reads.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-REJECT_HEADER = "x-weighbridge-reject-reason"
 # A request whose backend refuses the connection goes back to the queue this many times.
 MAX_DISPATCH_ATTEMPTS = 3
 # Idle upstream connections are dropped before the backend drops them: vLLM's uvicorn closes
@@ -68,7 +66,7 @@ class ApiError(Exception):
         body = {"error": {"message": self.message, "type": self.type, "code": self.reason}}
         response = web.Response(body=orjson.dumps(body), status=self.status,
                                 content_type="application/json",
-                                headers={REJECT_HEADER: self.reason, **self.headers})
+                                headers={headers_.REJECT_REASON: self.reason, **self.headers})
         if self.close:
             response.force_close()
         return response
@@ -297,11 +295,11 @@ class Sidecar:
         if not isinstance(body, dict):
             raise bad("invalid_body", "the request body must be a JSON object")
         tier = own_tier
-        asked = request.headers.get(TIER_HEADER)
+        asked = request.headers.get(headers_.TIER)
         if asked is not None:
             asked = asked.strip(" \t")  # HTTP's optional whitespace only
             if asked not in self.config.tiers:
-                raise bad("unknown_tier", f"unknown tier {asked!r} in {TIER_HEADER}")
+                raise bad("unknown_tier", f"unknown tier {asked!r} in {headers_.TIER}")
             if not self.config.tier_allowed(tenant, asked):
                 self.core.rejected_on_arrival("tier_not_allowed", tenant, own_tier)
                 raise ApiError(403, "tier_not_allowed",
@@ -309,11 +307,11 @@ class Sidecar:
                                "permission_error")
             tier = asked
         deadline_ms: float | None = None
-        raw_deadline = request.headers.get(DEADLINE_HEADER)
+        raw_deadline = request.headers.get(headers_.DEADLINE_MS)
         if raw_deadline is not None:
             if DEADLINE_MS.fullmatch(raw_deadline) is None:
                 raise bad("invalid_deadline",
-                          f"{DEADLINE_HEADER} must be a positive decimal number of ms")
+                          f"{headers_.DEADLINE_MS} must be a positive decimal number of ms")
             deadline_ms = float(raw_deadline)
         for field in ("max_tokens", "max_completion_tokens", "priority"):
             value = body.get(field)
@@ -446,9 +444,9 @@ class Sidecar:
                 forwarded["stream_options"] = {**(options if isinstance(options, dict)
                                                   else {}), "include_usage": True}
             headers = {
-                "x-weighbridge-tenant": req.tenant,
-                "x-weighbridge-queue-ms": f"{(now - req.arrival_s) * 1000:.1f}",
-                "x-weighbridge-backend": dispatch.backend,
+                headers_.TENANT: req.tenant,
+                headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
+                headers_.BACKEND: dispatch.backend,
             }
             assert self.pool is not None and self.session is not None
             first = True
@@ -504,7 +502,7 @@ class Sidecar:
         self.wake()
         raise ApiError(502, "backend_unavailable",
                        f"no backend could be reached in {MAX_DISPATCH_ATTEMPTS} attempts",
-                       "server_error", {"x-weighbridge-tenant": req.tenant})
+                       "server_error", {headers_.TENANT: req.tenant})
 
     async def _await_dispatch(self, req: QueuedRequest) -> Dispatch:
         waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()

@@ -70,7 +70,7 @@ def _client(tenant: TenantSpec, plan: RequestPlan, user: ClosedUser | None = Non
             ) -> ClientRequest:
     return ClientRequest(plan=plan, tenant=None, api_key=tenant.api_key,
                          timeout_s=tenant.timeout_s, ignore_eos=tenant.ignore_eos,
-                         priority=tenant.priority, headers=tenant.headers, user=user)
+                         priority=tenant.priority, headers=tenant.request_headers, user=user)
 
 
 class WorkloadClients(Clients):

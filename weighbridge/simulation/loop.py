@@ -37,10 +37,10 @@ import orjson
 
 from emulator.engine import Sequence
 from loadgen.measure import StreamMeter
-from sidecar.app import DEADLINE_HEADER, REJECT_HEADER, TIER_HEADER
 from sidecar.core import SchedulingCore
 from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest, RequestState
+from weighbridge import headers as headers_
 from weighbridge.config import Config
 from weighbridge.records import RequestRecord
 from weighbridge.simulation.clients import ClientRequest, Clients
@@ -189,7 +189,7 @@ class Simulation:
         own = config.tenants[tenant].tier
         tier = own
         headers = {k.lower(): v for k, v in client.headers.items()}
-        asked = headers.get(TIER_HEADER)
+        asked = headers.get(headers_.TIER)
         if asked is not None:
             tier = asked.strip()
             if tier not in config.tiers or not config.tier_allowed(tenant, tier):
@@ -199,7 +199,7 @@ class Simulation:
                              reason)
                 return
         deadline_ms: float | None = None
-        if (raw := headers.get(DEADLINE_HEADER)) is not None:
+        if (raw := headers.get(headers_.DEADLINE_MS)) is not None:
             deadline_ms = float(raw)
         limit = config.max_tokens_limit
         if limit is not None and plan.max_tokens > limit:
@@ -225,7 +225,7 @@ class Simulation:
     def _answer(self, client: ClientRequest, meter: StreamMeter, now: float, status: int,
                 reason: str) -> None:
         """The sidecar's error answer (every one carries the reject-reason header)."""
-        meter.response(now, status, {REJECT_HEADER: reason})
+        meter.response(now, status, {headers_.REJECT_REASON: reason})
         meter.finish(now)
         self._record(client, meter, now)
 
@@ -279,8 +279,8 @@ class Simulation:
             plan = client.plan
             seq = engine.sequence(plan.request_id, plan.prompt_tokens, plan.max_tokens,
                                   client.ignore_eos, d.vllm_priority, now)
-            headers = {"x-weighbridge-backend": d.backend,
-                       "x-weighbridge-queue-ms": f"{(now - d.request.arrival_s) * 1000:.1f}"}
+            headers = {headers_.BACKEND: d.backend,
+                       headers_.QUEUE_MS: f"{(now - d.request.arrival_s) * 1000:.1f}"}
             try:
                 engine.model.check(seq)
             except ValueError as e:

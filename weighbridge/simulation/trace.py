@@ -31,6 +31,7 @@ import pyarrow.parquet as pq
 
 from loadgen.plan import RequestPlan
 from loadgen.tenants import ENDPOINT_PATHS
+from weighbridge import headers as headers_
 from weighbridge.records import FIELD_NAMES
 from weighbridge.simulation.clients import ClientRequest
 
@@ -107,7 +108,7 @@ def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S)
         endpoint = ENDPOINT_PATHS.get(endpoint, endpoint)
         headers = {}
         if deadlines and deadlines[i] is not None:
-            headers["x-weighbridge-deadline-ms"] = str(deadlines[i])
+            headers[headers_.DEADLINE_MS] = str(deadlines[i])
         plan = RequestPlan(
             request_id=str(ids[i]) if ids and ids[i] is not None else f"{tenant}-{i}",
             tenant=tenant, tier="", phase=str(phases[i]) if phases and phases[i] else "trace",
