@@ -35,6 +35,7 @@ from sidecar.stability import StabilityMeter
 from sidecar.tracing import NO_TRACE, RequestTracing, Trace
 from weighbridge import headers as headers_
 from weighbridge.config import Config
+from weighbridge.keys import key_digest
 from weighbridge.vllm_metrics import BackendSample
 
 log = logging.getLogger("weighbridge.sidecar")
@@ -267,17 +268,20 @@ class Sidecar:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy("/v1/chat/completions", request)
 
-    def _authenticate(self, request: web.Request, count: bool = True) -> str:
-        """The tenant owning the bearer key, or a 401. ``count``: the request is one the
-        ledger counts (a generation request), so its rejection is an arrival too."""
+    def _authenticate(self, request: web.Request, count: bool = True) -> tuple[str, str]:
+        """The tenant owning the bearer key and the key's digest (the caller's identity, which
+        the client cannot choose, unlike the body's ``user``), or a 401. ``count``: the
+        request is one the ledger counts (a generation request), so its rejection is an
+        arrival too."""
         key = _bearer(request)
-        tenant = None if key is None else self.config.tenant_for_key(key)
-        if tenant is None:
+        digest = None if key is None else key_digest(key)
+        tenant = None if digest is None else self.config.tenant_for_digest(digest)
+        if tenant is None or digest is None:
             if count:
                 self.core.rejected_on_arrival("unauthorized")
             raise ApiError(401, "unauthorized", "missing or invalid API key",
                            "authentication_error")
-        return tenant
+        return tenant, digest
 
     def _parse(self, endpoint: str, tenant: str, raw: bytes,
                request: web.Request) -> tuple[dict[str, Any], str, float | None, int]:
@@ -361,7 +365,7 @@ class Sidecar:
 
     async def _handle(self, endpoint: str, request: web.Request,
                       trace: Trace) -> web.StreamResponse:
-        tenant = self._authenticate(request)
+        tenant, identity = self._authenticate(request)
         try:
             # A client dribbling its body must not hold a handler and a connection forever.
             async with asyncio.timeout(self.config.client_timeout_ms / 1000):
@@ -389,7 +393,10 @@ class Sidecar:
         checks_ns = time.time_ns()
         result = self.core.arrive(
             request_id=request_id, tenant=tenant, tier=tier, endpoint=endpoint,
-            prompt_tokens=prompt, max_tokens=max_tokens, now=now, user=body.get("user"),
+            prompt_tokens=prompt, max_tokens=max_tokens, now=now,
+            # Repeat demotion counts by the key, never by the body's `user`, which the client
+            # can vary per request to escape it.
+            user=identity,
             priority=body.get("priority") or 0,
             deadline_s=self.core.deadline_for(tier, now, deadline_ms),
         )

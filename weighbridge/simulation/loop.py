@@ -42,6 +42,7 @@ from sidecar.rejection import Reject
 from sidecar.request import QueuedRequest, RequestState
 from weighbridge import headers as headers_
 from weighbridge.config import Config
+from weighbridge.keys import key_digest
 from weighbridge.records import RequestRecord
 from weighbridge.simulation.clients import ClientRequest, Clients
 from weighbridge.simulation.engines import SimEngine
@@ -105,7 +106,7 @@ class Simulation:
         self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
         self._holding = False  # tokens were held back from the core (see _flush)
         self._heap: list[tuple[float, int, int, Any]] = []
-        self._tenant_of_key: dict[str, str | None] = {}
+        self._tenant_of_key: dict[str, tuple[str | None, str]] = {}  # key -> tenant, digest
         self._order = 0
         self._events = 0
 
@@ -177,11 +178,13 @@ class Simulation:
         meter.sent(now)
         core, config = self.core, self.config
         tenant = client.tenant
+        identity = f"tenant:{tenant}"  # a replayed trace names tenants, not keys
         if tenant is None and client.api_key is not None:
             key = client.api_key
             if key not in self._tenant_of_key:
-                self._tenant_of_key[key] = config.tenant_for_key(key)
-            tenant = self._tenant_of_key[key]
+                digest = key_digest(key)
+                self._tenant_of_key[key] = (config.tenant_for_digest(digest), digest)
+            tenant, identity = self._tenant_of_key[key]
         if tenant is None or tenant not in config.tenants:
             core.rejected_on_arrival("unauthorized")
             self._answer(client, meter, now, 401, "unauthorized")
@@ -210,7 +213,7 @@ class Simulation:
         result = core.arrive(
             request_id=plan.request_id, tenant=tenant, tier=tier, endpoint=plan.endpoint,
             prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens, now=now,
-            user=plan.user, priority=client.priority or 0,
+            user=identity, priority=client.priority or 0,  # as live: the key, not the body
             deadline_s=core.deadline_for(tier, now, deadline_ms))
         if isinstance(result, Reject):
             self._answer(client, meter, now, result.http_status, result.reason)
