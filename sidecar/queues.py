@@ -1,4 +1,5 @@
-"""A tenant's own queue, ordered by (priority, deadline, arrival), and the bounds on it.
+"""A tenant's own queue, ordered by ``QueuedRequest.order_key`` (priority, deadline, with
+``shortest_prompt_first`` the prompt's size, arrival), and the bounds on it.
 
 Cancellation (a client that went away while queued) is lazy: the request leaves the live
 index at once, so counts and token totals are exact immediately, and its heap entry is dropped
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from sidecar.rejection import QUEUE_FULL, Reject
 from sidecar.request import QueuedRequest
 
-_Entry = tuple[tuple[int, float, float, int], QueuedRequest]
+_Entry = tuple[tuple[int, float, int, float, int], QueuedRequest]
 
 
 class TenantQueue:

@@ -42,13 +42,14 @@ class QueuedRequest:
     max_tokens: int | None  # None: unbounded by the client (the estimate is then unbounded)
     estimated_output_tokens: int
     arrival_s: float
-    user: str | None = None  # the OpenAI `user` field: repeat demotion counts per user
+    user: str | None = None  # the caller's identity (its key): repeat demotion counts per caller
     priority: int = 0  # the client's own ordering among its requests, lower first (as vLLM)
     deadline_s: float | None = None  # absolute, same clock as arrival_s
 
     # ---- set by the scheduler -----------------------------------------------------------
     seq: int = -1  # arrival order within the scheduler: the stable FIFO tie-break
-    demotion: int = 0  # repeat demotion: the user's other requests active at enqueue
+    demotion: int = 0  # repeat demotion: the caller's other requests active at enqueue
+    size_rank: int = 0  # shortest-prompt-first: the prompt's tokens; else 0 (arrival order)
     cost: int = 0  # DRR charge at dispatch, in the endpoint's unit (tokens or 1)
     charged: int = 0  # charged so far: cost plus streamed tokens beyond the estimate
     streamed_output_tokens: int = 0
@@ -67,7 +68,8 @@ class QueuedRequest:
     def effective_priority(self) -> int:
         return self.priority + self.demotion
 
-    def order_key(self) -> tuple[int, float, float, int]:
-        """A tenant's own dispatch order: priority, then deadline (none last), then arrival."""
+    def order_key(self) -> tuple[int, float, int, float, int]:
+        """A tenant's own dispatch order: priority, then deadline (none last), then the
+        shorter prompt (with ``shortest_prompt_first``; else all equal), then arrival."""
         deadline = math.inf if self.deadline_s is None else self.deadline_s
-        return (self.effective_priority, deadline, self.arrival_s, self.seq)
+        return (self.effective_priority, deadline, self.size_rank, self.arrival_s, self.seq)

@@ -107,6 +107,7 @@ class Scheduler:
         anti_starvation_weight: float | None = None,
         repeat_demotion: bool = False,
         charge_streamed_tokens: bool = True,
+        shortest_prompt_first: bool = False,
     ) -> None:
         try:
             self._policy = Policy(policy)
@@ -125,6 +126,7 @@ class Scheduler:
             self._tenants[name] = _Tenant(name, spec, 1.0 if weight_blind else spec.weight)
         self._endpoints = dict(endpoints or {})
         self._repeat_demotion = repeat_demotion
+        self._shortest_prompt_first = shortest_prompt_first
         self._charge_streamed = charge_streamed_tokens and traits.costs_tokens
         self._seq = itertools.count()
         self._queued_index: dict[str, QueuedRequest] = {}
@@ -156,6 +158,7 @@ class Scheduler:
             policy=config.scheduler.policy,
             anti_starvation_weight=config.scheduler.anti_starvation_weight,
             repeat_demotion=config.scheduler.repeat_demotion,
+            shortest_prompt_first=config.scheduler.shortest_prompt_first,
             charge_streamed_tokens=config.scheduler.charge_streamed_tokens,
         )
 
@@ -241,6 +244,7 @@ class Scheduler:
         if self._repeat_demotion and request.user is not None:
             request.demotion = tenant.users.get(request.user, 0)
         request.seq = next(self._seq)
+        request.size_rank = request.prompt_tokens if self._shortest_prompt_first else 0
         request.cost = request_cost(
             self.endpoint(request.endpoint).cost,
             request.prompt_tokens,

@@ -284,7 +284,11 @@ class Scheduler(_Model):
     # None keeps tiers strict.
     anti_starvation_weight: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     charge_streamed_tokens: bool = True  # VTC-style: charge output tokens as they stream
-    repeat_demotion: bool = False  # a user's 2nd, 3rd... concurrent request gets priority 1, 2...
+    repeat_demotion: bool = False  # a key's 2nd, 3rd... concurrent request gets priority 1, 2...
+    # Within a tenant (after priority and deadline), shorter prompts first: the seed's
+    # approximate shortest-job-first. A tenant's long prompts wait while its short ones keep
+    # coming; other tenants are unaffected (DRR is between tenants).
+    shortest_prompt_first: bool = False
     output_estimate_alpha: float = Field(default=0.2, gt=0, le=1, allow_inf_nan=False)
 
 

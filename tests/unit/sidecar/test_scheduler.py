@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sidecar.queues import QueueLimits
 from sidecar.rejection import QUEUE_FULL
@@ -75,6 +77,32 @@ def test_tenant_order_is_priority_then_deadline_then_arrival() -> None:
         "late-arrival",
         "low",
     ]
+
+
+def test_shortest_prompt_first_orders_a_tenants_requests_by_prompt_after_priority() -> None:
+    def order(**kwargs: bool) -> list[str]:
+        s = scheduler(**kwargs)
+        s.enqueue(make_request("a", arrival=0, prompt=900, id="long"), 0)
+        s.enqueue(make_request("a", arrival=1, prompt=50, id="short"), 1)
+        s.enqueue(make_request("a", arrival=2, prompt=300, id="medium"), 2)
+        s.enqueue(make_request("a", arrival=3, prompt=2000, id="urgent", priority=-1), 3)
+        s.enqueue(make_request("a", arrival=4, prompt=50, id="short-later"), 4)
+        return drain(s)
+
+    assert order() == ["urgent", "long", "short", "medium", "short-later"]
+    assert order(shortest_prompt_first=True) == ["urgent", "short", "short-later", "medium",
+                                                 "long"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(prompts=st.lists(st.integers(1, 4000), min_size=1, max_size=30))
+def test_shortest_prompt_first_drains_a_backlog_in_prompt_order(prompts: list[int]) -> None:
+    s = scheduler(shortest_prompt_first=True)
+    for k, prompt in enumerate(prompts):
+        s.enqueue(make_request("a", arrival=k, prompt=prompt, id=f"r{k}"), k)
+    drained = drain(s, 100.0)
+    assert drained == [f"r{k}" for k in sorted(range(len(prompts)),
+                                                key=lambda k: (prompts[k], k))]
 
 
 def test_repeat_demotion_orders_a_users_second_and_third_requests_later() -> None:

@@ -44,15 +44,17 @@ class SchedulerMachine(RuleBasedStateMachine):
         policy=st.sampled_from(["drr", "rr", "fcfs", "passthrough"]),
         demotion=st.booleans(),
         streamed=st.booleans(),
+        shortest_first=st.booleans(),
     )
-    def setup(self, policy: str, demotion: bool, streamed: bool) -> None:
+    def setup(self, policy: str, demotion: bool, streamed: bool, shortest_first: bool) -> None:
         self.s = Scheduler(
             TIERS,
             TENANTS,
             ENDPOINTS,
-            policy=policy,  # type: ignore[arg-type]
+            policy=policy,
             repeat_demotion=demotion,
             charge_streamed_tokens=streamed,
+            shortest_prompt_first=shortest_first,
         )
         self.queued: dict[str, QueuedRequest] = {}
         self.inflight: dict[str, QueuedRequest] = {}
