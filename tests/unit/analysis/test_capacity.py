@@ -93,3 +93,31 @@ def test_from_run_measures_throughput_mix_and_rate(tmp_path: Path) -> None:
     assert inputs.requests_per_day == pytest.approx(3 / 10 * 86_400)
     assert inputs.sequence_tokens_per_second == pytest.approx(49 / 0.9)
     assert inputs.token_mix == {"prompt tokens": 100.0, "output tokens": 50.0}
+
+
+def test_the_seeds_kv_tax_example_and_where_its_figure_differs() -> None:
+    # The seed: "a 70B model with 80 layers, 2K context: about 2.5 GB of KV cache per active
+    # sequence; an 80 GB GPU holds about 30 concurrent sequences on KV alone". Its shape is
+    # Llama-2/3-70B's: 64 attention heads of 128, 8 of them holding K and V (GQA), fp16.
+    shape = {"layers": 80, "head_dim": 128, "context": 2048, "dtype_bytes": 2}
+    # All 64 heads holding K and V (what the seed's figure assumes): 5 GiB, twice its 2.5,
+    # so 16 sequences on 80 GiB, not 30. Its 2.5 GB is K or V alone, or one byte per value.
+    mha = ModelMemory(heads=64, gpu_memory_gb=80, **shape)
+    assert mha.kv_bytes_per_sequence == 5 * GIB
+    assert mha.max_concurrent_sequences == 16
+    assert ModelMemory(heads=64, **{**shape, "dtype_bytes": 1}).kv_bytes_per_sequence \
+        == 2.5 * GIB
+    # With the model's 8 KV heads it is 0.625 GiB a sequence: 128 on 80 GiB of KV alone.
+    gqa = ModelMemory(kv_heads=8, gpu_memory_gb=80, **shape)
+    assert gqa.kv_bytes_per_sequence == 0.625 * GIB
+    assert gqa.max_concurrent_sequences == 128
+    # But the weights come first: 70B x 2 bytes = 130.4 GiB does not fit one 80 GiB GPU at
+    # all. On two (tensor parallel, 160 GiB), 29.6 GiB is left: 47 sequences with GQA, 5
+    # without. So the seed's "about 30" holds for no single reading of its own numbers.
+    weights = 70e9 * 2 / GIB
+    with pytest.raises(ValueError, match="weights-gb"):
+        ModelMemory(kv_heads=8, gpu_memory_gb=80, weights_gb=weights, **shape)
+    assert ModelMemory(kv_heads=8, gpu_memory_gb=160, weights_gb=weights,
+                       **shape).max_concurrent_sequences == 47
+    assert ModelMemory(heads=64, gpu_memory_gb=160, weights_gb=weights,
+                       **shape).max_concurrent_sequences == 5
