@@ -143,7 +143,8 @@ class SchedulingCore:
             for path, limits in t.endpoint_limits.items()
         }
         self.rate_limiter = TenantRateLimiter(
-            {name: t.limits for name, t in config.tenants.items()}, endpoint_limits
+            {name: t.limits for name, t in config.tenants.items()}, endpoint_limits,
+            {name: tier.limits for name, tier in config.tiers.items()},
         )
         self.meter = ThroughputMeter()
         self.predictor = WaitPredictor(self.scheduler, self.meter)
@@ -230,7 +231,8 @@ class SchedulingCore:
             priority=priority,
             deadline_s=deadline_s,
         )
-        admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now)
+        admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now,
+                                           tier)
         if not isinstance(admitted, Admit):
             self.ledger.end(request_id, Outcome.REJECTED, admitted.reason)
             return admitted
@@ -250,7 +252,8 @@ class SchedulingCore:
         return request
 
     def _turn_away(self, request: QueuedRequest, reject: Reject, now: float) -> Reject:
-        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now)
+        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now,
+                                 request.tier)
         self.ledger.end(request.id, Outcome.REJECTED, reject.reason)
         return reject
 
@@ -260,7 +263,8 @@ class SchedulingCore:
         request = self.scheduler.cancel(request_id)
         if request is None:
             return False
-        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now)
+        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now,
+                                 request.tier)
         self.ledger.end(request_id, Outcome.CANCELLED)
         return True
 
@@ -508,7 +512,7 @@ class SchedulingCore:
             # Ended before dispatch (client gone, shutdown): leaves the queue, refunded.
             self.scheduler.cancel(request.id)
             self.rate_limiter.refund(
-                request.tenant, request.endpoint, request.admitted_tokens, now
+                request.tenant, request.endpoint, request.admitted_tokens, now, request.tier
             )
             self.ledger.end(request.id, outcome)
             return
@@ -516,7 +520,7 @@ class SchedulingCore:
         self.scheduler.on_finished(request, prompt_tokens, output_tokens)
         actual = prompt_tokens + output_tokens
         self.rate_limiter.settle(
-            request.tenant, request.endpoint, request.admitted_tokens, actual, now
+            request.tenant, request.endpoint, request.admitted_tokens, actual, now, request.tier
         )
         reported = self._release_backend(request, now)
         self._observe_served(max(0, actual - reported), now)

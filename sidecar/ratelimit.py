@@ -40,6 +40,8 @@ class RateLimits(Protocol):
     """The rate fields of ``weighbridge.config.Limits`` (None = unlimited)."""
 
     requests_per_minute: int | None
+    requests_per_day: int | None
+    requests_per_month: int | None
     tokens_per_minute: int | None
     tokens_per_day: int | None
     tokens_per_month: int | None
@@ -48,6 +50,8 @@ class RateLimits(Protocol):
 # (Limits field, window seconds, charged in requests rather than tokens)
 _WINDOWS: tuple[tuple[str, float, bool], ...] = (
     ("requests_per_minute", MINUTE_S, True),
+    ("requests_per_day", DAY_S, True),
+    ("requests_per_month", MONTH_S, True),
     ("tokens_per_minute", MINUTE_S, False),
     ("tokens_per_day", DAY_S, False),
     ("tokens_per_month", MONTH_S, False),
@@ -122,24 +126,35 @@ class Admit:
 
 
 class TenantRateLimiter:
-    """Admission against every limit that applies to a (tenant, endpoint) pair, atomically:
-    either all buckets are charged or none is."""
+    """Admission against every limit that applies to a request, atomically: its tenant's,
+    its tenant's on its endpoint, and its tier's (all tenants in the tier together); either
+    all buckets are charged or none is."""
 
     def __init__(
         self,
         limits: Mapping[str, RateLimits],
         endpoint_limits: Mapping[tuple[str, str], RateLimits] | None = None,
+        tier_limits: Mapping[str, RateLimits] | None = None,
     ) -> None:
         self._limits = dict(limits)
         self._endpoint_limits = dict(endpoint_limits or {})
+        self._tier_limits = dict(tier_limits or {})
+        self._tier_scopes: dict[str, _Scope] = {}
         # Buckets are created on first use: 10,000 configured tenants cost nothing until
         # they send. A new bucket starts full, which is what a bucket created at startup
         # would have refilled to anyway.
         self._tenant_scopes: dict[str, _Scope] = {}
         self._endpoint_scopes: dict[tuple[str, str], _Scope] = {}
 
-    def _scopes(self, tenant: str, endpoint: str, now: float) -> list[_Scope]:
+    def _scopes(self, tenant: str, endpoint: str, now: float,
+                tier: str | None = None) -> list[_Scope]:
         scopes = []
+        if tier is not None and tier in self._tier_limits:
+            scope = self._tier_scopes.get(tier)
+            if scope is None:
+                scope = self._tier_scopes[tier] = _Scope.from_limits(self._tier_limits[tier],
+                                                                     now)
+            scopes.append(scope)
         scope = self._tenant_scopes.get(tenant)
         if scope is None and tenant in self._limits:
             scope = self._tenant_scopes[tenant] = _Scope.from_limits(self._limits[tenant], now)
@@ -155,9 +170,10 @@ class TenantRateLimiter:
             scopes.append(scope)
         return scopes
 
-    def admit(self, tenant: str, endpoint: str, tokens: int, now: float) -> Admit | Reject:
+    def admit(self, tenant: str, endpoint: str, tokens: int, now: float,
+              tier: str | None = None) -> Admit | Reject:
         """Charge one request and ``tokens`` (the estimate) or say how long to wait."""
-        scopes = self._scopes(tenant, endpoint, now)
+        scopes = self._scopes(tenant, endpoint, now, tier)
         wait = 0.0
         binding = ""
         for scope in scopes:
@@ -184,22 +200,24 @@ class TenantRateLimiter:
                 bucket.take(tokens, now)
         return Admit(tokens)
 
-    def settle(self, tenant: str, endpoint: str, estimated: int, actual: int, now: float) -> None:
+    def settle(self, tenant: str, endpoint: str, estimated: int, actual: int, now: float,
+               tier: str | None = None) -> None:
         """Correct the token charge to the real count: extra charge (possibly into debt) when
         the estimate was low, a refund when it was high."""
         delta = actual - estimated
         if delta == 0:
             return
-        for scope in self._scopes(tenant, endpoint, now):
+        for scope in self._scopes(tenant, endpoint, now, tier):
             for _, bucket in scope.tokens:
                 if delta > 0:
                     bucket.take(delta, now)
                 else:
                     bucket.give(-delta, now)
 
-    def refund(self, tenant: str, endpoint: str, tokens: int, now: float) -> None:
+    def refund(self, tenant: str, endpoint: str, tokens: int, now: float,
+               tier: str | None = None) -> None:
         """Give back the token charge of a request that produced nothing (see module doc)."""
-        for scope in self._scopes(tenant, endpoint, now):
+        for scope in self._scopes(tenant, endpoint, now, tier):
             for _, bucket in scope.tokens:
                 bucket.give(tokens, now)
 
@@ -213,4 +231,5 @@ class TenantRateLimiter:
         return {
             "tenants": {t: dump(s) for t, s in self._tenant_scopes.items()},
             "endpoints": endpoints,
+            "tiers": {t: dump(s) for t, s in self._tier_scopes.items()},
         }

@@ -49,6 +49,7 @@ __all__ = [
     "Limits",
     "Policy",
     "PolicyTraits",
+    "RateLimits",
     "Scheduler",
     "Telemetry",
     "Tenant",
@@ -176,6 +177,17 @@ class _Model(BaseModel):
 TIER_PRIORITY_STEP = 5
 
 
+class RateLimits(_Model):
+    """Rate limits; ``None`` means unlimited. Token limits count prompt + output."""
+
+    requests_per_minute: PositiveInt | None = None
+    requests_per_day: PositiveInt | None = None
+    requests_per_month: PositiveInt | None = None
+    tokens_per_minute: PositiveInt | None = None
+    tokens_per_day: PositiveInt | None = None
+    tokens_per_month: PositiveInt | None = None
+
+
 class Tier(_Model):
     rank: int  # lower rank is served first, strictly
     # Sent as the request's `priority` to backends with priority_scheduling. Default: from
@@ -185,6 +197,10 @@ class Tier(_Model):
     vllm_priority: int = 0
     ttft_slo_ms: PositiveFloat | None = None  # default deadline for time to first token
     e2e_slo_ms: PositiveFloat | None = None  # default deadline for the whole request
+    # Limits on everything sent in this tier, all tenants together, beside each tenant's own:
+    # what a better tier may carry, so tenants cannot all move up to it (priority
+    # inflation) and starve the tiers below.
+    limits: RateLimits = Field(default_factory=RateLimits)
 
     @model_validator(mode="before")
     @classmethod
@@ -201,13 +217,9 @@ def default_tiers() -> dict[str, Tier]:
             for name, t in DEFAULT_TIERS.items()}
 
 
-class Limits(_Model):
-    """Per-tenant limits; ``None`` means unlimited. Token limits count prompt + output."""
+class Limits(RateLimits):
+    """Per-tenant limits: the rates, and the bounds on the tenant's queue."""
 
-    requests_per_minute: PositiveInt | None = None
-    tokens_per_minute: PositiveInt | None = None
-    tokens_per_day: PositiveInt | None = None
-    tokens_per_month: PositiveInt | None = None
     # Queues are bounded by default: an unbounded queue only converts overload into latency.
     max_queued: PositiveInt = 1000
     max_queued_tokens: PositiveInt | None = None

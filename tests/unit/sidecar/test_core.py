@@ -460,3 +460,21 @@ def test_stats_are_values_of_what_the_parts_counted() -> None:
     assert stats.tallies[("a", "standard")].dispatched == 1
     assert core.stats(0.2).tallies[("a", "standard")].completed == 1
     assert isinstance(queued, QueuedRequest)
+
+
+def test_a_tier_limit_refuses_a_tenant_that_moves_up_to_it() -> None:
+    # Priority inflation: a batch tenant may not flood the interactive tier when that tier's
+    # own limit (all tenants together) is spent; its own tier still takes it.
+    config = make_config(tiers={
+        "interactive": {"rank": 1, "limits": {"requests_per_minute": 1}},
+        "standard": {"rank": 2},
+    })
+    core = SchedulingCore(config)
+    assert isinstance(arrive(core, "i", tier="interactive"), QueuedRequest)
+    refused = arrive(core, "i", tier="interactive")
+    assert isinstance(refused, Reject) and refused.reason == RATE_LIMITED
+    assert refused.retry_after_s == pytest.approx(60.0)
+    assert isinstance(arrive(core, "i", tier="standard"), QueuedRequest)
+    assert core.rate_limiter.snapshot(0.0)["tiers"]["interactive"]["requests_per_minute"][
+        "level"] == pytest.approx(0.0)
+    balanced(core)

@@ -3,22 +3,13 @@ refunds, and the capacity + rate x elapsed bound."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sidecar.ratelimit import MONTH_S, Admit, TenantRateLimiter, TokenBucket
 from sidecar.rejection import RATE_LIMITED, Reject
-
-
-@dataclass
-class L:
-    requests_per_minute: int | None = None
-    tokens_per_minute: int | None = None
-    tokens_per_day: int | None = None
-    tokens_per_month: int | None = None
+from weighbridge.config import RateLimits
 
 
 def test_bucket_refills_continuously_and_caps_at_capacity() -> None:
@@ -43,7 +34,7 @@ def test_bucket_debt_and_capped_refund() -> None:
 
 
 def test_admit_charges_every_bucket_atomically() -> None:
-    limiter = TenantRateLimiter({"a": L(requests_per_minute=10, tokens_per_minute=1000)})
+    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=10, tokens_per_minute=1000)})
     assert limiter.admit("a", "/x", 600, 0.0) == Admit(600)
     rejected = limiter.admit("a", "/x", 600, 0.0)
     assert isinstance(rejected, Reject) and rejected.reason == RATE_LIMITED
@@ -54,7 +45,7 @@ def test_admit_charges_every_bucket_atomically() -> None:
 
 
 def test_retry_after_is_exact_for_the_binding_bucket() -> None:
-    limiter = TenantRateLimiter({"a": L(requests_per_minute=60, tokens_per_minute=6000)})
+    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=60, tokens_per_minute=6000)})
     assert isinstance(limiter.admit("a", "/x", 6000, 0.0), Admit)
     rejected = limiter.admit("a", "/x", 3000, 0.0)
     assert isinstance(rejected, Reject)
@@ -65,14 +56,14 @@ def test_retry_after_is_exact_for_the_binding_bucket() -> None:
 
 
 def test_a_request_bigger_than_the_bucket_can_never_fit() -> None:
-    limiter = TenantRateLimiter({"a": L(tokens_per_minute=1000)})
+    limiter = TenantRateLimiter({"a": RateLimits(tokens_per_minute=1000)})
     rejected = limiter.admit("a", "/x", 1001, 0.0)
     assert isinstance(rejected, Reject)
     assert rejected.retry_after_s is None and "never" in rejected.detail
 
 
 def test_settle_charges_underestimates_into_debt_and_refunds_overestimates() -> None:
-    limiter = TenantRateLimiter({"a": L(tokens_per_minute=600)})
+    limiter = TenantRateLimiter({"a": RateLimits(tokens_per_minute=600)})
     limiter.admit("a", "/x", 100, 0.0)
     limiter.settle("a", "/x", estimated=100, actual=1000, now=0.0)
     level = limiter.snapshot(0.0)["tenants"]["a"]["tokens_per_minute"]["level"]
@@ -84,7 +75,7 @@ def test_settle_charges_underestimates_into_debt_and_refunds_overestimates() -> 
 
 
 def test_refund_returns_tokens_but_not_the_request() -> None:
-    limiter = TenantRateLimiter({"a": L(requests_per_minute=1, tokens_per_minute=100)})
+    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=1, tokens_per_minute=100)})
     limiter.admit("a", "/x", 100, 0.0)
     limiter.refund("a", "/x", 100, 0.0)
     snap = limiter.snapshot(0.0)["tenants"]["a"]
@@ -93,7 +84,7 @@ def test_refund_returns_tokens_but_not_the_request() -> None:
 
 
 def test_long_windows_are_buckets_over_the_window() -> None:
-    limiter = TenantRateLimiter({"a": L(tokens_per_month=3000)})
+    limiter = TenantRateLimiter({"a": RateLimits(tokens_per_month=3000)})
     assert isinstance(limiter.admit("a", "/x", 3000, 0.0), Admit)
     rejected = limiter.admit("a", "/x", 100, 0.0)
     assert rejected.retry_after_s == pytest.approx(100 * MONTH_S / 3000)
@@ -101,8 +92,8 @@ def test_long_windows_are_buckets_over_the_window() -> None:
 
 def test_endpoint_limits_apply_on_top_of_tenant_limits() -> None:
     limiter = TenantRateLimiter(
-        {"a": L(requests_per_minute=100)},
-        {("a", "/embed"): L(requests_per_minute=1)},
+        {"a": RateLimits(requests_per_minute=100)},
+        {("a", "/embed"): RateLimits(requests_per_minute=1)},
     )
     assert isinstance(limiter.admit("a", "/embed", 1, 0.0), Admit)
     assert isinstance(limiter.admit("a", "/embed", 1, 0.0), Reject)
@@ -113,7 +104,7 @@ def test_endpoint_limits_apply_on_top_of_tenant_limits() -> None:
 
 
 def test_unlimited_tenants_always_pass() -> None:
-    limiter = TenantRateLimiter({"a": L()})
+    limiter = TenantRateLimiter({"a": RateLimits()})
     for _ in range(1000):
         assert isinstance(limiter.admit("a", "/x", 10**9, 0.0), Admit)
     assert isinstance(limiter.admit("stranger", "/x", 1, 0.0), Admit)
@@ -135,7 +126,7 @@ EVENTS = st.lists(
 def test_never_admits_more_than_capacity_plus_rate_times_elapsed(events, tpm, rpm) -> None:
     """Over any window [t_a, t_b]: admitted <= capacity + rate * (t_b - t_a) + credits given
     back inside the window (refunds, over-estimates settled); debts only make it tighter."""
-    limiter = TenantRateLimiter({"a": L(requests_per_minute=rpm, tokens_per_minute=tpm)})
+    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=rpm, tokens_per_minute=tpm)})
     now = 0.0
     admitted: list[tuple[float, int]] = []
     credits: list[tuple[float, int]] = []
@@ -151,7 +142,7 @@ def test_never_admits_more_than_capacity_plus_rate_times_elapsed(events, tpm, rp
                 assert result.retry_after_s > 0
                 # exact: the same request fits once retry_after has passed (no other event)
                 probe = TenantRateLimiter(
-                    {"a": L(requests_per_minute=rpm, tokens_per_minute=tpm)}
+                    {"a": RateLimits(requests_per_minute=rpm, tokens_per_minute=tpm)}
                 )
                 probe._tenant_scopes = _copy_scopes(limiter)
                 later = now + result.retry_after_s
@@ -179,3 +170,34 @@ def _copy_scopes(limiter: TenantRateLimiter):
     import copy
 
     return copy.deepcopy(limiter._tenant_scopes)
+
+
+def test_a_monthly_request_budget_beside_the_per_minute_one() -> None:
+    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=100,
+                                                 requests_per_month=3)})
+    for _ in range(3):
+        assert isinstance(limiter.admit("a", "/v1/completions", 10, 0.0), Admit)
+    rejected = limiter.admit("a", "/v1/completions", 10, 0.0)
+    assert isinstance(rejected, Reject) and rejected.reason == RATE_LIMITED
+    assert "requests_per_month" in rejected.detail
+    # The month refills at 3 per 30 days: one request after 10 days, exactly.
+    assert rejected.retry_after_s == pytest.approx(MONTH_S / 3)
+    assert isinstance(limiter.admit("a", "/v1/completions", 10, MONTH_S / 3), Admit)
+
+
+def test_a_tiers_limit_binds_every_tenant_in_the_tier_together() -> None:
+    limiter = TenantRateLimiter(
+        {"a": RateLimits(), "b": RateLimits()},
+        tier_limits={"interactive": RateLimits(tokens_per_minute=1000),
+                     "standard": RateLimits()})
+    assert isinstance(limiter.admit("a", "/e", 600, 0.0, "interactive"), Admit)
+    # b has no limit of its own, but the tier it asks for is nearly spent...
+    refused = limiter.admit("b", "/e", 600, 0.0, "interactive")
+    assert isinstance(refused, Reject) and refused.retry_after_s == pytest.approx(12.0)
+    # ...while the tier below takes it at once.
+    assert isinstance(limiter.admit("b", "/e", 600, 0.0, "standard"), Admit)
+    # Settling and refunds reach the tier's bucket too.
+    limiter.refund("a", "/e", 600, 0.0, "interactive")
+    assert isinstance(limiter.admit("b", "/e", 600, 0.0, "interactive"), Admit)
+    assert limiter.snapshot(0.0)["tiers"]["interactive"]["tokens_per_minute"]["level"] \
+        == pytest.approx(400)
