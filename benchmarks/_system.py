@@ -105,6 +105,31 @@ def process_sched(pid: int) -> SchedTimes:
     return SchedTimes(cpu / 1e9, wait / 1e9)
 
 
+def group_pids(pgid: int) -> list[int]:
+    """Every process of process group ``pgid`` (a server started in its own session: vLLM's
+    API server and engine core, a proxy's workers)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError, ValueError), \
+                open(f"/proc/{entry}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid:  # after ")": state, ppid, pgrp
+                pids.append(int(entry))
+    return pids
+
+
+def group_sched(pgid: int) -> SchedTimes:
+    """``process_sched`` summed over the processes of group ``pgid``."""
+    cpu = wait = 0.0
+    for pid in group_pids(pgid):
+        t = process_sched(pid)
+        cpu += t.cpu_s
+        wait += t.wait_s
+    return SchedTimes(cpu, wait)
+
+
 def thread_sched() -> SchedTimes:
     """The calling thread's CPU time and run-queue wait."""
     try:

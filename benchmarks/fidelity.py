@@ -164,28 +164,6 @@ class PointRun:
 
 # --- servers -----------------------------------------------------------------------------
 
-def _group_pids(pgid: int) -> list[int]:
-    """Every process of group ``pgid`` (vLLM: API server + engine core)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError, IndexError, ValueError), \
-                open(f"/proc/{entry}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:  # after ")": state, ppid, pgrp
-                pids.append(int(entry))
-    return pids
-
-
-def _group_sched(pgid: int) -> _system.SchedTimes:
-    total = _system.SchedTimes(0.0, 0.0)
-    for pid in _group_pids(pgid):
-        t = _system.process_sched(pid)
-        total = _system.SchedTimes(total.cpu_s + t.cpu_s, total.wait_s + t.wait_s)
-    return total
-
-
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -213,7 +191,7 @@ class Meter:
         return Meter(self.pgids, time.perf_counter(), _machine_busy_s(), self._ours())
 
     def _ours(self) -> float:
-        return (sum(_group_sched(g).cpu_s for g in self.pgids)
+        return (sum(_system.group_sched(g).cpu_s for g in self.pgids)
                 + _system.process_sched(os.getpid()).cpu_s)
 
     def foreign_cores(self) -> float:
@@ -264,13 +242,13 @@ async def _drive(url: str, pgid: int, c: int, repeat: int,
                                      timeout=timeout) as session:
         load = _system.load_average()
         before = await server_sums(session, url)
-        server0, client0 = _group_sched(pgid), _system.thread_sched()
+        server0, client0 = _system.group_sched(pgid), _system.thread_sched()
         meter = meter.start()
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(c)))
         wall = time.perf_counter() - t0
         foreign = meter.foreign_cores()
-        server, client = _group_sched(pgid) - server0, _system.thread_sched() - client0
+        server, client = _system.group_sched(pgid) - server0, _system.thread_sched() - client0
         means = server_means(before, await server_sums(session, url))
     samples.sort(key=lambda s: s.index)
     return PointRun(backend=backend, concurrency=c, repeat=repeat, samples=samples,
@@ -292,9 +270,9 @@ async def _warm_up(url: str) -> None:
 
 def _idle_cpu(pgid: int, seconds: float = 2.0) -> float:
     """Fraction of a core a server's processes use while nothing is sent to it."""
-    before = _group_sched(pgid)
+    before = _system.group_sched(pgid)
     time.sleep(seconds)
-    return (_group_sched(pgid) - before).cpu_s / seconds
+    return (_system.group_sched(pgid) - before).cpu_s / seconds
 
 
 # --- figures -----------------------------------------------------------------------------

@@ -28,6 +28,12 @@ configurations, each against its own direct baseline:
 TTFT is timed from the scheduled send time to the first chunk with generated text. The
 client runs on uvloop and reads raw SSE lines (no JSON decoding).
 
+**The peer.** When ``.venv-litellm`` exists (``make litellm``; ``$WEIGHBRIDGE_LITELLM`` names
+another ``litellm`` executable), LiteLLM's proxy is measured the same way, in front of the same
+engine shape: one worker, no database, no callbacks, the engine as a ``hosted_vllm`` model. One
+worker cannot carry 200 requests/s (it spends over 100 ms of CPU on each here), so its row and
+a row of our plain config beside it run at ``PEER_RATE``.
+
 ``python -m benchmarks.sidecar_overhead [--quick] [--rate 200] [--seconds 20]``
 """
 
@@ -36,29 +42,41 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import random
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 import orjson
 import uvloop
+import yaml
 
 from benchmarks import _system
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from weighbridge.launch import emulator_process, sidecar_process
+from weighbridge.launch import ServerProcess, emulator_process, free_port, sidecar_process
 from weighbridge.statistics import percentile
 
 MODEL = "m"
-KEY = "sk-bench"
+# One bearer key for both proxies: the sidecar's tenant key and LiteLLM's master key (which it
+# refuses to start without, or with a weak one).
+KEY = "sk-bench-6f1d2c9a4e7b8d0c3a5f9e1b7d2c4a6e"
 RATE = 200.0
 TARGET_P50_S, TARGET_P99_S = 0.002, 0.010
 ENGINE = {"profile": "h100-llama3-8b", "max_num_seqs": 256, "max_num_batched_tokens": 8192,
           "num_kv_blocks": 8192, "block_size": 16, "max_model_len": 1024, "model_name": MODEL}
 BODY = orjson.dumps({"model": MODEL, "prompt": list(range(10, 42)), "max_tokens": 16,
                      "ignore_eos": True, "stream": True})
+# The peer rows' request: LiteLLM refuses token-id prompts for a text completion ("Unmapped
+# prompt format"), so those rows (ours beside it too) send 32 words the engine counts as 32
+# tokens; the rest is the same.
+TEXT_BODY = orjson.dumps({"model": MODEL, "prompt": " ".join(["word"] * 32), "max_tokens": 16,
+                          "ignore_eos": True, "stream": True})
 
 
 CONFIGS: dict[str, dict[str, object]] = {
@@ -69,10 +87,50 @@ CONFIGS: dict[str, dict[str, object]] = {
 PLAIN = "drr, plain config (admission derived)"
 VERDICT_ON = "drr, max_backend_waiting 8"
 
+# The peer (module doc): scripts/install-litellm.sh builds this venv with the version below.
+LITELLM = Path(os.environ.get(
+    "WEIGHBRIDGE_LITELLM",
+    Path(__file__).resolve().parents[1] / ".venv-litellm" / "bin" / "litellm"))
+LITELLM_NAME = "LiteLLM proxy (one worker)"
+# One LiteLLM worker spends ~150-170 ms of CPU on each streamed request on this machine (a
+# first measurement, 2026-12-02): 2 requests/s keep it below saturation, so its row shows its
+# cost per request and not a queue.
+PEER_RATE = 2.0
+# LiteLLM's first requests pay for lazy imports and caches (seconds of CPU): both peer rows
+# are warmed for this long before the passes.
+PEER_WARMUP_S = 15.0
+
 
 def sidecar_config(engine_url: str, overlay: dict[str, object]) -> dict[str, object]:
     return {"tenants": {"bench": {"tier": "standard", "api_keys": [f"plain:{KEY}"]}},
             "backends": [{"url": engine_url}], **overlay}
+
+
+Proxy = Callable[[str], ServerProcess]  # the engine's URL -> the proxy in front of it
+
+
+def sidecar(overlay: dict[str, object]) -> Proxy:
+    return lambda url: sidecar_process(sidecar_config(url, overlay), name="overhead-sidecar")
+
+
+def litellm(url: str) -> ServerProcess:
+    """LiteLLM's proxy in front of ``url``: the engine as an OpenAI-compatible vLLM model of
+    the same name, one worker, nothing else configured."""
+    directory = Path(tempfile.mkdtemp(prefix="weighbridge-litellm-"))
+    config = directory / "litellm.yaml"
+    config.write_text(yaml.safe_dump({
+        "model_list": [{"model_name": MODEL,
+                        "litellm_params": {"model": f"hosted_vllm/{MODEL}",
+                                           "api_base": url + "/v1", "api_key": "none"}}],
+        "general_settings": {"master_key": KEY}}))
+    port = free_port()
+    return ServerProcess(
+        name="overhead-litellm", url=f"http://127.0.0.1:{port}", cwd=directory,
+        argv=[str(LITELLM), "--config", str(config), "--host", "127.0.0.1", "--port",
+              str(port), "--num_workers", "1"],
+        health_path="/health/liveliness", startup_timeout_s=180,
+        # Offline: the bundled model cost map, not a fetch from GitHub at start-up.
+        env={"LITELLM_LOCAL_MODEL_COST_MAP": "True"})
 
 
 @dataclass(slots=True)
@@ -85,10 +143,10 @@ class Stream:
 
 
 async def one_request(session: aiohttp.ClientSession, url: str, headers: dict[str, str],
-                      due: float, out: Stream) -> None:
+                      due: float, out: Stream, body: bytes = BODY) -> None:
     await asyncio.sleep(max(0.0, due - time.monotonic()))
     try:
-        async with session.post(url, data=BODY, headers=headers) as response:
+        async with session.post(url, data=body, headers=headers) as response:
             if response.status != 200:
                 out.failures += 1
                 await response.read()
@@ -115,7 +173,7 @@ def poisson(rate: float, seconds: float, rng: random.Random) -> list[float]:
 
 
 async def drive(direct_url: str, sidecar_url: str, rate: float, seconds: float, seed: int,
-                sidecar_first: bool) -> tuple[Stream, Stream]:
+                sidecar_first: bool, body: bytes = BODY) -> tuple[Stream, Stream]:
     rng = random.Random(seed)
     direct, side = Stream("direct"), Stream("sidecar")
     plans = [(direct_url, {"content-type": "application/json"}, direct,
@@ -130,7 +188,7 @@ async def drive(direct_url: str, sidecar_url: str, rate: float, seconds: float, 
                                      timeout=aiohttp.ClientTimeout(total=60)) as session:
         t0 = time.monotonic() + 0.2
         await asyncio.gather(*(one_request(session, url + "/v1/completions", headers, t0 + at,
-                                           out)
+                                           out, body)
                                for url, headers, out, times in plans for at in times))
     return direct, side
 
@@ -155,8 +213,9 @@ class Overhead:
         return self.sidecar_p99_s - self.direct_p99_s
 
 
-def measure(rate: float, seconds: float, passes: int, overlay: dict[str, object],
-            log: Callable[[str], None] = print) -> Overhead:
+def measure(rate: float, seconds: float, passes: int, proxy: Proxy,
+            log: Callable[[str], None] = print, body: bytes = BODY,
+            warmup_s: float = 1.0) -> Overhead:
     direct: list[float] = []
     side: list[float] = []
     failures = 0
@@ -164,18 +223,19 @@ def measure(rate: float, seconds: float, passes: int, overlay: dict[str, object]
     wait = wall = 0.0
     with emulator_process(name="overhead-direct", **ENGINE) as engine, \
             emulator_process(name="overhead-behind", **ENGINE) as behind, \
-            sidecar_process(sidecar_config(behind.url, overlay),
-                            name="overhead-sidecar") as sidecar:
+            proxy(behind.url) as sidecar:
         # Warm both paths (connection pools, first dispatch, the metrics poller's first scrape).
-        uvloop.run(drive(engine.url, sidecar.url, 50, 1.0, seed=0, sidecar_first=False))
+        uvloop.run(drive(engine.url, sidecar.url, min(rate, 50), warmup_s, seed=0,
+                         sidecar_first=False, body=body))
         for k in range(passes):
             assert sidecar.pid is not None
-            before, client_before = _system.process_sched(sidecar.pid), _system.thread_sched()
+            # The proxy's whole process group: it runs in its own session (workers included).
+            before, client_before = _system.group_sched(sidecar.pid), _system.thread_sched()
             start = time.monotonic()
             d, s = uvloop.run(drive(engine.url, sidecar.url, rate, seconds, seed=k + 1,
-                                     sidecar_first=k % 2 == 1))
+                                     sidecar_first=k % 2 == 1, body=body))
             wall += time.monotonic() - start
-            cpu += (_system.process_sched(sidecar.pid) - before).cpu_s
+            cpu += (_system.group_sched(sidecar.pid) - before).cpu_s
             wait += (_system.thread_sched() - client_before).wait_s
             direct += d.ttft_s
             side += s.ttft_s
@@ -206,15 +266,31 @@ def verdict(o: Overhead) -> bool:
 
 def run(ctx: BenchContext) -> BenchResult:
     seconds, passes = (5.0, 2) if ctx.quick else (15.0, 4)
-    results: dict[str, Overhead] = {}
+    runs: list[tuple[str, float, Overhead]] = []
     for name, overlay in CONFIGS.items():
         ctx.log(f"{name}: {passes} passes of {seconds:.0f} s at {RATE:.0f} req/s through the "
                 f"sidecar and {RATE:.0f} req/s direct")
-        results[name] = measure(RATE, seconds, passes, overlay, log=ctx.log)
-    rows = [(name, _ms(o.direct_p50_s), _ms(o.sidecar_p50_s), f"**{_ms(o.added_p50_s)}**",
-             _ms(o.direct_p99_s), _ms(o.sidecar_p99_s), f"**{_ms(o.added_p99_s)}**",
-             f"{o.cpu_per_request_s * 1e6:.0f}", str(o.failures))
-            for name, o in results.items()]
+        runs.append((name, RATE, measure(RATE, seconds, passes, sidecar(overlay), log=ctx.log)))
+    notes = []
+    if LITELLM.exists():
+        for name, proxy in ((LITELLM_NAME, litellm), (PLAIN, sidecar(CONFIGS[PLAIN]))):
+            ctx.log(f"{name}: {passes} passes of {seconds:.0f} s at {PEER_RATE:.0f} req/s")
+            runs.append((name, PEER_RATE, measure(PEER_RATE, seconds, passes, proxy,
+                                                  log=ctx.log, body=TEXT_BODY,
+                                                  warmup_s=PEER_WARMUP_S)))
+        notes.append(f"{LITELLM_NAME}: `{LITELLM}` ({_litellm_version()}), started as "
+                     "`litellm --config F --num_workers 1` with the engine as a "
+                     "`hosted_vllm` model and nothing else (no database, no callbacks); "
+                     f"measured at {PEER_RATE:.0f} req/s, with our plain config at the "
+                     "same rate beside it, because one worker cannot carry "
+                     f"{RATE:.0f} req/s.")
+    else:
+        notes.append(f"No LiteLLM row: `{LITELLM}` does not exist (`make litellm` builds it).")
+    rows = [(name, f"{rate:.0f}", _ms(o.direct_p50_s), _ms(o.sidecar_p50_s),
+             f"**{_ms(o.added_p50_s)}**", _ms(o.direct_p99_s), _ms(o.sidecar_p99_s),
+             f"**{_ms(o.added_p99_s)}**", f"{o.cpu_per_request_s * 1e6:.0f}", str(o.failures))
+            for name, rate, o in runs]
+    results = {name: o for name, rate, o in runs if rate == RATE}
     o = results[VERDICT_ON]
     plain = results.get(PLAIN)
     summary = [f"TTFT added by the sidecar (`{VERDICT_ON}`) at {RATE:.0f} streaming req/s: "
@@ -225,19 +301,40 @@ def run(ctx: BenchContext) -> BenchResult:
         summary.append(f"The plain config (every admission knob derived) adds p50 "
                        f"**{_ms(plain.added_p50_s)} ms**, p99 **{_ms(plain.added_p99_s)} ms** "
                        f"(the sized config's: {_ms(o.added_p50_s)} / {_ms(o.added_p99_s)} ms).")
+    peer = {name: o for name, rate, o in runs if rate == PEER_RATE}
+    if LITELLM_NAME in peer and PLAIN in peer:
+        ours, theirs = peer[PLAIN], peer[LITELLM_NAME]
+        summary.append(
+            f"At {PEER_RATE:.0f} req/s: LiteLLM's proxy adds p50 "
+            f"**{_ms(theirs.added_p50_s)} ms**, p99 **{_ms(theirs.added_p99_s)} ms** at "
+            f"**{theirs.cpu_per_request_s * 1e6:,.0f} µs** of CPU per request; the sidecar "
+            f"(plain config) {_ms(ours.added_p50_s)} / {_ms(ours.added_p99_s)} ms at "
+            f"{ours.cpu_per_request_s * 1e6:,.0f} µs.")
     return BenchResult(
         summary=summary,
-        tables=[Table(("sidecar config", "direct p50 ms", "sidecar p50 ms", "added p50 ms",
-                       "direct p99 ms", "sidecar p99 ms", "added p99 ms",
-                       "sidecar CPU µs/req", "failures"), rows)],
-        notes=["Identical engines, same time: a Poisson stream through the sidecar and one "
+        tables=[Table(("proxy", "req/s", "direct p50 ms", "proxied p50 ms", "added p50 ms",
+                       "direct p99 ms", "proxied p99 ms", "added p99 ms",
+                       "proxy CPU µs/req", "failures"), rows)],
+        notes=["Identical engines, same time: a Poisson stream through the proxy and one "
                "direct, each at the full rate; the added TTFT is the difference of their "
                "percentiles. On the 2-core machine four busy processes (client, two engines, "
-               "sidecar) share the CPU, so the extra hop also waits for a core: part of the "
+               "proxy) share the CPU, so the extra hop also waits for a core: part of the "
                "added figure is the machine's. The client waited for a CPU "
-               f"{o.client_wait_share:.0%} of the time in the verdict's run."],
+               f"{o.client_wait_share:.0%} of the time in the verdict's run. CPU per request "
+               "is the proxy's whole process group's.", *notes],
         passed=verdict(o) and (plain is None or verdict(plain)),
     )
+
+
+def _litellm_version() -> str:
+    python = LITELLM.parent / "python"
+    try:
+        out = subprocess.run([str(python), "-c", "import importlib.metadata as m; "
+                              "print(m.version('litellm'))"], capture_output=True, text=True,
+                             timeout=60, check=True)
+        return "litellm " + out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "version unknown"
 
 
 BENCHMARK = Benchmark("sidecar_overhead", "sidecar: added TTFT at 200 streaming req/s", run)
@@ -250,10 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=RATE)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--passes", type=int, default=4)
-    parser.add_argument("--config", choices=sorted(CONFIGS), default=VERDICT_ON)
+    parser.add_argument("--config", choices=[*sorted(CONFIGS), "litellm"], default=VERDICT_ON,
+                        help="a sidecar config, or LiteLLM's proxy (needs make litellm)")
     args = parser.parse_args(argv)
     seconds, passes = (5.0, 2) if args.quick else (args.seconds, args.passes)
-    o = measure(args.rate, seconds, passes, CONFIGS[args.config])
+    peer = args.config == "litellm"
+    proxy = litellm if peer else sidecar(CONFIGS[args.config])
+    o = measure(args.rate, seconds, passes, proxy, body=TEXT_BODY if peer else BODY,
+                warmup_s=PEER_WARMUP_S if peer else 1.0)
     print(f"added TTFT p50 {_ms(o.added_p50_s)} ms, p99 {_ms(o.added_p99_s)} ms; sidecar CPU "
           f"{o.cpu_per_request_s * 1e6:.0f} µs/request; {o.failures} failures; client CPU "
           f"wait {o.client_wait_share:.0%}")
