@@ -52,3 +52,13 @@ def test_start_up_checks_are_vllms() -> None:
         EmulatorOptions(max_model_len=99_999).check()
     with pytest.raises(ValueError, match="unknown profile"):
         EmulatorOptions(profile="no-such-profile").check()
+
+
+def test_a_bad_flag_is_named_in_one_line() -> None:
+    result = CliRunner().invoke(app, ["emulator", "--max-num-seqs", "0"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 2
+    assert "--max-num-seqs: Input should be greater than or equal to 1" in result.output
+    result = CliRunner().invoke(app, ["emulator", "--max-model-len", "99999"],
+                                env={"COLUMNS": "200"})
+    assert result.exit_code == 2 and "smaller than max_model_len" in result.output
