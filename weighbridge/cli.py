@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from emulator.options import EmulatorOptions
 from weighbridge.settings_file import problems
@@ -34,44 +34,40 @@ def _root() -> None:
     """Token-aware multi-tenant fair scheduling and measurement for vLLM serving."""
 
 
-def _with_options(model: type[BaseModel]) -> Callable[[Callable[..., None]], Callable[..., None]]:
-    """A command that takes every field of ``model`` as an option (its description is the
-    help, its extra ``flags`` the spellings), besides the command's own parameters; the
+def _with_emulator_options(command: Callable[..., None]) -> Callable[..., None]:
+    """A command that takes every field of ``EmulatorOptions`` as an option (its description
+    is the help, ``cli_flags`` the spellings), besides the command's own parameters; the
     command receives them as one ``options`` instance. One declaration, the model's, for
     the flags, the stack files and the code that starts engines."""
+    model = EmulatorOptions
+    own = [p for name, p in inspect.signature(command, eval_str=True).parameters.items()
+           if name != "options"]
+    fields = []
+    for name, info in model.model_fields.items():
+        option = typer.Option(*model.cli_flags(name), help=info.description)
+        fields.append(inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
+            annotation=Annotated[info.annotation, option]))
 
-    def decorate(command: Callable[..., None]) -> Callable[..., None]:
-        own = [p for name, p in inspect.signature(command, eval_str=True).parameters.items()
-               if name != "options"]
-        fields = []
-        for name, info in model.model_fields.items():
-            flags = EmulatorOptions.cli_flags(name) if model is EmulatorOptions else []
-            option = typer.Option(*flags, help=info.description)
-            fields.append(inspect.Parameter(
-                name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
-                annotation=Annotated[info.annotation, option]))
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        values = {name: kwargs.pop(name) for name in model.model_fields}
+        try:
+            options = model(**values)
+        except ValidationError as e:
+            raise typer.BadParameter("; ".join(
+                f"--{path.replace('_', '-')}: {message}"
+                for path, message in problems(e))) from None
+        command(options=options, **kwargs)
 
-        @functools.wraps(command)
-        def run(**kwargs: Any) -> None:
-            values = {name: kwargs.pop(name) for name in model.model_fields}
-            try:
-                options = model(**values)
-            except ValidationError as e:
-                raise typer.BadParameter("; ".join(
-                    f"--{path.replace('_', '-')}: {message}"
-                    for path, message in problems(e))) from None
-            command(options=options, **kwargs)
-
-        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + fields
-        run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-        run.__annotations__ = {p.name: p.annotation for p in params}
-        return run
-
-    return decorate
+    params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own] + fields
+    run.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    run.__annotations__ = {p.name: p.annotation for p in params}
+    return run
 
 
 @app.command()
-@_with_options(EmulatorOptions)
+@_with_emulator_options
 def emulator(
     options: EmulatorOptions,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
