@@ -337,6 +337,11 @@ class Sidecar:
         user = body.get("user")
         if user is not None and not isinstance(user, str):
             raise bad("invalid_user", "user must be a string")
+        # Optional, as in vLLM (a request without it gets the served model); per-model limits
+        # key on it, so it must be a string when present.
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            raise bad("invalid_model", "model must be a string")
         try:
             prompt = prompt_tokens(endpoint, body)
         except PromptError as e:
@@ -399,6 +404,7 @@ class Sidecar:
             user=identity,
             priority=body.get("priority") or 0,
             deadline_s=self.core.deadline_for(tier, now, deadline_ms),
+            model=body.get("model"),
         )
         trace.admission(checks_ns, time.time_ns(),
                         result.reason if isinstance(result, Reject) else "queued", offered)

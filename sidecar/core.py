@@ -145,6 +145,10 @@ class SchedulingCore:
         self.rate_limiter = TenantRateLimiter(
             {name: t.limits for name, t in config.tenants.items()}, endpoint_limits,
             {name: tier.limits for name, tier in config.tiers.items()},
+            endpoint_defaults={path: e.tenant_limits for path, e in config.endpoints.items()},
+            model_limits={(tenant, model): limits for tenant, t in config.tenants.items()
+                          for model, limits in t.model_limits.items()},
+            model_defaults={name: m.tenant_limits for name, m in config.models.items()},
         )
         self.meter = ThroughputMeter()
         self.predictor = WaitPredictor(self.scheduler, self.meter)
@@ -209,6 +213,7 @@ class SchedulingCore:
         user: str | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        model: str | None = None,
     ) -> QueuedRequest | Reject:
         """Rate limit, early rejection, bounded queue, in that order; a request that passes
         all three is queued and returned."""
@@ -228,11 +233,12 @@ class SchedulingCore:
             estimated_output_tokens=self.estimator.estimate(tenant, endpoint, max_tokens),
             arrival_s=now,
             user=user,
+            model=model if model is not None else self.config.default_model,
             priority=priority,
             deadline_s=deadline_s,
         )
         admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now,
-                                           tier)
+                                           tier, request.model)
         if not isinstance(admitted, Admit):
             self.ledger.end(request_id, Outcome.REJECTED, admitted.reason)
             return admitted
@@ -253,7 +259,7 @@ class SchedulingCore:
 
     def _turn_away(self, request: QueuedRequest, reject: Reject, now: float) -> Reject:
         self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now,
-                                 request.tier)
+                                 request.tier, request.model)
         self.ledger.end(request.id, Outcome.REJECTED, reject.reason)
         return reject
 
@@ -264,7 +270,7 @@ class SchedulingCore:
         if request is None:
             return False
         self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now,
-                                 request.tier)
+                                 request.tier, request.model)
         self.ledger.end(request_id, Outcome.CANCELLED)
         return True
 
@@ -512,7 +518,8 @@ class SchedulingCore:
             # Ended before dispatch (client gone, shutdown): leaves the queue, refunded.
             self.scheduler.cancel(request.id)
             self.rate_limiter.refund(
-                request.tenant, request.endpoint, request.admitted_tokens, now, request.tier
+                request.tenant, request.endpoint, request.admitted_tokens, now, request.tier,
+                request.model,
             )
             self.ledger.end(request.id, outcome)
             return
@@ -520,7 +527,8 @@ class SchedulingCore:
         self.scheduler.on_finished(request, prompt_tokens, output_tokens)
         actual = prompt_tokens + output_tokens
         self.rate_limiter.settle(
-            request.tenant, request.endpoint, request.admitted_tokens, actual, now, request.tier
+            request.tenant, request.endpoint, request.admitted_tokens, actual, now, request.tier,
+            request.model,
         )
         reported = self._release_backend(request, now)
         self._observe_served(max(0, actual - reported), now)

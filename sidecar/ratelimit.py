@@ -1,4 +1,7 @@
-"""Per-tenant (and per tenant-and-endpoint) rate limits as continuously refilling token buckets.
+"""Rate limits as continuously refilling token buckets, in four scopes: a tier (all its
+tenants together), a tenant, a tenant on one endpoint and a tenant on one model. The last
+two come from the tenant's own entry or, without one, from the endpoint's or model's
+default for every tenant (each tenant then gets its own buckets of that size).
 
 Every window is a bucket of ``capacity = limit`` refilled at ``limit / window`` per second, so a
 tenant may burst one window's worth and then proceeds at the average rate. The long windows
@@ -103,7 +106,7 @@ class TokenBucket:
 
 @dataclass(slots=True)
 class _Scope:
-    """The buckets of one scope: a tenant, or a tenant on one endpoint."""
+    """The buckets of one scope: a tier, a tenant, or a tenant on one endpoint or model."""
 
     requests: list[tuple[str, TokenBucket]] = field(default_factory=list)
     tokens: list[tuple[str, TokenBucket]] = field(default_factory=list)
@@ -125,29 +128,61 @@ class Admit:
     tokens: int  # the token estimate charged; pass it back to settle() or refund()
 
 
+class _PairScopes:
+    """A tenant's scopes on one kind of thing (an endpoint, a model): its own limits for it
+    when it has them, else the thing's default for every tenant; none when neither is set."""
+
+    def __init__(self, own: Mapping[tuple[str, str], RateLimits],
+                 default: Mapping[str, RateLimits]) -> None:
+        self._own = dict(own)
+        self._default = {k: v for k, v in default.items() if _limits_anything(v)}
+        self.scopes: dict[tuple[str, str], _Scope] = {}
+
+    def get(self, tenant: str, thing: str, now: float) -> _Scope | None:
+        key = (tenant, thing)
+        scope = self.scopes.get(key)
+        if scope is None:
+            limits = self._own.get(key) or self._default.get(thing)
+            if limits is not None:
+                scope = self.scopes[key] = _Scope.from_limits(limits, now)
+        return scope
+
+
+def _limits_anything(limits: RateLimits) -> bool:
+    return any(getattr(limits, name) is not None for name, _, _ in _WINDOWS)
+
+
 class TenantRateLimiter:
-    """Admission against every limit that applies to a request, atomically: its tenant's,
-    its tenant's on its endpoint, and its tier's (all tenants in the tier together); either
-    all buckets are charged or none is."""
+    """Admission against every limit that applies to a request, atomically: its tier's (all
+    tenants in the tier together), its tenant's, its tenant's on its endpoint and on its
+    model; either all buckets are charged or none is.
+
+    ``endpoint_limits``/``model_limits``: a tenant's own, by (tenant, endpoint or model);
+    ``endpoint_defaults``/``model_defaults``: every tenant's, by endpoint or model, for the
+    tenants without their own entry."""
 
     def __init__(
         self,
         limits: Mapping[str, RateLimits],
         endpoint_limits: Mapping[tuple[str, str], RateLimits] | None = None,
         tier_limits: Mapping[str, RateLimits] | None = None,
+        *,
+        endpoint_defaults: Mapping[str, RateLimits] | None = None,
+        model_limits: Mapping[tuple[str, str], RateLimits] | None = None,
+        model_defaults: Mapping[str, RateLimits] | None = None,
     ) -> None:
         self._limits = dict(limits)
-        self._endpoint_limits = dict(endpoint_limits or {})
         self._tier_limits = dict(tier_limits or {})
         self._tier_scopes: dict[str, _Scope] = {}
         # Buckets are created on first use: 10,000 configured tenants cost nothing until
         # they send. A new bucket starts full, which is what a bucket created at startup
         # would have refilled to anyway.
         self._tenant_scopes: dict[str, _Scope] = {}
-        self._endpoint_scopes: dict[tuple[str, str], _Scope] = {}
+        self._endpoints = _PairScopes(endpoint_limits or {}, endpoint_defaults or {})
+        self._models = _PairScopes(model_limits or {}, model_defaults or {})
 
     def _scopes(self, tenant: str, endpoint: str, now: float,
-                tier: str | None = None) -> list[_Scope]:
+                tier: str | None, model: str | None) -> list[_Scope]:
         scopes = []
         if tier is not None and tier in self._tier_limits:
             scope = self._tier_scopes.get(tier)
@@ -160,20 +195,19 @@ class TenantRateLimiter:
             scope = self._tenant_scopes[tenant] = _Scope.from_limits(self._limits[tenant], now)
         if scope is not None:
             scopes.append(scope)
-        key = (tenant, endpoint)
-        scope = self._endpoint_scopes.get(key)
-        if scope is None and key in self._endpoint_limits:
-            scope = self._endpoint_scopes[key] = _Scope.from_limits(
-                self._endpoint_limits[key], now
-            )
+        scope = self._endpoints.get(tenant, endpoint, now)
         if scope is not None:
             scopes.append(scope)
+        if model is not None:
+            scope = self._models.get(tenant, model, now)
+            if scope is not None:
+                scopes.append(scope)
         return scopes
 
     def admit(self, tenant: str, endpoint: str, tokens: int, now: float,
-              tier: str | None = None) -> Admit | Reject:
+              tier: str | None = None, model: str | None = None) -> Admit | Reject:
         """Charge one request and ``tokens`` (the estimate) or say how long to wait."""
-        scopes = self._scopes(tenant, endpoint, now, tier)
+        scopes = self._scopes(tenant, endpoint, now, tier, model)
         wait = 0.0
         binding = ""
         for scope in scopes:
@@ -201,13 +235,13 @@ class TenantRateLimiter:
         return Admit(tokens)
 
     def settle(self, tenant: str, endpoint: str, estimated: int, actual: int, now: float,
-               tier: str | None = None) -> None:
+               tier: str | None = None, model: str | None = None) -> None:
         """Correct the token charge to the real count: extra charge (possibly into debt) when
         the estimate was low, a refund when it was high."""
         delta = actual - estimated
         if delta == 0:
             return
-        for scope in self._scopes(tenant, endpoint, now, tier):
+        for scope in self._scopes(tenant, endpoint, now, tier, model):
             for _, bucket in scope.tokens:
                 if delta > 0:
                     bucket.take(delta, now)
@@ -215,9 +249,9 @@ class TenantRateLimiter:
                     bucket.give(-delta, now)
 
     def refund(self, tenant: str, endpoint: str, tokens: int, now: float,
-               tier: str | None = None) -> None:
+               tier: str | None = None, model: str | None = None) -> None:
         """Give back the token charge of a request that produced nothing (see module doc)."""
-        for scope in self._scopes(tenant, endpoint, now, tier):
+        for scope in self._scopes(tenant, endpoint, now, tier, model):
             for _, bucket in scope.tokens:
                 bucket.give(tokens, now)
 
@@ -225,11 +259,15 @@ class TenantRateLimiter:
         def dump(scope: _Scope) -> dict[str, dict[str, float]]:
             return {name: b.snapshot(now) for name, b in (*scope.requests, *scope.tokens)}
 
-        endpoints: dict[str, dict[str, Any]] = {}
-        for (tenant, endpoint), scope in self._endpoint_scopes.items():
-            endpoints.setdefault(tenant, {})[endpoint] = dump(scope)
+        def by_tenant(pairs: _PairScopes) -> dict[str, dict[str, Any]]:
+            out: dict[str, dict[str, Any]] = {}
+            for (tenant, thing), scope in pairs.scopes.items():
+                out.setdefault(tenant, {})[thing] = dump(scope)
+            return out
+
         return {
             "tenants": {t: dump(s) for t, s in self._tenant_scopes.items()},
-            "endpoints": endpoints,
+            "endpoints": by_tenant(self._endpoints),
+            "models": by_tenant(self._models),
             "tiers": {t: dump(s) for t, s in self._tier_scopes.items()},
         }

@@ -47,6 +47,7 @@ __all__ = [
     "Endpoint",
     "HealthProbe",
     "Limits",
+    "Model",
     "Policy",
     "PolicyTraits",
     "RateLimits",
@@ -165,6 +166,18 @@ def _check_path(value: Any) -> str:
 
 EndpointPath = Annotated[str, PlainValidator(_check_path, json_schema_input_type=str)]
 
+
+def _check_model_name(value: Any) -> str:
+    name = _expect_str(value)
+    if not name or name != name.strip():
+        raise PydanticCustomError("model_name", "a model name must be non-empty, without "
+                                  "leading or trailing spaces")
+    return name
+
+
+# As vLLM's --served-model-name and /v1/models spell it ("org/model", "my-lora", ...).
+ModelName = Annotated[str, PlainValidator(_check_model_name, json_schema_input_type=str)]
+
 # --------------------------------------------------------------------------- schema
 
 
@@ -231,7 +244,11 @@ class Tenant(_Model):
     api_keys: list[ApiKeyField] = Field(min_length=1)
     limits: Limits = Field(default_factory=Limits)
     # Extra rate limits on one endpoint (only the rate fields apply; queues are per tenant).
+    # Replaces that endpoint's `tenant_limits` default for this tenant.
     endpoint_limits: dict[EndpointPath, Limits] = Field(default_factory=dict)
+    # Extra rate limits on one model (the request's `model`, or `default_model`); replaces
+    # that model's `tenant_limits` default for this tenant.
+    model_limits: dict[ModelName, RateLimits] = Field(default_factory=dict)
 
 
 class Endpoint(_Model):
@@ -241,6 +258,8 @@ class Endpoint(_Model):
     quantum: PositiveInt = DEFAULT_TOKEN_QUANTUM
     # Output estimate before any output has been observed for a tenant on this endpoint.
     initial_output_estimate: PositiveInt = 256
+    # Every tenant's own limits on this endpoint, unless its `endpoint_limits` names it.
+    tenant_limits: RateLimits = Field(default_factory=RateLimits)
 
     @model_validator(mode="before")
     @classmethod
@@ -255,6 +274,13 @@ def default_endpoints() -> dict[str, Endpoint]:
         "/v1/chat/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
         "/v1/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
     }
+
+
+class Model(_Model):
+    """Rules for one model name, as requests spell it in `model`."""
+
+    # Every tenant's own limits on this model, unless its `model_limits` names it.
+    tenant_limits: RateLimits = Field(default_factory=RateLimits)
 
 
 class Backend(_Model):
@@ -399,6 +425,10 @@ class Config(_Model):
     # Merged over the defaults: every served endpoint always has a cost model.
     endpoints: dict[EndpointPath, Endpoint] = Field(default_factory=default_endpoints)
     backends: list[Backend] = Field(min_length=1)
+    models: dict[ModelName, Model] = Field(default_factory=dict)
+    # The model a request without `model` is charged to by per-model limits: the one vLLM
+    # serves it with (its first --served-model-name). None: such requests meet no model limit.
+    default_model: ModelName | None = None
     scheduler: Scheduler = Field(default_factory=Scheduler)
     admission: Admission = Field(default_factory=Admission)
     routing: Routing = "least_tokens"
@@ -489,6 +519,12 @@ class Config(_Model):
 
         if issues:
             raise conflicts(issues)
+        has_model_limits = any(t.model_limits for t in self.tenants.values()) or any(
+            m.tenant_limits != RateLimits() for m in self.models.values())
+        if has_model_limits and self.default_model is None:
+            self._warnings.append(
+                "default_model: not set, so a request without `model` meets no per-model "
+                "limit; set it to the model the backends serve such requests with")
         if not self.tenants:
             self._warnings.append("tenants: no tenants defined; every request will get 401")
         self._tenant_by_digest = by_digest

@@ -72,6 +72,7 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("priority-false", b'{"prompt": [1], "priority": false}', "invalid_priority"),
     ("stream-string", b'{"prompt": [1], "stream": "yes"}', "invalid_stream"),
     ("user-number", b'{"prompt": [1], "user": 5}', "invalid_user"),
+    ("model-number", b'{"prompt": [1], "model": 5}', "invalid_model"),
     ("prompt-missing", b'{"max_tokens": 4}', "invalid_prompt"),
     ("prompt-empty", b'{"prompt": ""}', "invalid_prompt"),
     ("prompt-empty-list", b'{"prompt": []}', "invalid_prompt"),

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 # 144 tokens (the gap the settlement test relies on), fast enough to be a real bucket.
 TOKENS_PER_MINUTE = 600
 REFILL_PER_S = TOKENS_PER_MINUTE / 60
+SERVED = "weighbridge-emulator"  # the emulator's model name (emulator/options.py)
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,11 @@ def stack(processes: contextlib.ExitStack) -> Stack:
             "tiny": tenant("standard", "sk-tiny", limits={"tokens_per_minute": 100}),
             "per-endpoint": tenant("standard", "sk-endpoint", endpoint_limits={
                 "/v1/chat/completions": {"requests_per_minute": 1}}),
+            "per-model": tenant("standard", "sk-model", model_limits={
+                SERVED: {"requests_per_minute": 2}}),
         },
+        # A request without `model` is charged to the emulator's model.
+        "default_model": SERVED,
         "admin_api_keys": [f"plain:{ADMIN_KEY}"],
     }, t_fixed=0.002)
 
@@ -74,6 +79,18 @@ def test_endpoint_limits_apply_to_their_endpoint_only(stack: Stack) -> None:
     assert response.headers["retry-after"].isdigit()
     for _ in range(3):  # completions has no limit of its own
         assert_served(post(stack, "sk-endpoint", completion()), "per-endpoint")
+    settled(stack.sidecar)
+
+
+def test_model_limits_count_requests_naming_the_model_and_those_naming_none(
+        stack: Stack) -> None:
+    assert_served(post(stack, "sk-model", completion(model=SERVED)), "per-model")
+    assert_served(post(stack, "sk-model", completion()), "per-model")  # the default model
+    response = post(stack, "sk-model", completion(model=SERVED))
+    assert_rejected(response, 429, "rate_limited")
+    assert response.headers["retry-after"].isdigit()
+    state = admin_state(stack.sidecar)["rate_limits"]["models"]["per-model"][SERVED]
+    assert state["requests_per_minute"]["capacity"] == 2
     settled(stack.sidecar)
 
 

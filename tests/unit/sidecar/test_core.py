@@ -100,6 +100,20 @@ def test_rate_limit_rejects_with_retry_after() -> None:
     balanced(core)
 
 
+def test_per_model_limits_charge_the_default_model_for_a_request_without_one() -> None:
+    core = SchedulingCore(make_config(
+        models={"big": {"tenant_limits": {"requests_per_minute": 1}}}, default_model="big"))
+    first = arrive(core)  # no model: the default's limit
+    assert isinstance(first, QueuedRequest) and first.model == "big"
+    rejected = arrive(core, model="big")
+    assert isinstance(rejected, Reject) and rejected.reason == RATE_LIMITED
+    assert isinstance(arrive(core, model="small"), QueuedRequest)
+    assert isinstance(arrive(core, "b", model="big"), QueuedRequest)  # b's own bucket
+    for dispatch in core.dispatch_ready(0.0):
+        core.on_completed(dispatch.request, 100, 10, 0.0)
+    balanced(core)
+
+
 def test_queue_full_refunds_tokens_but_keeps_the_request_charge() -> None:
     core = SchedulingCore(make_config())
     config = make_config(tenants={

@@ -103,6 +103,49 @@ def test_endpoint_limits_apply_on_top_of_tenant_limits() -> None:
     assert snap["endpoints"]["a"]["/embed"]["requests_per_minute"]["level"] == 0
 
 
+def test_model_defaults_give_each_tenant_its_own_buckets_and_own_entries_replace_them() -> None:
+    limiter = TenantRateLimiter(
+        {"a": RateLimits(), "b": RateLimits(), "c": RateLimits()},
+        model_limits={("c", "big"): RateLimits(requests_per_minute=3)},
+        model_defaults={"big": RateLimits(requests_per_minute=1)},
+    )
+    for tenant in ("a", "b"):  # one bucket of 1 each, not one shared by both
+        assert isinstance(limiter.admit(tenant, "/v1/completions", 1, 0.0, model="big"), Admit)
+        assert isinstance(limiter.admit(tenant, "/v1/completions", 1, 0.0, model="big"), Reject)
+        # Another model, and a request naming none, meet no model limit.
+        assert isinstance(limiter.admit(tenant, "/v1/completions", 1, 0.0, model="small"), Admit)
+        assert isinstance(limiter.admit(tenant, "/v1/completions", 1, 0.0), Admit)
+    admitted = [limiter.admit("c", "/v1/completions", 1, 0.0, model="big") for _ in range(4)]
+    assert [isinstance(a, Admit) for a in admitted] == [True, True, True, False]
+    snap = limiter.snapshot(0.0)
+    assert set(snap["models"]) == {"a", "b", "c"}
+    assert snap["models"]["c"]["big"]["requests_per_minute"]["capacity"] == 3
+
+
+def test_endpoint_defaults_apply_per_tenant_unless_it_has_its_own() -> None:
+    limiter = TenantRateLimiter(
+        {"a": RateLimits(), "b": RateLimits()},
+        {("b", "/v1/embeddings"): RateLimits()},  # b's own entry: unlimited there
+        endpoint_defaults={"/v1/embeddings": RateLimits(tokens_per_minute=100)},
+    )
+    assert isinstance(limiter.admit("a", "/v1/embeddings", 100, 0.0), Admit)
+    assert isinstance(limiter.admit("a", "/v1/embeddings", 1, 0.0), Reject)
+    assert isinstance(limiter.admit("a", "/v1/completions", 1000, 0.0), Admit)
+    assert isinstance(limiter.admit("b", "/v1/embeddings", 10_000, 0.0), Admit)
+
+
+def test_a_model_limit_refunds_and_settles_like_the_others() -> None:
+    limiter = TenantRateLimiter({"a": RateLimits()},
+                                model_defaults={"m": RateLimits(tokens_per_minute=1000)})
+    admitted = limiter.admit("a", "/v1/completions", 600, 0.0, model="m")
+    assert isinstance(admitted, Admit)
+    limiter.refund("a", "/v1/completions", 600, 0.0, model="m")
+    assert isinstance(limiter.admit("a", "/v1/completions", 1000, 0.0, model="m"), Admit)
+    limiter.settle("a", "/v1/completions", 1000, 400, 0.0, model="m")  # used less: refunded
+    level = limiter.snapshot(0.0)["models"]["a"]["m"]["tokens_per_minute"]["level"]
+    assert level == 600
+
+
 def test_unlimited_tenants_always_pass() -> None:
     limiter = TenantRateLimiter({"a": RateLimits()})
     for _ in range(1000):
