@@ -41,7 +41,11 @@ from weighbridge.statistics import percentile
 
 START_DELAY_S = 0.5  # both clients get ready, then start together
 METRICS = ("vllm:num_preemptions_total", "vllm:generation_tokens_total",
-           "vllm:prompt_tokens_total")
+           "vllm:prompt_tokens_total",
+           # Diagnostics of the step time: engine steps (one histogram observation each) and
+           # the engine's own clock between a sequence's tokens.
+           "vllm:iteration_tokens_total_count", "vllm:inter_token_latency_seconds_sum",
+           "vllm:inter_token_latency_seconds_count")
 
 
 def victim_arrivals(repeat: int, window_s: float = VICTIM_WINDOW_S) -> list[float]:
@@ -106,6 +110,18 @@ class FloodRun:
     @property
     def preemptions(self) -> float:
         return self.counters.get("vllm:num_preemptions_total", float("nan"))
+
+    @property
+    def steps(self) -> float:
+        """Engine steps over the run (observations of vllm:iteration_tokens_total)."""
+        return self.counters.get("vllm:iteration_tokens_total_count", float("nan"))
+
+    @property
+    def engine_itl_s(self) -> float:
+        """The mean time between a sequence's tokens on the engine's own clock."""
+        count = self.counters.get("vllm:inter_token_latency_seconds_count", 0.0)
+        total = self.counters.get("vllm:inter_token_latency_seconds_sum", float("nan"))
+        return total / count if count else float("nan")
 
 
 async def _counters(session: aiohttp.ClientSession, url: str) -> dict[str, float]:

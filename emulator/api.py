@@ -4,12 +4,18 @@ responses, as vLLM's OpenAI server produces them. Pure: bodies in, dicts out.
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import math
+import struct
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from emulator import text
+from emulator.tiny_model import HIDDEN_SIZE
 
 Endpoint = Literal["completions", "chat"]
 
@@ -118,14 +124,8 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) ->
     return text.count_chat_tokens(contents)
 
 
-def parse_generation_request(
-    endpoint: Endpoint,
-    body: Any,
-    *,
-    served_model: str,
-    max_model_len: int,
-    vocab_size: int,
-) -> GenerationRequest:
+def _check_model(body: Any, served_model: str) -> None:
+    """The body is an object naming the served model, or none (vLLM then serves its own)."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model", served_model)
@@ -134,14 +134,9 @@ def parse_generation_request(
     if model != served_model:
         raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: "
                        f"{served_model}.", "NotFoundError", "model")
-    n = _int_field(body, "n", 1)
-    if n != 1:
-        raise ApiError(400, "the emulator supports n=1 only", param="n")
-    prompt_tokens = _prompt_tokens(endpoint, body, vocab_size)
-    # OpenAI's newer field name for chat; vLLM accepts both.
-    max_tokens = _int_field(body, "max_tokens", None)
-    if max_tokens is None and endpoint == "chat":
-        max_tokens = _int_field(body, "max_completion_tokens", None)
+
+
+def _check_context(prompt_tokens: int, max_model_len: int) -> None:
     if prompt_tokens > max_model_len:
         raise ApiError(
             400,
@@ -151,6 +146,26 @@ def parse_generation_request(
             f"(parameter=input_tokens, value={prompt_tokens})",
             param="input_tokens",
         )
+
+
+def parse_generation_request(
+    endpoint: Endpoint,
+    body: Any,
+    *,
+    served_model: str,
+    max_model_len: int,
+    vocab_size: int,
+) -> GenerationRequest:
+    _check_model(body, served_model)
+    n = _int_field(body, "n", 1)
+    if n != 1:
+        raise ApiError(400, "the emulator supports n=1 only", param="n")
+    prompt_tokens = _prompt_tokens(endpoint, body, vocab_size)
+    # OpenAI's newer field name for chat; vLLM accepts both.
+    max_tokens = _int_field(body, "max_tokens", None)
+    if max_tokens is None and endpoint == "chat":
+        max_tokens = _int_field(body, "max_completion_tokens", None)
+    _check_context(prompt_tokens, max_model_len)
     if max_tokens is not None and max_tokens > max_model_len:
         raise ApiError(400, f"max_tokens={max_tokens} cannot be greater than "
                        f"max_model_len={max_model_len}. Please request fewer output tokens. "
@@ -185,6 +200,117 @@ def parse_generation_request(
         continuous_usage=_bool_field(stream_options, "continuous_usage_stats", False),
         user=user,
     )
+
+
+# /v1/embeddings ------------------------------------------------------------------------------
+
+# The width of an embedding: the hidden size of the tiny model that real vLLM serves in
+# pooling mode in the conformance suite (last-token pooling of the final hidden state).
+EMBEDDING_SIZE = HIDDEN_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    """One /v1/embeddings request: each input is a prompt of its own to the engine (as in
+    vLLM, which runs a prefill-only request per input)."""
+
+    model: str
+    inputs: tuple[tuple[int, ...] | str, ...]  # token ids, or text
+    prompt_tokens: tuple[int, ...]  # per input
+    encoding_format: Literal["float", "base64"]
+    priority: int
+    user: str | None
+
+
+def _token_ids(value: Any, vocab_size: int) -> tuple[int, ...] | None:
+    """``value`` as a non-empty list of token ids, or None if it is not one."""
+    if not isinstance(value, list) or not value or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return None
+    bad = next((t for t in value if t < 0 or t >= vocab_size), None)
+    if bad is not None:
+        raise ApiError(400, f"Token id {bad} is out of vocabulary")
+    return tuple(value)
+
+
+def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
+                            vocab_size: int) -> EmbeddingRequest:
+    """``input``: a string, a list of strings, a list of token ids, or a list of lists of
+    token ids, as OpenAI's embeddings API and vLLM take it."""
+    _check_model(body, served_model)
+    raw = body.get("input")
+    inputs: list[tuple[int, ...] | str]
+    ids = _token_ids(raw, vocab_size)
+    if isinstance(raw, str):
+        inputs = [raw]
+    elif ids is not None:
+        inputs = [ids]
+    elif isinstance(raw, list) and raw and all(isinstance(x, str) for x in raw):
+        inputs = list(raw)
+    elif isinstance(raw, list) and raw and all(isinstance(x, list) for x in raw):
+        inputs = []
+        for x in raw:
+            one = _token_ids(x, vocab_size)
+            if one is None:
+                raise ApiError(400, "input: every list of token ids must be non-empty",
+                               param="input")
+            inputs.append(one)
+    else:
+        raise ApiError(400, "input must be a string, a list of strings, a list of token ids "
+                       "or a list of lists of token ids, and not empty", param="input")
+    if any(x == "" for x in inputs):
+        raise ApiError(400, "input must not contain an empty string", param="input")
+    # A text input is tokenized with a BOS token in front, as for a completions prompt.
+    counts = tuple(text.count_tokens(x) + 1 if isinstance(x, str) else len(x) for x in inputs)
+    for count in counts:
+        _check_context(count, max_model_len)
+    encoding = body.get("encoding_format", "float")
+    if encoding is None:
+        encoding = "float"
+    if encoding not in ("float", "base64"):
+        raise ApiError(400, "encoding_format must be 'float' or 'base64'",
+                       param="encoding_format")
+    if body.get("dimensions") is not None:
+        # vLLM's answer for a model without matryoshka representations (the tiny one).
+        raise ApiError(400, "Model does not support matryoshka representation, changing "
+                       "output dimensions will lead to poor results.", param="dimensions")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise ApiError(400, "user must be a string", param="user")
+    return EmbeddingRequest(model=served_model, inputs=tuple(inputs), prompt_tokens=counts,
+                            encoding_format=encoding, priority=_int_field(body, "priority", 0)
+                            or 0, user=user)
+
+
+def embedding_vector(value: tuple[int, ...] | str) -> list[float]:
+    """A unit vector of ``EMBEDDING_SIZE`` floats determined by the input alone, so the same
+    input embeds the same way every time (as a real model would)."""
+    seed = hashlib.sha256(repr(value).encode()).digest()
+    raw: list[float] = []
+    counter = 0
+    while len(raw) < EMBEDDING_SIZE:
+        block = hashlib.sha256(seed + counter.to_bytes(4, "little")).digest()
+        raw.extend(b / 127.5 - 1.0 for b in block)
+        counter += 1
+    vector = raw[:EMBEDDING_SIZE]
+    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / norm for x in vector]
+
+
+def embeddings_response(request: EmbeddingRequest, request_id: str,
+                        vectors: Sequence[list[float]]) -> dict[str, Any]:
+    data = []
+    for i, vector in enumerate(vectors):
+        embedding: list[float] | str = vector
+        if request.encoding_format == "base64":
+            # OpenAI's (and vLLM's) base64 form: little-endian float32s.
+            embedding = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+        data.append({"index": i, "object": "embedding", "embedding": embedding})
+    prompt = sum(request.prompt_tokens)
+    return {"id": request_id, "object": "list", "created": int(time.time()),
+            "model": request.model, "data": data,
+            "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0,
+                      "prompt_tokens_details": None}}
 
 
 def new_request_id(endpoint: Endpoint) -> str:

@@ -96,6 +96,10 @@ class Sequence:
     max_tokens: int
     arrival_s: float
     priority: int = 0
+    # A pooling request (/v1/embeddings): its one "output" is the pooled hidden state at the
+    # end of its prefill, not a generated token (give it target_output_tokens = max_tokens
+    # = 1). The step model runs it like any prefill; only what is counted differs.
+    pooling: bool = False
     output_tokens: int = 0
     num_computed_tokens: int = 0
     num_blocks: int = 0

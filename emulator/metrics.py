@@ -173,8 +173,9 @@ class EngineMetrics:
         if batch.preempted:
             self._preemptions.inc(len(batch.preempted))
         self._lag.observe(max(lag_s, 0.0))
-        if emitted:
-            self._generation.inc(len(emitted))
+        generated = sum(1 for seq in emitted if not seq.pooling)
+        if generated:
+            self._generation.inc(generated)
         for seq in emitted:
             if seq.output_tokens == 1:
                 self._prompt.inc(seq.prompt_tokens)

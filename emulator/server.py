@@ -11,8 +11,10 @@ import asyncio
 import contextlib
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -24,7 +26,10 @@ from emulator.api import (
     Endpoint,
     GenerationRequest,
     ResponseShape,
+    embedding_vector,
+    embeddings_response,
     new_request_id,
+    parse_embedding_request,
     parse_generation_request,
 )
 from emulator.engine import EngineConfig, Sequence, StepModel
@@ -175,6 +180,7 @@ class Emulator:
                                    middlewares=[self._errors])
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
+        self.app.router.add_post("/v1/embeddings", self.embeddings)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/version", self.version)
@@ -250,14 +256,7 @@ class Emulator:
         return await self._generate("chat", request)
 
     async def _generate(self, endpoint: Endpoint, request: web.Request) -> web.StreamResponse:
-        if request.content_type != "application/json":
-            raise ApiError(400, "1 validation error:\n  Unsupported Media Type: Only "
-                           "'application/json' is allowed", "Bad Request")
-        raw = await request.read()
-        try:
-            body = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ApiError(400, f"JSON decode error: {e}", "Bad Request") from None
+        body = await self._json_body(request)
         s = self.settings
         req = parse_generation_request(endpoint, body, served_model=s.model_name,
                                        max_model_len=s.engine.max_model_len,
@@ -288,6 +287,51 @@ class Emulator:
             if not seq.is_finished:
                 # The client went away (handler cancelled or a write failed): free the slot.
                 self.runner.abort(request_id)
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        """Each input is a prefill-only request to the engine (vLLM's pooling runner); the
+        answer waits for all of them."""
+        body = await self._json_body(request)
+        s = self.settings
+        req = parse_embedding_request(body, served_model=s.model_name,
+                                      max_model_len=s.engine.max_model_len,
+                                      vocab_size=s.vocab_size)
+        request_id = f"embd-{uuid.uuid4().hex[:16]}"
+        now = self.runner.clock()
+        seqs = [Sequence(request_id=f"{request_id}-{i}", prompt_tokens=tokens,
+                         target_output_tokens=1, max_tokens=1, arrival_s=now, pooling=True,
+                         priority=req.priority if s.engine.scheduling_policy == "priority"
+                         else 0)
+                for i, tokens in enumerate(req.prompt_tokens)]
+        submitted: list[TokenStream] = []
+        try:
+            for seq in seqs:
+                try:
+                    submitted.append(self.runner.submit(seq))
+                except ValueError as e:
+                    raise ApiError(400, str(e)) from None
+            for stream in submitted:
+                while not stream.finished:
+                    await stream.wakeup.wait()
+                    stream.wakeup.clear()
+            if any(not seq.is_finished for seq in seqs):
+                return web.Response(status=499)  # aborted: the client is gone
+            return _json_response(embeddings_response(
+                req, request_id, [embedding_vector(x) for x in req.inputs]))
+        finally:
+            for seq in seqs:
+                if not seq.is_finished:
+                    self.runner.abort(seq.request_id)
+
+    async def _json_body(self, request: web.Request) -> Any:
+        if request.content_type != "application/json":
+            raise ApiError(400, "1 validation error:\n  Unsupported Media Type: Only "
+                           "'application/json' is allowed", "Bad Request")
+        raw = await request.read()
+        try:
+            return orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ApiError(400, f"JSON decode error: {e}", "Bad Request") from None
 
     async def _whole(self, shape: ResponseShape, stream: TokenStream) -> web.Response:
         while not stream.finished:

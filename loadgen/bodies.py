@@ -72,6 +72,8 @@ class ChatFraming:
 def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None,
                chat_words: int | None = None) -> bytes:
     """The JSON body for ``plan``; chat requests carry ``chat_words`` words of text."""
+    if tenant.endpoint == "embeddings":
+        return _embeddings_body(plan, tenant, model)
     body: dict[str, Any] = {"max_tokens": plan.max_tokens, "stream": plan.stream}
     if model:
         body["model"] = model
@@ -87,6 +89,18 @@ def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None,
         if tenant.continuous_usage:
             options["continuous_usage_stats"] = True
         body["stream_options"] = options
+    if plan.user is not None:
+        body["user"] = plan.user
+    if tenant.priority is not None:
+        body["priority"] = tenant.priority
+    return orjson.dumps(body)
+
+
+def _embeddings_body(plan: RequestPlan, tenant: TenantSpec, model: str | None) -> bytes:
+    """One input of the drawn prompt length, as token ids (exact on any tokenizer)."""
+    body: dict[str, Any] = {"input": prompt_token_ids(plan.prompt_tokens, plan.content_seed)}
+    if model:
+        body["model"] = model
     if plan.user is not None:
         body["user"] = plan.user
     if tenant.priority is not None:

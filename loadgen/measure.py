@@ -135,7 +135,9 @@ class StreamMeter:
             return
         if self.http_status == 200:
             choices = obj.get("choices") or []
-            if any(_has_content(c) or (c.get("message") or {}).get("content") for c in choices):
+            # An embeddings list is the whole answer at once, as a non-streamed completion.
+            if obj.get("data") or any(
+                    _has_content(c) or (c.get("message") or {}).get("content") for c in choices):
                 self.first_token_s = self.last_token_s = t
                 self.chunks = 1
             self._usage(obj.get("usage"))

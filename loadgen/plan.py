@@ -85,6 +85,8 @@ def plan_request(tenant: TenantSpec, request_id: str, phase: str, scheduled_s: f
                  seed: int) -> RequestPlan:
     rng = random.Random(f"{seed}/{request_id}")
     prompt, output = tenant.lengths.draw(rng)
+    if tenant.endpoint == "embeddings":
+        output = 0  # nothing is generated (the draw is kept, so the stream of draws is too)
     user = f"{tenant.name}-u{rng.randrange(tenant.users)}" if tenant.users else None
     return RequestPlan(
         request_id=request_id, tenant=tenant.name, tier=tenant.tier, phase=phase, user=user,

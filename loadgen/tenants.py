@@ -7,8 +7,8 @@ A tenants file is YAML with one list::
         api_key: sk-victim-demo       # sent as `Authorization: Bearer ...`; none: no header
         tier: interactive             # for the records and the report (the sidecar decides)
         weight: 1
-        endpoint: chat                # chat | completions
-        stream: true
+        endpoint: chat                # chat | completions | embeddings (prompt only, never
+        stream: true                  #   streamed: set stream: false; output is ignored)
         ignore_eos: true              # outputs of exactly the drawn length
         users: 20                     # distinct end users (the `user` field), 0: none
         lengths: {prompt: {kind: lognormal, median: 300, sigma: 0.5}, output: 64}
@@ -42,10 +42,11 @@ from weighbridge import headers as headers_
 
 __all__ = ["ENDPOINT_PATHS", "TenantSpec", "TenantsError", "TenantsFile", "load_tenants"]
 
-Endpoint = Literal["completions", "chat"]
+Endpoint = Literal["completions", "chat", "embeddings"]
 ENDPOINT_PATHS: dict[str, str] = {
     "completions": "/v1/completions",
     "chat": "/v1/chat/completions",
+    "embeddings": "/v1/embeddings",
 }
 
 
@@ -75,6 +76,17 @@ class TenantSpec(_Model):
     lengths: Lengths
     arrival: Arrival | None = None
     phases: dict[str, Arrival | None] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _embeddings_do_not_stream(cls, data: Any) -> Any:
+        # An embeddings answer is one JSON body: the tenant's default (stream: true) does not
+        # apply there, and asking for it explicitly is a mistake worth saying.
+        if isinstance(data, dict) and data.get("endpoint") == "embeddings":
+            if data.get("stream") is True:
+                raise ValueError("stream: embeddings are never streamed; set stream: false")
+            return {**data, "stream": False}
+        return data
 
     @property
     def path(self) -> str:

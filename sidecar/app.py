@@ -34,7 +34,7 @@ from sidecar.request import QueuedRequest
 from sidecar.stability import StabilityMeter
 from sidecar.tracing import NO_TRACE, RequestTracing, Trace
 from weighbridge import headers as headers_
-from weighbridge.config import Config
+from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
 from weighbridge.vllm_metrics import BackendSample
 
@@ -110,6 +110,7 @@ class Sidecar:
         r = self.app.router
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_post(EMBEDDINGS, self.embeddings)
         r.add_get("/v1/models", self.models)
         r.add_get("/metrics", self.metrics_endpoint)
         r.add_get("/healthz", self.healthz)
@@ -268,6 +269,9 @@ class Sidecar:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._proxy("/v1/chat/completions", request)
 
+    async def embeddings(self, request: web.Request) -> web.StreamResponse:
+        return await self._proxy(EMBEDDINGS, request)
+
     def _authenticate(self, request: web.Request, count: bool = True) -> tuple[str, str]:
         """The tenant owning the bearer key and the key's digest (the caller's identity, which
         the client cannot choose, unlike the body's ``user``), or a 401. ``count``: the
@@ -388,7 +392,9 @@ class Sidecar:
         body, tier, deadline_ms, prompt = self._parse(endpoint, tenant, raw, request)
         now = self.clock()
         request_id = uuid.uuid4().hex
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+        # An embeddings request generates nothing: its cost and KV footprint are its input.
+        max_tokens = 0 if endpoint == EMBEDDINGS else body.get(
+            "max_tokens", body.get("max_completion_tokens"))
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
         offered = self.core.offered_tokens(tenant, endpoint, prompt, max_tokens)
@@ -436,7 +442,8 @@ class Sidecar:
 
     async def _serve(self, req: QueuedRequest, body: dict[str, Any], endpoint: str,
                      request: web.Request, trace: Trace) -> web.StreamResponse:
-        stream = bool(body.get("stream", False))
+        # Embeddings never stream (vLLM ignores the field there).
+        stream = endpoint != EMBEDDINGS and bool(body.get("stream", False))
         options = body.get("stream_options")
         client_wants_usage = (isinstance(options, dict)
                               and bool(options.get("include_usage")))

@@ -53,23 +53,25 @@ def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
             text = _content_text(message.get("content"), f"messages[{i}]")
             total += CHAT_TOKENS_PER_MESSAGE + (_text_tokens(text) if text else 0)
         return total
-    prompt = body.get("prompt")
+    # /v1/embeddings takes its text or token ids in `input`, in the forms of `prompt`.
+    field = "input" if endpoint.endswith("/embeddings") else "prompt"
+    prompt = body.get(field)
     if isinstance(prompt, str):
         if not prompt:
-            raise PromptError("prompt must not be empty")
+            raise PromptError(f"{field} must not be empty")
         return _text_tokens(prompt)
     if isinstance(prompt, list) and prompt:
         if (ids := _token_ids(prompt)) is not None:
-            body["prompt"] = ids
+            body[field] = ids
             return len(ids)
         if all(isinstance(p, str) for p in prompt):
             return sum(_text_tokens(p) for p in prompt)
         batch = [_token_ids(p) if isinstance(p, list) and p else None for p in prompt]
         if all(ids is not None for ids in batch):
-            body["prompt"] = batch
+            body[field] = batch
             return sum(len(ids) for ids in batch if ids is not None)
-    raise PromptError("prompt must be a non-empty string, list of strings, list of token ids "
-                      "or list of lists of token ids")
+    raise PromptError(f"{field} must be a non-empty string, list of strings, list of token "
+                      "ids or list of lists of token ids")
 
 
 def json_integer(value: Any) -> int | None:

@@ -63,6 +63,8 @@ def _usage_of(obj: object) -> Usage | None:
     if not isinstance(usage, dict):
         return None
     p, c = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if c is None and isinstance(p, int) and usage.get("total_tokens") == p:
+        c = 0  # an embeddings answer: OpenAI's usage there has no completion_tokens
     if isinstance(p, int) and isinstance(c, int):
         return Usage(p, c)
     return None

@@ -25,11 +25,12 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from weighbridge.config import Telemetry
+from weighbridge.config import EMBEDDINGS, Telemetry
 
 TRACER_NAME = "weighbridge.sidecar"
 # GenAI operation names (semantic conventions) of the proxied endpoints.
-OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion"}
+OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
+              EMBEDDINGS: "embeddings"}
 # A client chooses the model string; a long one must not bloat every span.
 MAX_MODEL_CHARS = 256
 

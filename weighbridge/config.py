@@ -40,6 +40,7 @@ from weighbridge.settings_file import Issue, SettingsError, conflicts, dotted, p
 from weighbridge.tiers import DEFAULT_TIERS
 
 __all__ = [
+    "EMBEDDINGS",
     "Admission",
     "Backend",
     "Config",
@@ -60,6 +61,8 @@ __all__ = [
 ]
 
 CostModel = Literal["tokens", "requests"]
+# The one served endpoint that generates nothing (prefill only, never streamed).
+EMBEDDINGS = "/v1/embeddings"
 Routing = Literal["least_tokens", "least_requests", "round_robin"]
 
 
@@ -256,8 +259,9 @@ class Endpoint(_Model):
     # Deficit added per DRR round, in the unit of `cost`. Defaults to 2048 tokens, or one
     # request when cost is `requests`.
     quantum: PositiveInt = DEFAULT_TOKEN_QUANTUM
-    # Output estimate before any output has been observed for a tenant on this endpoint.
-    initial_output_estimate: PositiveInt = 256
+    # Output estimate before any output has been observed for a tenant on this endpoint
+    # (0 for an endpoint that generates nothing, as /v1/embeddings).
+    initial_output_estimate: NonNegativeInt = 256
     # Every tenant's own limits on this endpoint, unless its `endpoint_limits` names it.
     tenant_limits: RateLimits = Field(default_factory=RateLimits)
 
@@ -273,6 +277,9 @@ def default_endpoints() -> dict[str, Endpoint]:
     return {
         "/v1/chat/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
         "/v1/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
+        # Prefill only: a request costs its input tokens, and nothing is generated.
+        EMBEDDINGS: Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM,
+                                   initial_output_estimate=0),
     }
 
 

@@ -4,6 +4,7 @@ import math
 from pathlib import Path
 
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -11,7 +12,7 @@ from emulator.text import count_chat_tokens, count_tokens
 from loadgen.bodies import ChatFraming, build_body, prompt_text, prompt_token_ids
 from loadgen.lag import LagSummary, lag_warning
 from loadgen.plan import plan_request
-from loadgen.tenants import parse_tenants
+from loadgen.tenants import TenantsError, parse_tenants
 
 
 @given(st.integers(1, 20_000), st.integers(0, 2**32))
@@ -48,6 +49,22 @@ def test_body_fields() -> None:
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert count_tokens(body["messages"][0]["content"]) == 40
     assert body["user"] == plan.user and body["priority"] == 4
+
+
+def test_an_embeddings_tenant_sends_its_prompt_as_input_and_never_streams() -> None:
+    tenant = parse_tenants({"tenants": [{
+        "name": "e", "endpoint": "embeddings", "users": 2,
+        "lengths": {"prompt": 50, "output": 7}}]}, base_dir=Path("."), source="t").tenants[0]
+    assert tenant.path == "/v1/embeddings" and tenant.stream is False
+    plan = plan_request(tenant, "e-0", "p", 0.0, 0)
+    assert plan.max_tokens == 0 and plan.prompt_tokens == 50
+    body = orjson.loads(build_body(plan, tenant, "m"))
+    assert body == {"input": prompt_token_ids(50, plan.content_seed), "model": "m",
+                    "user": plan.user}
+    with pytest.raises(TenantsError, match="never streamed"):
+        parse_tenants({"tenants": [{"name": "e", "endpoint": "embeddings", "stream": True,
+                                    "lengths": {"prompt": 5, "output": 1}}]},
+                      base_dir=Path("."), source="t")
 
 
 def test_lag_summary_and_warning() -> None:

@@ -144,6 +144,16 @@ def test_non_streamed_answer_is_one_chunk() -> None:
         "ok", 1.4, 1.4, 1, 2)
 
 
+def test_an_embeddings_answer_is_one_chunk_of_no_output() -> None:
+    meter = _meter()
+    meter.body(orjson.dumps({"object": "list", "data": [{"index": 0, "embedding": [0.5]}],
+                             "usage": {"prompt_tokens": 20, "total_tokens": 20}}), 1.3)
+    meter.finish(1.3)
+    r = meter.record()
+    assert (r.status, r.first_token_s, r.chunks, r.prompt_tokens, r.output_tokens) == (
+        "ok", 1.3, 1, 20, None)
+
+
 def test_timeout_and_cancel_are_recorded_as_such() -> None:
     meter = _meter()
     meter.feed(_chat(" x"), 1.1)

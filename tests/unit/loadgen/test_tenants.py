@@ -13,7 +13,7 @@ def _parse(data: object) -> object:
 
 def test_errors_name_the_file_and_the_field() -> None:
     with pytest.raises(TenantsError) as info:
-        _parse({"tenants": [{"name": "a", "endpoint": "embeddings",
+        _parse({"tenants": [{"name": "a", "endpoint": "rerank",
                              "lengths": {"prompt": {"kind": "uniform", "low": 0, "high": 3},
                                          "output": 4},
                              "arrival": {"kind": "poisson", "rate": -1}}]})
