@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conformance.backends import Backend
+from tests.conformance.backends import Backend, assert_error_body
 from tests.support import metrics
 from tests.support.metrics import Scrape
 
@@ -294,13 +294,6 @@ async def test_waiting_queue_fills_beyond_max_num_seqs_and_drains_on_disconnect(
 
 
 # -- errors ------------------------------------------------------------------------------------
-
-def assert_error_body(r: httpx.Response, status: int) -> None:
-    assert r.status_code == status, (r.status_code, r.text)
-    error = r.json()["error"]
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str)
-    assert error["code"] == status
 
 
 def test_malformed_json_is_400(backend: Backend) -> None:
