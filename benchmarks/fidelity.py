@@ -41,6 +41,7 @@ over the repeats). ``$WEIGHBRIDGE_FIDELITY_REGIMES`` picks the regimes (default
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -62,6 +63,7 @@ import uvloop
 
 from benchmarks import _fidelity_flood as flood
 from benchmarks import _system
+from benchmarks import calibrate_cpu_tiny as calibrate
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks.calibrate_cpu_tiny import (
     StreamResult,
@@ -70,13 +72,29 @@ from benchmarks.calibrate_cpu_tiny import (
     server_sums,
     stream_completion,
 )
-from emulator.profiles import get_profile
+from emulator.profiles import StepTimeProfile, get_profile
 from emulator.real_vllm import RealVllmServer
 from weighbridge.launch import emulator_process
 from weighbridge.statistics import percentile
 
 MODEL = "tiny"
 PROFILE = "cpu-tiny"
+# Calibrate the profile's coefficients on this host first ($WEIGHBRIDGE_FIDELITY_CALIBRATE=0:
+# judge cpu-tiny as shipped). Hosts of one 2-core pool differ by 2.5x in vLLM's fixed step
+# cost and 8x in its attention cost per context token (docs/emulator.md), so a profile holds
+# for the host it was fitted on; what fidelity can judge anywhere is the model: fitted on
+# single prefills and steady decodes (no preemption, no queue), does it predict the
+# closed-loop loads and the KV-bound, preempting flood it has never seen?
+CALIBRATE = os.environ.get("WEIGHBRIDGE_FIDELITY_CALIBRATE", "1") != "0"
+# calibrate_cpu_tiny's points, in ENGINE's shape (no preemption): prefill alone at three
+# lengths, and decode at few and many sequences, at short contexts and at long ones (24 x
+# 512 + 384: ~17,000 context tokens a step, the flood's order), so the fit can tell the cost
+# per sequence from the cost per context token. 384 output tokens keep the ramp-up's mixed
+# steps (24 x 512 prompt tokens take 6 steps of the 2,048 budget) a few per cent of a
+# stream's decode time.
+CALIBRATION = argparse.Namespace(
+    model=None, vocab=2048, repeats=2, ttft_samples=3, prompt_lens=[16, 512, 1024],
+    decode_shapes=[(1, 16), (8, 256), (32, 16), (24, 512)], max_tokens=384, seed=0)
 VOCAB = 2048
 ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 2048,
           "block_size": 32, "num_kv_blocks": 1024}
@@ -202,14 +220,15 @@ class Meter:
 
 
 @contextlib.contextmanager
-def _servers(ctx: BenchContext, engine: dict[str, int] | None = None
-             ) -> Iterator[dict[str, tuple[str, int]]]:
-    """Both servers, same engine shape: {backend: (url, process group)}."""
+def _servers(ctx: BenchContext, profile: StepTimeProfile,
+             engine: dict[str, int] | None = None) -> Iterator[dict[str, tuple[str, int]]]:
+    """Both servers, same engine shape: {backend: (url, process group)}; the emulator runs
+    ``profile`` (cpu-tiny with this host's coefficients, once calibrated)."""
     engine = engine or ENGINE
     vllm = RealVllmServer(model_name=MODEL, **engine)
     emulator = emulator_process(
         name="bench-fidelity-emulator", model_name=MODEL, profile=PROFILE,
-        vocab_size=VOCAB, **engine)
+        vocab_size=VOCAB, **_overrides(profile), **engine)
     ctx.log("  starting real vLLM (about 20-40 s) and the emulator ...")
     with vllm, emulator:
         assert vllm.pid is not None and emulator.pid is not None
@@ -405,29 +424,75 @@ def run(ctx: BenchContext) -> BenchResult:
 
 
 def _run(ctx: BenchContext) -> BenchResult:
+    if not {"light", "flood"} & set(REGIMES):
+        raise ValueError(f"WEIGHBRIDGE_FIDELITY_REGIMES names no regime: {REGIMES}")
+    profile, calibration = _host_profile(ctx) if CALIBRATE else (get_profile(PROFILE), [])
     results = []
     if "light" in REGIMES:
-        results.append(_run_light(ctx))
+        results.append(_run_light(ctx, profile))
     if "flood" in REGIMES:
-        results.append(_run_flood(ctx))
-    if not results:
-        raise ValueError(f"WEIGHBRIDGE_FIDELITY_REGIMES names no regime: {REGIMES}")
+        results.append(_run_flood(ctx, profile))
     return BenchResult(
         summary=[line for r in results for line in r.summary],
         tables=[t for r in results for t in r.tables],
-        notes=[n for r in results for n in r.notes],
+        notes=calibration + [n for r in results for n in r.notes],
         passed=all(r.passed for r in results),
         setup=results[0].setup)
 
 
-def _run_light(ctx: BenchContext) -> BenchResult:
+def _overrides(profile: StepTimeProfile) -> dict[str, float]:
+    """``weighbridge emulator`` options turning cpu-tiny into ``profile``."""
+    shipped = get_profile(PROFILE)
+    return {name: getattr(profile, name) for name in (
+        "t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token", "t_api_serial",
+        "t_api_latency", "t_api_token") if getattr(profile, name) != getattr(shipped, name)}
+
+
+def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
+    """cpu-tiny refitted to this host's real vLLM (benchmarks/calibrate_cpu_tiny.py's
+    light-load points, ENGINE's shape), and a note saying what was fitted.
+
+    The step terms are the engine fit (vLLM's own clocks: what the step model models). The
+    API server's terms are cpu-tiny's, scaled by this host's per-request overhead (the client
+    fit's) over cpu-tiny's: the front end's work per request and per token is CPU work of the
+    same process, so it scales with the host alike."""
+    shipped = get_profile(PROFILE)
+    ctx.log("  calibrating cpu-tiny on this host's real vLLM (about 2 minutes) ...")
+    with RealVllmServer(model_name=MODEL, **ENGINE) as vllm:
+        data = asyncio.run(calibrate.measure(CALIBRATION, vllm.url))
+    fit = calibrate.report(data)
+    engine, client = fit["engine_fit"], fit["client_fit"]
+    if not engine:
+        raise RuntimeError("calibration: too few distinct points for the engine fit")
+    shipped_api = shipped.t_api_serial + shipped.t_api_latency
+    scale = client.get("overhead", shipped_api) / shipped_api if shipped_api else 1.0
+    profile = shipped.with_overrides(
+        **{name: engine[name] for name in calibrate.STEP},
+        t_api_serial=shipped.t_api_serial * scale, t_api_latency=shipped.t_api_latency * scale,
+        t_api_token=shipped.t_api_token * scale)
+    terms = ", ".join(f"{name} {getattr(profile, name) * 1e6:.3g} us (shipped "
+                      f"{getattr(shipped, name) * 1e6:.3g})"
+                      for name in (*calibrate.STEP, "t_api_serial", "t_api_latency",
+                                   "t_api_token"))
+    ctx.log(f"  calibrated: {terms}")
+    return profile, [
+        f"Calibrated on this host first (`{PROFILE}` refitted, "
+        "benchmarks/calibrate_cpu_tiny.py's light-load points in the light regime's shape: "
+        f"prefill at {', '.join(map(str, CALIBRATION.prompt_lens))} tokens, decode at "
+        + ", ".join(f"{c}x{p}" for c, p in CALIBRATION.decode_shapes)
+        + f" with {CALIBRATION.max_tokens} output tokens; step terms from vLLM's own clocks, "
+        f"the API server's scaled by the per-request overhead): {terms}. "
+        "$WEIGHBRIDGE_FIDELITY_CALIBRATE=0 judges cpu-tiny as shipped."]
+
+
+def _run_light(ctx: BenchContext, profile: StepTimeProfile) -> BenchResult:
     repeats = 1 if ctx.quick else REPEATS
     levels = CONCURRENCY
     task = ctx.progress.add_task("fidelity", total=repeats * len(levels) * len(BACKENDS))
     runs: list[PointRun] = []
     idle: dict[str, float] = {}
     retried = 0
-    with _servers(ctx) as servers, \
+    with _servers(ctx, profile) as servers, \
             asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         for url, _ in servers.values():
             runner.run(_warm_up(url))
@@ -466,12 +531,12 @@ def _run_light(ctx: BenchContext) -> BenchResult:
                     best.attempts = len(tries)
                     runs.append(best)
                     ctx.progress.advance(task)
-    _dump(runs, ctx)
+    _dump(runs, ctx, profile)
     return report(runs, repeats, idle, ctx.quick,
-                  waited=(gate.waited_s, retried))
+                  waited=(gate.waited_s, retried), profile=profile)
 
 
-def _dump(runs: list[PointRun], ctx: BenchContext) -> None:
+def _dump(runs: list[PointRun], ctx: BenchContext, profile: StepTimeProfile) -> None:
     """Every request's timings, for a closer look (or a refit) after the run."""
     fd, path = tempfile.mkstemp(prefix="weighbridge-fidelity-", suffix=".json")
     rows = [{
@@ -481,7 +546,7 @@ def _dump(runs: list[PointRun], ctx: BenchContext) -> None:
         "requests": [{"index": s.index, **dataclasses.asdict(s.result)} for s in r.samples],
     } for r in runs]
     with os.fdopen(fd, "w") as f:
-        json.dump({"profile": dataclasses.asdict(get_profile(PROFILE)), "engine": ENGINE,
+        json.dump({"profile": dataclasses.asdict(profile), "engine": ENGINE,
                    "runs": rows}, f)
     ctx.log(f"  raw data: {path}")
 
@@ -502,7 +567,8 @@ def _quiet_repeats(runs: list[PointRun], c: int, repeats: int) -> list[int]:
 
 
 def report(runs: list[PointRun], repeats: int, idle: dict[str, float], quick: bool,
-           waited: tuple[float, int] = (0.0, 0)) -> BenchResult:
+           waited: tuple[float, int] = (0.0, 0),
+           profile: StepTimeProfile | None = None) -> BenchResult:
     rows: list[tuple[str, ...]] = []
     verdicts: list[tuple[int, str, float, bool]] = []
     diag_rows: list[tuple[str, ...]] = []
@@ -573,7 +639,7 @@ def report(runs: list[PointRun], repeats: int, idle: dict[str, float], quick: bo
                  "point) and CPU accounting (schedstat), over the repeats used; 'runs' "
                  "counts the attempts behind them (noisy attempts are repeated)."),
     )
-    prof = get_profile(PROFILE)
+    prof = profile or get_profile(PROFILE)
     n = {c: requests_per_point(c, quick) for c in CONCURRENCY}
     notes = [
         f"Engine shape on both: max_num_seqs {ENGINE['max_num_seqs']}, "
@@ -618,11 +684,11 @@ def report(runs: list[PointRun], repeats: int, idle: dict[str, float], quick: bo
 
 # --- the flood regime ----------------------------------------------------------------------
 
-def _run_flood(ctx: BenchContext) -> BenchResult:
+def _run_flood(ctx: BenchContext, profile: StepTimeProfile) -> BenchResult:
     repeats = 1 if ctx.quick else REPEATS
     task = ctx.progress.add_task("fidelity flood", total=repeats * len(BACKENDS))
     runs: list[flood.FloodRun] = []
-    with _servers(ctx, flood.ENGINE) as servers:
+    with _servers(ctx, profile, flood.ENGINE) as servers:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             for url, _ in servers.values():
                 runner.run(_warm_up(url))
@@ -645,11 +711,12 @@ def _run_flood(ctx: BenchContext) -> BenchResult:
                         f"{r.foreign:.2f} cores, load {r.load}")
                 runs.append(r)
                 ctx.progress.advance(task)
-    _dump_flood(runs, ctx)
+    _dump_flood(runs, ctx, profile)
     return flood_report(runs, repeats, gate.waited_s)
 
 
-def _dump_flood(runs: list[flood.FloodRun], ctx: BenchContext) -> None:
+def _dump_flood(runs: list[flood.FloodRun], ctx: BenchContext,
+                profile: StepTimeProfile) -> None:
     fd, path = tempfile.mkstemp(prefix="weighbridge-fidelity-flood-", suffix=".json")
     rows = [{
         "backend": r.backend, "repeat": r.repeat, "counters": r.counters, "load": r.load,
@@ -658,7 +725,7 @@ def _dump_flood(runs: list[flood.FloodRun], ctx: BenchContext) -> None:
         "flood": [{"sent_s": t.sent_s, **dataclasses.asdict(t.result)} for t in r.flood],
     } for r in runs]
     with os.fdopen(fd, "w") as f:
-        json.dump({"profile": dataclasses.asdict(get_profile(PROFILE)),
+        json.dump({"profile": dataclasses.asdict(profile),
                    "engine": flood.ENGINE, "runs": rows}, f)
     ctx.log(f"  raw data (flood): {path}")
 
