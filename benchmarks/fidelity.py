@@ -37,6 +37,12 @@ and on the emulator (order alternating); the victim's TTFT p50 and p99, the engi
 tokens/s over the flood and the preemption count must be within ±25% of real vLLM's (medians
 over the repeats). ``$WEIGHBRIDGE_FIDELITY_REGIMES`` picks the regimes (default
 ``light,flood``).
+
+Before both, the benchmark **calibrates cpu-tiny on this host's real vLLM** (``CALIBRATION``:
+single prefills and steady decodes, no queue, no preemption) and runs the emulator with
+those coefficients: a step-time profile belongs to the host it was fitted on, and what this
+benchmark judges is the model, i.e. whether such a fit predicts the closed-loop loads and the
+flood. ``$WEIGHBRIDGE_FIDELITY_CALIBRATE=0`` judges cpu-tiny as shipped.
 """
 
 from __future__ import annotations

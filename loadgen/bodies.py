@@ -71,36 +71,27 @@ class ChatFraming:
 
 def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None,
                chat_words: int | None = None) -> bytes:
-    """The JSON body for ``plan``; chat requests carry ``chat_words`` words of text."""
+    """The JSON body for ``plan``; chat requests carry ``chat_words`` words of text, an
+    embeddings request its prompt as token-id ``input`` (nothing to generate or stream)."""
+    body: dict[str, Any] = {}
     if tenant.endpoint == "embeddings":
-        return _embeddings_body(plan, tenant, model)
-    body: dict[str, Any] = {"max_tokens": plan.max_tokens, "stream": plan.stream}
+        body["input"] = prompt_token_ids(plan.prompt_tokens, plan.content_seed)
+    else:
+        body.update(max_tokens=plan.max_tokens, stream=plan.stream)
     if model:
         body["model"] = model
     if tenant.endpoint == "chat":
         words = plan.prompt_tokens if chat_words is None else chat_words
         body["messages"] = [{"role": "user", "content": prompt_text(words, plan.content_seed)}]
-    else:
+    elif tenant.endpoint == "completions":
         body["prompt"] = prompt_token_ids(plan.prompt_tokens, plan.content_seed)
-    if tenant.ignore_eos:
+    if tenant.ignore_eos and tenant.endpoint != "embeddings":
         body["ignore_eos"] = True
     if plan.stream:
         options = {"include_usage": True}
         if tenant.continuous_usage:
             options["continuous_usage_stats"] = True
         body["stream_options"] = options
-    if plan.user is not None:
-        body["user"] = plan.user
-    if tenant.priority is not None:
-        body["priority"] = tenant.priority
-    return orjson.dumps(body)
-
-
-def _embeddings_body(plan: RequestPlan, tenant: TenantSpec, model: str | None) -> bytes:
-    """One input of the drawn prompt length, as token ids (exact on any tokenizer)."""
-    body: dict[str, Any] = {"input": prompt_token_ids(plan.prompt_tokens, plan.content_seed)}
-    if model:
-        body["model"] = model
     if plan.user is not None:
         body["user"] = plan.user
     if tenant.priority is not None:

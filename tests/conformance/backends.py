@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
+
+from emulator.real_vllm import RealVllmServer
 
 # The engine shape both backends get. The CPU attention backend wants blocks of 32 tokens;
 # 64 blocks hold two maximal sequences.
@@ -31,3 +34,11 @@ def assert_error_body(r: httpx.Response, status: int) -> None:
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str)
     assert error["code"] == status
+
+
+def real_vllm(**extra: Any) -> RealVllmServer:
+    """A real vLLM CPU server of the suite's engine shape (``extra``: more of its options)."""
+    return RealVllmServer(
+        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
+        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, **extra)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from emulator.real_vllm import RealVllmServer, tiny_model_dir
+from emulator.real_vllm import tiny_model_dir
 from tests.conformance.backends import (
     BLOCK_SIZE,
     MAX_MODEL_LEN,
@@ -20,6 +20,7 @@ from tests.conformance.backends import (
     MAX_NUM_SEQS,
     NUM_KV_BLOCKS,
     Backend,
+    real_vllm,
 )
 from weighbridge.launch import emulator_process
 
@@ -36,11 +37,7 @@ def emulator_backend() -> Iterator[Backend]:
 
 @pytest.fixture(scope="session")
 def vllm_backend() -> Iterator[Backend]:
-    with RealVllmServer(
-        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS,
-    ) as server:
+    with real_vllm() as server:
         yield Backend("vllm", server.url, server.model_name)
 
 

@@ -16,16 +16,7 @@ import httpx
 import pytest
 
 from emulator.api import EMBEDDING_SIZE
-from emulator.real_vllm import RealVllmServer
-from tests.conformance.backends import (
-    BLOCK_SIZE,
-    MAX_MODEL_LEN,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
-    NUM_KV_BLOCKS,
-    Backend,
-    assert_error_body,
-)
+from tests.conformance.backends import MAX_MODEL_LEN, Backend, assert_error_body, real_vllm
 from tests.support import metrics
 
 POOLING = ("--runner", "pooling", "--convert", "embed")
@@ -33,11 +24,7 @@ POOLING = ("--runner", "pooling", "--convert", "embed")
 
 @pytest.fixture(scope="session")
 def vllm_pooling_backend() -> Iterator[Backend]:
-    with RealVllmServer(
-        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, extra_args=POOLING,
-    ) as server:
+    with real_vllm(extra_args=POOLING) as server:
         yield Backend("vllm", server.url, server.model_name)
 
 
