@@ -326,6 +326,10 @@ class Sidecar:
             if value is None:
                 continue
             number = json_integer(value)
+            # An integer beyond 64 bits reaches us as the parser's float, rounded: -2**63 - 1
+            # arrives as -2.0**63, inside the range. No float that large is an exact int64.
+            if isinstance(value, float) and abs(value) >= 2.0**63:
+                number = None
             if number is None or not INT64_MIN <= number <= INT64_MAX:
                 raise bad("invalid_" + field, f"{field} must be a 64-bit integer")
             body[field] = number  # 16.0 is forwarded as 16

@@ -114,8 +114,10 @@ def test_defaults_fill_everything_optional() -> None:
         "standard": 2,
         "batch": 3,
     }
-    assert set(config.endpoints) == {"/v1/chat/completions", "/v1/completions"}
+    assert set(config.endpoints) == {"/v1/chat/completions", "/v1/completions",
+                                     "/v1/embeddings"}
     assert all(e.cost == "tokens" and e.quantum == 2048 for e in config.endpoints.values())
+    assert config.endpoints["/v1/embeddings"].initial_output_estimate == 0  # generates nothing
     assert config.scheduler.policy == "drr"
     assert config.routing == "least_tokens"
     # Unset admission knobs are derived from each engine's learned shape (test_shape.py).

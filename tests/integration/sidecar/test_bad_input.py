@@ -70,6 +70,11 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("max_tokens-over-limit", b'{"prompt": [1], "max_tokens": 65}', "max_tokens_too_large"),
     ("priority-string", b'{"prompt": [1], "priority": "high"}', "invalid_priority"),
     ("priority-false", b'{"prompt": [1], "priority": false}', "invalid_priority"),
+    # One below int64's range: the JSON parser rounds it to -2**63, which is in range.
+    ("priority-below-int64", b'{"prompt": [1], "priority": -9223372036854775809}',
+     "invalid_priority"),
+    ("max_tokens-above-int64", b'{"prompt": [1], "max_tokens": 9223372036854775808}',
+     "invalid_max_tokens"),
     ("stream-string", b'{"prompt": [1], "stream": "yes"}', "invalid_stream"),
     ("user-number", b'{"prompt": [1], "user": 5}', "invalid_user"),
     ("model-number", b'{"prompt": [1], "model": 5}', "invalid_model"),
