@@ -78,13 +78,8 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) ->
         if isinstance(prompt, str):
             # A text prompt is tokenized with a BOS token in front, as vLLM's Llama does.
             return text.count_tokens(prompt) + 1
-        if isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            bad = next((t for t in prompt if t < 0 or t >= vocab_size), None)
-            if bad is not None:
-                raise ApiError(400, f"Token id {bad} is out of vocabulary")
-            return len(prompt)
+        if (ids := _token_ids(prompt, vocab_size)) is not None:
+            return len(ids)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
             return _prompt_tokens(endpoint, {"prompt": prompt[0]}, vocab_size)
         if isinstance(prompt, list) and len(prompt) > 1:
