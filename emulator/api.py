@@ -10,7 +10,7 @@ import math
 import struct
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -42,7 +42,7 @@ class ApiError(Exception):
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     endpoint: Endpoint
-    model: str
+    model: str  # the name answered with: the served model's, or the LoRA adapter's
     prompt_tokens: int
     max_tokens: int
     ignore_eos: bool
@@ -51,6 +51,7 @@ class GenerationRequest:
     include_usage: bool
     continuous_usage: bool
     user: str | None
+    lora: str | None = None  # the LoRA adapter that serves it
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
@@ -119,16 +120,19 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) ->
     return text.count_chat_tokens(contents)
 
 
-def _check_model(body: Any, served_model: str) -> None:
-    """The body is an object naming the served model, or none (vLLM then serves its own)."""
+def _check_model(body: Any, served_model: str, adapters: Collection[str]) -> str | None:
+    """The body is an object naming the served model, one of its LoRA ``adapters`` (whose
+    name is returned), or none (vLLM then serves its own model). As vLLM, the 404 lists
+    only the served model's names, never the adapters."""
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model", served_model)
-    if model is None:
-        model = served_model
-    if model != served_model:
-        raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: "
-                       f"{served_model}.", "NotFoundError", "model")
+    if model is None or model == served_model:
+        return None
+    if isinstance(model, str) and model in adapters:
+        return model
+    raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: "
+                   f"{served_model}.", "NotFoundError", "model")
 
 
 def _check_context(prompt_tokens: int, max_model_len: int) -> None:
@@ -150,8 +154,9 @@ def parse_generation_request(
     served_model: str,
     max_model_len: int,
     vocab_size: int,
+    adapters: Collection[str] = (),
 ) -> GenerationRequest:
-    _check_model(body, served_model)
+    lora = _check_model(body, served_model, adapters)
     n = _int_field(body, "n", 1)
     if n != 1:
         raise ApiError(400, "the emulator supports n=1 only", param="n")
@@ -185,7 +190,7 @@ def parse_generation_request(
         raise ApiError(400, "user must be a string", param="user")
     return GenerationRequest(
         endpoint=endpoint,
-        model=served_model,
+        model=lora or served_model,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
         ignore_eos=_bool_field(body, "ignore_eos", False),
@@ -194,6 +199,7 @@ def parse_generation_request(
         include_usage=_bool_field(stream_options, "include_usage", False),
         continuous_usage=_bool_field(stream_options, "continuous_usage_stats", False),
         user=user,
+        lora=lora,
     )
 
 
@@ -209,12 +215,13 @@ class EmbeddingRequest:
     """One /v1/embeddings request: each input is a prompt of its own to the engine (as in
     vLLM, which runs a prefill-only request per input)."""
 
-    model: str
+    model: str  # the name answered with: the served model's, or the LoRA adapter's
     inputs: tuple[tuple[int, ...] | str, ...]  # token ids, or text
     prompt_tokens: tuple[int, ...]  # per input
     encoding_format: Literal["float", "base64"]
     priority: int
     user: str | None
+    lora: str | None = None  # the LoRA adapter that serves it
 
 
 def _token_ids(value: Any, vocab_size: int) -> tuple[int, ...] | None:
@@ -229,10 +236,11 @@ def _token_ids(value: Any, vocab_size: int) -> tuple[int, ...] | None:
 
 
 def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
-                            vocab_size: int) -> EmbeddingRequest:
+                            vocab_size: int, adapters: Collection[str] = ()
+                            ) -> EmbeddingRequest:
     """``input``: a string, a list of strings, a list of token ids, or a list of lists of
     token ids, as OpenAI's embeddings API and vLLM take it."""
-    _check_model(body, served_model)
+    lora = _check_model(body, served_model, adapters)
     raw = body.get("input")
     inputs: list[tuple[int, ...] | str]
     ids = _token_ids(raw, vocab_size)
@@ -272,9 +280,10 @@ def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise ApiError(400, "user must be a string", param="user")
-    return EmbeddingRequest(model=served_model, inputs=tuple(inputs), prompt_tokens=counts,
-                            encoding_format=encoding, priority=_int_field(body, "priority", 0)
-                            or 0, user=user)
+    return EmbeddingRequest(model=lora or served_model, inputs=tuple(inputs),
+                            prompt_tokens=counts, encoding_format=encoding,
+                            priority=_int_field(body, "priority", 0) or 0, user=user,
+                            lora=lora)
 
 
 def embedding_vector(value: tuple[int, ...] | str) -> list[float]:

@@ -10,6 +10,12 @@ Vocabulary follows vLLM's V1 scheduler: a sequence has ``num_tokens`` (prompt + 
 and ``num_computed_tokens`` (tokens whose KV is cached); each step computes
 ``num_tokens - num_computed_tokens`` of them for each scheduled sequence, capped by the
 token budget. A decode is the case where that difference is 1.
+
+LoRA adapters, as vLLM serves them: a sequence may name one (``Sequence.lora``); a step's
+batch holds at most ``max_loras`` distinct adapters, so a waiting request of another adapter
+is passed over (it keeps its place in the queue) while the batch is full of adapters. The
+adapters cost no step time here. Invariant: the running sequences never hold more than
+``max_loras`` distinct adapters.
 """
 
 from __future__ import annotations
@@ -47,10 +53,12 @@ class EngineConfig:
     # vLLM's --long-prefill-token-threshold: the most prompt tokens one sequence may prefill
     # in a step (0: no cap), so one long prompt cannot take a whole step's budget.
     long_prefill_token_threshold: int = 0
+    # vLLM's --max-loras: the most distinct LoRA adapters in one step's batch (default 1).
+    max_loras: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size",
-                     "max_model_len"):
+                     "max_model_len", "max_loras"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.long_prefill_token_threshold < 0:
@@ -100,6 +108,8 @@ class Sequence:
     # end of its prefill, not a generated token (give it target_output_tokens = max_tokens
     # = 1). The step model runs it like any prefill; only what is counted differs.
     pooling: bool = False
+    # The LoRA adapter that serves it (its name, or vLLM's int id), None for the base model.
+    lora: str | int | None = None
     output_tokens: int = 0
     num_computed_tokens: int = 0
     num_blocks: int = 0
@@ -223,6 +233,10 @@ class StepModel:
         self.num_preemptions = 0
         self._by_id: dict[str, Sequence] = {}
         self._in_flight: Batch | None = None
+        # Requests in the engine (waiting or running) per LoRA adapter, in the order the
+        # adapters first appeared; an adapter leaves when its last request does (as vLLM's
+        # per-adapter request states behind vllm:lora_requests_info).
+        self.lora_requests: dict[str | int, int] = {}
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -230,6 +244,8 @@ class StepModel:
         self.check(seq)
         self._by_id[seq.request_id] = seq
         self.waiting.add(seq)
+        if seq.lora is not None:
+            self.lora_requests[seq.lora] = self.lora_requests.get(seq.lora, 0) + 1
 
     def check(self, seq: Sequence) -> None:
         """Raise ValueError if ``add(seq)`` would refuse it."""
@@ -258,10 +274,20 @@ class StepModel:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = "abort"
         seq.finished_s = now
+        self._left(seq)
         return seq
 
     def get(self, request_id: str) -> Sequence | None:
         return self._by_id.get(request_id)
+
+    def _left(self, seq: Sequence) -> None:
+        if seq.lora is None:
+            return
+        left = self.lora_requests[seq.lora] - 1
+        if left:
+            self.lora_requests[seq.lora] = left
+        else:
+            del self.lora_requests[seq.lora]
 
     # -- state ------------------------------------------------------------------------------
 
@@ -353,6 +379,7 @@ class StepModel:
                 self.running.remove(seq)
                 self._free(seq)
                 del self._by_id[seq.request_id]
+                self._left(seq)
                 finished.append(seq)
         return StepResult(batch=batch, end_s=end_s, emitted=emitted, finished=finished,
                           token_gaps=gaps)
@@ -402,10 +429,17 @@ class StepModel:
             i += 1
         # vLLM admits no new request in a step that had to preempt: memory is short.
         if not preempted:
+            # The adapters of the running sequences scheduled above (all of them: the loop
+            # ends early only when the budget is spent or it preempted).
+            loras = {s.lora for s in scheduled if s.lora is not None}
+            skipped: list[Sequence] = []
             while budget > 0 and len(self.running) < self.config.max_num_seqs:
                 seq = self.waiting.peek()
                 if seq is None:
                     break
+                if self._lora_blocked(seq, loras):
+                    skipped.append(self.waiting.pop())
+                    continue
                 # vLLM 0.32 (scheduler_reserve_full_isl, on by default) admits a request only
                 # when its whole prompt fits in the free blocks, not just the first chunk.
                 if self._blocks_for(seq.num_tokens) > self.free_blocks:
@@ -416,8 +450,11 @@ class StepModel:
                 self.waiting.pop()
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
+                if seq.lora is not None:
+                    loras.add(seq.lora)
                 scheduled[seq] = n
                 budget -= n
+            self._requeue(skipped)
         return scheduled, preempted
 
     def _schedule_split(self) -> tuple[dict[Sequence, int], list[Sequence]]:
@@ -427,18 +464,27 @@ class StepModel:
         split behaviour the seed article compares against. See docs/emulator.md.)"""
         budget = self.config.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
+        # As vLLM V0: the adapters of every running sequence count.
+        loras = {s.lora for s in self.running if s.lora is not None}
+        skipped: list[Sequence] = []
         while len(self.running) < self.config.max_num_seqs:
             seq = self.waiting.peek()
             if seq is None:
                 break
+            if self._lora_blocked(seq, loras):
+                skipped.append(self.waiting.pop())
+                continue
             n = seq.num_tokens - seq.num_computed_tokens
             if n > budget or not self._try_allocate(seq, n):
                 break
             self.waiting.pop()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if seq.lora is not None:
+                loras.add(seq.lora)
             scheduled[seq] = n
             budget -= n
+        self._requeue(skipped)
         if scheduled:
             return scheduled, []
         preempted: list[Sequence] = []
@@ -460,6 +506,18 @@ class StepModel:
             scheduled[seq] = 1
             i += 1
         return scheduled, preempted
+
+    def _lora_blocked(self, seq: Sequence, loras: set[str | int]) -> bool:
+        """vLLM's max_loras rule: a request of an adapter that is not in the batch yet waits
+        while the batch already holds ``max_loras`` distinct adapters."""
+        return (seq.lora is not None and seq.lora not in loras
+                and len(loras) >= self.config.max_loras)
+
+    def _requeue(self, skipped: list[Sequence]) -> None:
+        """Put the requests passed over back at the front of the queue, in their order (as
+        vLLM's ``prepend_requests``; under priority their key places them)."""
+        for seq in reversed(skipped):
+            self.waiting.prepend(seq)
 
     @staticmethod
     def _chunk(seq: Sequence, cap: int) -> int:

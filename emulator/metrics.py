@@ -60,8 +60,11 @@ def cache_config_labels(config: EngineConfig, kv_bytes_per_token: int,
 class EngineMetrics:
     def __init__(self, model: StepModel, model_name: str, engine: str = "0", *,
                  num_gpu_blocks_override: int | None = None,
-                 kv_cache_memory_bytes: int | None = None) -> None:
+                 kv_cache_memory_bytes: int | None = None,
+                 max_loras: int | None = None) -> None:
+        """``max_loras``: LoRA is enabled (vLLM's --enable-lora), with this --max-loras."""
         self.registry = CollectorRegistry(auto_describe=True)
+        self._model = model
         config: EngineConfig = model.config
         labels = ("model_name", "engine")
         values = (model_name, engine)
@@ -144,6 +147,18 @@ class EngineMetrics:
         self.step_model_seconds = Counter(
             "weighbridge_emulator_step_model_seconds",
             "Sum of the step model's step durations.", labels, registry=r)
+        # As vLLM with --enable-lora: one series per state of the adapters seen after a
+        # step, its value the (wall) time that state was last seen; no model_name or engine
+        # label. vLLM's two adapter labels both list every adapter with a request in the
+        # engine, waiting or running, in the order they came (vllm/v1/metrics/stats.py).
+        self.lora_info: Gauge | None = None
+        self._max_lora = str(max_loras)
+        self._lora_state: tuple[str | int, ...] | None = None
+        self._lora_child: Gauge | None = None
+        if max_loras is not None:
+            self.lora_info = Gauge("vllm:lora_requests_info", "Running stats on lora requests.",
+                                   ("max_lora", "waiting_lora_adapters",
+                                    "running_lora_adapters"), registry=r)
         self._values = values
         self._bind(values)
 
@@ -168,6 +183,8 @@ class EngineMetrics:
 
     def on_step(self, result: StepResult, lag_s: float) -> None:
         batch, emitted = result.batch, result.emitted
+        if self.lora_info is not None:
+            self._lora_step()
         self._iteration.observe(batch.num_tokens)
         self._model_seconds.inc(batch.duration_s)
         if batch.preempted:
@@ -183,6 +200,15 @@ class EngineMetrics:
                     self._ttft.observe(seq.first_token_s - seq.arrival_s)
         for gap in result.token_gaps:
             self._itl.observe(gap)
+
+    def _lora_step(self) -> None:
+        state = tuple(self._model.lora_requests)
+        if self._lora_child is None or state != self._lora_state:
+            names = ",".join(map(str, state))
+            assert self.lora_info is not None
+            self._lora_child = self.lora_info.labels(self._max_lora, names, names)
+            self._lora_state = state
+        self._lora_child.set_to_current_time()
 
     def on_finish(self, seq: Sequence) -> None:
         # vLLM counts only requests the engine finished; a client's abort is not a success

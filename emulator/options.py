@@ -10,18 +10,61 @@ emulator runs, with the start-up checks vLLM makes (a ``ValueError`` says what i
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic_core import PydanticCustomError
 
 from emulator.engine import EngineConfig, kv_blocks_for_bytes
 from emulator.profiles import StepTimeProfile, get_profile
 
-__all__ = ["DEFAULT_KV_BLOCKS", "EmulatorOptions"]
+__all__ = ["DEFAULT_KV_BLOCKS", "MAX_LORA_RANKS", "EmulatorOptions", "LoraModule",
+           "parse_lora_module"]
 
 # As vLLM's CPU build without --num-gpu-blocks-override or --kv-cache-memory-bytes: a cache
 # of this many blocks.
 DEFAULT_KV_BLOCKS = 512
+
+
+# vLLM's allowed --max-lora-rank values (MaxLoRARanks in vllm/config/lora.py).
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+@dataclass(frozen=True, slots=True)
+class LoraModule:
+    """One static LoRA adapter, as vLLM's ``--lora-modules`` gives it. The emulator never
+    reads ``path``: /v1/models shows it as the adapter card's ``root``."""
+
+    name: str
+    path: str
+
+
+def parse_lora_module(item: str) -> LoraModule:
+    """One ``--lora-modules`` value, read as vLLM reads it: ``name=path`` when it holds an
+    ``=`` and no comma, else a JSON object ``{"name", "path"[, "base_model_name"]}``
+    (ValueError). vLLM ignores a ``base_model_name`` that is not a served model, and the
+    emulator serves one, so the adapter's parent is always the served model."""
+    if "=" in item and "," not in item:
+        name, path = item.split("=", 1)
+    else:
+        try:
+            spec = json.loads(item)
+        except json.JSONDecodeError:
+            raise ValueError(f"Invalid JSON format for --lora-modules: {item}") from None
+        fields = {"name", "path", "base_model_name", "is_3d_lora_weight"}
+        if not isinstance(spec, dict) or not {"name", "path"} <= spec.keys() <= fields:
+            raise ValueError(f"Invalid fields for --lora-modules: {item} - expected name, "
+                             "path and optionally base_model_name")
+        name, path = spec["name"], spec["path"]
+        if not isinstance(name, str) or not isinstance(path, str):
+            raise ValueError(f"Invalid fields for --lora-modules: {item} - name and path "
+                             "must be strings")
+    if not name or not path:
+        # vLLM's answer when it loads the adapter.
+        raise ValueError(f"{item}: Both 'lora_name' and 'lora_path' must be provided.")
+    return LoraModule(name=name, path=path)
 
 
 def _override(what: str) -> Any:
@@ -35,6 +78,19 @@ class EmulatorOptions(BaseModel):
 
     model_name: str = Field(default="weighbridge-emulator",
                             description="Model name served and checked.")
+    enable_lora: bool = Field(default=False, description=(
+        "Serve LoRA adapters (vLLM's flag): --lora-modules, /v1/models lists them, a "
+        "request naming one is served by it."), json_schema_extra={"flags": ["--enable-lora"]})
+    lora_modules: list[str] = Field(default_factory=list, description=(
+        "A LoRA adapter, name=path or vLLM's JSON form {\"name\": ..., \"path\": ...}; "
+        "repeat the flag for each adapter (vLLM takes several after one flag, this command "
+        "one per flag). Needs --enable-lora."))
+    max_loras: int = Field(default=1, ge=1, description=(
+        "Most distinct LoRA adapters in one step's batch (vLLM's flag): a waiting request "
+        "of another adapter is passed over while the batch holds this many."))
+    max_lora_rank: int = Field(default=16, description=(
+        "Accepted and checked as vLLM's flag (one of "
+        f"{', '.join(map(str, MAX_LORA_RANKS))}); adapters cost no step time here."))
     profile: str = Field(default="cpu-tiny", description=(
         "Step-time profile: cpu-tiny or h100-llama3-8b (docs/emulator.md)."))
     max_num_seqs: int = Field(default=64, ge=1, description="Most sequences running at once.")
@@ -75,6 +131,44 @@ class EmulatorOptions(BaseModel):
     t_api_token: float | None = _override(
         "API-server seconds per streamed token, serial with admission")
 
+    @field_validator("lora_modules")
+    @classmethod
+    def _lora_modules_as_vllm_loads_them(cls, modules: list[str],
+                                         info: ValidationInfo) -> list[str]:
+        # vLLM fails at start-up on each of these (vllm/entrypoints/openai/models/serving.py).
+        if modules and not info.data.get("enable_lora"):
+            raise PydanticCustomError("lora_disabled",
+                                      "LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        seen: set[str] = set()
+        for item in modules:
+            try:
+                name = parse_lora_module(item).name
+            except ValueError as e:
+                raise PydanticCustomError("lora_module", str(e)) from None
+            if name == info.data.get("model_name"):
+                raise PydanticCustomError(
+                    "lora_module", "The lora adapter '{name}' conflicts with a served base "
+                    "model.", {"name": name})
+            if name in seen:
+                raise PydanticCustomError(
+                    "lora_module", "The lora adapter '{name}' has already been loaded.",
+                    {"name": name})
+            seen.add(name)
+        return modules
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_rank_vllm_takes(cls, rank: int) -> int:
+        if rank not in MAX_LORA_RANKS:
+            raise PydanticCustomError(
+                "lora_rank", "must be one of {ranks}",
+                {"ranks": ", ".join(map(str, MAX_LORA_RANKS))})
+        return rank
+
+    def lora_adapters(self) -> tuple[LoraModule, ...]:
+        """The adapters served, in the order given."""
+        return tuple(parse_lora_module(item) for item in self.lora_modules)
+
     def step_profile(self) -> StepTimeProfile:
         """The named profile with this option's overrides (ValueError: unknown profile)."""
         return get_profile(self.profile).with_overrides(
@@ -103,7 +197,8 @@ class EmulatorOptions(BaseModel):
             num_kv_blocks=self.kv_blocks(), block_size=self.block_size,
             max_model_len=self.max_model_len, scheduling_policy=self.scheduling_policy,
             chunked_prefill=not self.no_chunked_prefill,
-            long_prefill_token_threshold=self.long_prefill_token_threshold)
+            long_prefill_token_threshold=self.long_prefill_token_threshold,
+            max_loras=self.max_loras)
 
     def check(self) -> None:
         """Every start-up check of ``weighbridge emulator`` (ValueError)."""

@@ -36,6 +36,7 @@ from emulator.engine import EngineConfig, Sequence, StepModel
 from emulator.eos import EosModel
 from emulator.frontend import ApiFrontEnd
 from emulator.metrics import EngineMetrics
+from emulator.options import LoraModule
 from emulator.profiles import StepTimeProfile
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -162,6 +163,13 @@ class EmulatorSettings:
     # engine.num_kv_blocks is the result either way.
     num_gpu_blocks_override: int | None = None
     kv_cache_memory_bytes: int | None = None
+    # vLLM's --enable-lora and --lora-modules (the adapters' max_loras is in engine).
+    enable_lora: bool = False
+    lora_modules: tuple[LoraModule, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
 
 
 class Emulator:
@@ -173,7 +181,9 @@ class Emulator:
         self.metrics = EngineMetrics(
             self.model, settings.model_name,
             num_gpu_blocks_override=settings.num_gpu_blocks_override,
-            kv_cache_memory_bytes=settings.kv_cache_memory_bytes)
+            kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
+            max_loras=settings.engine.max_loras if settings.enable_lora else None)
+        self.adapters = {m.name: m for m in settings.lora_modules}
         self.runner = EngineRunner(self.model, self.metrics)
         self.eos = EosModel(settings.mean_output_tokens, settings.seed)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES,
@@ -219,18 +229,23 @@ class Emulator:
         return _json_response({"version": "0.32.0"})
 
     async def models(self, _request: web.Request) -> web.Response:
+        """The served model's card, then one per LoRA adapter (vLLM's shape: ``root`` the
+        adapter's path, ``parent`` the served model, no ``max_model_len``)."""
         s = self.settings
         now = int(time.time())
-        card = {"id": s.model_name, "object": "model", "created": now,
-                "owned_by": "vllm", "root": s.model_name, "parent": None,
-                "max_model_len": s.engine.max_model_len,
-                "permission": [{
-                    "id": "modelperm-weighbridge", "object": "model_permission",
-                    "created": now, "allow_create_engine": False, "allow_sampling": True,
-                    "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                    "allow_fine_tuning": False, "organization": "*", "group": None,
-                    "is_blocking": False}]}
-        return _json_response({"object": "list", "data": [card]})
+        permission = [{
+            "id": "modelperm-weighbridge", "object": "model_permission",
+            "created": now, "allow_create_engine": False, "allow_sampling": True,
+            "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+            "allow_fine_tuning": False, "organization": "*", "group": None,
+            "is_blocking": False}]
+        cards = [{"id": s.model_name, "object": "model", "created": now,
+                  "owned_by": "vllm", "root": s.model_name, "parent": None,
+                  "max_model_len": s.engine.max_model_len, "permission": permission}]
+        cards += [{"id": m.name, "object": "model", "created": now, "owned_by": "vllm",
+                   "root": m.path, "parent": s.model_name, "max_model_len": None,
+                   "permission": permission} for m in s.lora_modules]
+        return _json_response({"object": "list", "data": cards})
 
     async def metrics_endpoint(self, _request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),
@@ -260,7 +275,7 @@ class Emulator:
         s = self.settings
         req = parse_generation_request(endpoint, body, served_model=s.model_name,
                                        max_model_len=s.engine.max_model_len,
-                                       vocab_size=s.vocab_size)
+                                       vocab_size=s.vocab_size, adapters=self.adapters)
         request_id = new_request_id(endpoint)
         seq = Sequence(
             request_id=request_id,
@@ -269,6 +284,7 @@ class Emulator:
             max_tokens=req.max_tokens,
             arrival_s=self.runner.clock(),
             priority=req.priority if s.engine.scheduling_policy == "priority" else 0,
+            lora=req.lora,
         )
         try:
             stream = self.runner.submit(seq)
@@ -295,13 +311,13 @@ class Emulator:
         s = self.settings
         req = parse_embedding_request(body, served_model=s.model_name,
                                       max_model_len=s.engine.max_model_len,
-                                      vocab_size=s.vocab_size)
+                                      vocab_size=s.vocab_size, adapters=self.adapters)
         request_id = f"embd-{uuid.uuid4().hex[:16]}"
         now = self.runner.clock()
         seqs = [Sequence(request_id=f"{request_id}-{i}", prompt_tokens=tokens,
                          target_output_tokens=1, max_tokens=1, arrival_s=now, pooling=True,
                          priority=req.priority if s.engine.scheduling_policy == "priority"
-                         else 0)
+                         else 0, lora=req.lora)
                 for i, tokens in enumerate(req.prompt_tokens)]
         submitted: list[TokenStream] = []
         try:

@@ -44,9 +44,11 @@ def _with_emulator_options(command: Callable[..., None]) -> Callable[..., None]:
            if name != "options"]
     fields = []
     for name, info in model.model_fields.items():
+        # A list-valued option (--lora-modules) is a repeated flag: click has no nargs='+'.
         option = typer.Option(*model.cli_flags(name), help=info.description)
         fields.append(inspect.Parameter(
-            name, inspect.Parameter.KEYWORD_ONLY, default=info.default,
+            name, inspect.Parameter.KEYWORD_ONLY,
+            default=info.get_default(call_default_factory=True),
             annotation=Annotated[info.annotation, option]))
 
     @functools.wraps(command)
@@ -86,7 +88,9 @@ def emulator(
                                 mean_output_tokens=options.mean_output_tokens,
                                 vocab_size=options.vocab_size,
                                 num_gpu_blocks_override=options.num_kv_blocks,
-                                kv_cache_memory_bytes=options.kv_cache_memory_bytes)
+                                kv_cache_memory_bytes=options.kv_cache_memory_bytes,
+                                enable_lora=options.enable_lora,
+                                lora_modules=options.lora_adapters())
     typer.echo(f"weighbridge emulator: {options.model_name} on http://{host}:{port} "
                f"(profile {options.profile}, {engine.max_num_seqs} seqs, "
                f"B={engine.max_num_batched_tokens}, {engine.num_kv_blocks}x{engine.block_size} "

@@ -162,13 +162,17 @@ def weighbridge_argv(*args: str) -> list[str]:
 def emulator_process(name: str = "emulator", host: str = "127.0.0.1", port: int | None = None,
                      **flags: object) -> ServerProcess:
     """A ``weighbridge emulator`` child; ``flags`` are its options in Python spelling
-    (``max_num_seqs=4``, ``no_chunked_prefill=True``)."""
+    (``max_num_seqs=4``, ``no_chunked_prefill=True``, ``lora_modules=["a=/p", "b=/q"]``:
+    a list is the flag repeated)."""
     port = port or free_port(host)
     argv = weighbridge_argv("emulator", "--host", host, "--port", str(port))
     for key, value in flags.items():
         option = "--" + key.replace("_", "-")
         if value is True:
             argv.append(option)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                argv += [option, str(item)]
         elif value is not False and value is not None:  # 0 is a value, not absence
             argv += [option, str(value)]
     return ServerProcess(name=name, argv=argv, url=f"http://{host}:{port}")
