@@ -29,7 +29,7 @@ from sidecar.metrics import SidecarMetrics, StreamedTokens
 from sidecar.openapi import DEADLINE_MS, description_json
 from sidecar.prompt import PromptError, json_integer, prompt_tokens
 from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
-from sidecar.rejection import Reject
+from sidecar.rejection import MODEL_NOT_FOUND, Reject
 from sidecar.request import QueuedRequest
 from sidecar.stability import StabilityMeter
 from sidecar.tracing import NO_TRACE, RequestTracing, Trace
@@ -57,14 +57,21 @@ class ApiError(Exception):
     """An OpenAI-style error answer; ``reason`` also goes in the reject-reason header."""
 
     def __init__(self, status: int, reason: str, message: str, type_: str,
-                 headers: dict[str, str] | None = None, *, close: bool = False) -> None:
+                 headers: dict[str, str] | None = None, *, close: bool = False,
+                 vllm_body: bool = False, param: str | None = None) -> None:
+        """``vllm_body``: answer with vLLM's own error body (``param``, and the status as
+        ``code``), for the errors a client would have had from vLLM itself."""
         super().__init__(message)
         self.status, self.reason, self.message, self.type = status, reason, message, type_
         self.headers = headers or {}
         self.close = close  # end the connection after answering (its input is unread)
+        self.vllm_body, self.param = vllm_body, param
 
     def response(self) -> web.Response:
-        body = {"error": {"message": self.message, "type": self.type, "code": self.reason}}
+        error: dict[str, Any] = {"message": self.message, "type": self.type, "code": self.reason}
+        if self.vllm_body:
+            error.update(param=self.param, code=self.status)
+        body = {"error": error}
         response = web.Response(body=orjson.dumps(body), status=self.status,
                                 content_type="application/json",
                                 headers={headers_.REJECT_REASON: self.reason, **self.headers})
@@ -246,20 +253,37 @@ class Sidecar:
                             content_type="application/json")
 
     async def models(self, request: web.Request) -> web.Response:
+        """Every model the healthy backends serve (base models and adapters), each listed
+        once, in backend order: the fleet as one vLLM server would list it."""
         self._authenticate(request, count=False)
         assert self.pool is not None and self.session is not None
-        for name, state in self.pool.states.items():
-            if not state.healthy:
-                continue
+        pool, session = self.pool, self.session
+
+        async def listing(name: str) -> list[Any] | None:
             try:
-                async with self.session.get(self.pool.url(name, "/v1/models"),
-                                            timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    body = await r.read()
-                    if r.status == 200:
-                        return web.Response(body=body, content_type="application/json")
+                async with session.get(pool.url(name, "/v1/models"),
+                                       timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    if r.status != 200:
+                        return None
+                    data = (await r.json(content_type=None))["data"]
+                    return data if isinstance(data, list) else None
             except (TimeoutError, aiohttp.ClientError, OSError) as e:
-                self.pool.mark_failed(name, f"/v1/models: {e}")
-        raise ApiError(503, "no_backend", "no healthy backend", "server_error")
+                pool.mark_failed(name, f"/v1/models: {e}")
+            except (ValueError, KeyError, TypeError):
+                pass  # not a model list: that backend adds nothing
+            return None
+
+        healthy = [name for name, state in pool.states.items() if state.healthy]
+        listings = await asyncio.gather(*(listing(name) for name in healthy))
+        if all(found is None for found in listings):
+            raise ApiError(503, "no_backend", "no healthy backend", "server_error")
+        cards: dict[str, Any] = {}
+        for found in listings:
+            for card in found or ():
+                if isinstance(card, dict) and isinstance(card.get("id"), str):
+                    cards.setdefault(card["id"], card)
+        return web.Response(body=orjson.dumps({"object": "list", "data": list(cards.values())}),
+                            content_type="application/json")
 
     # -- the proxied endpoints --------------------------------------------------------------------
 
@@ -437,6 +461,10 @@ class Sidecar:
         # measured while requests waited). Neither has a Retry-After.
         if reject.retry_after_s is not None and math.isfinite(reject.retry_after_s):
             headers["Retry-After"] = str(max(1, math.ceil(reject.retry_after_s)))
+        if reject.reason == MODEL_NOT_FOUND:
+            # As vLLM answers it, so a client sees the same error through the sidecar.
+            return ApiError(404, reject.reason, reject.detail, "NotFoundError", headers,
+                            vllm_body=True, param="model")
         message = reject.reason.replace("_", " ")
         if reject.detail:
             message = f"{message}: {reject.detail}"

@@ -1,8 +1,10 @@
-"""The sidecar's live view of its backends: one metrics poller and one health prober each.
+"""The sidecar's live view of its backends: a metrics poller, a health prober and a model
+reader (/v1/models) each.
 
-Both loops belong to :class:`BackendPool`, which the application starts on startup and
+The loops belong to :class:`BackendPool`, which the application starts on startup and
 cancels on shutdown; they only fetch and hand what they learn to the scheduling core, then
-ask the dispatcher to look again (a fresh scrape or a recovered backend may open a gate).
+ask the dispatcher to look again (a fresh scrape, a recovered backend or a newly served model
+may open a gate).
 """
 
 from __future__ import annotations
@@ -59,8 +61,11 @@ class BackendPool:
     async def start(self) -> None:
         # One probe before serving, so a backend that is down at start-up is not tried first
         # (no threshold here: nothing has been heard from it yet).
-        await asyncio.gather(*(self._probe(s, threshold=1) for s in self.states.values()))
+        await asyncio.gather(*(self._probe(s, threshold=1) for s in self.states.values()),
+                             *(self._discover(s) for s in self.states.values()))
         for state in self.states.values():
+            self._tasks.append(asyncio.create_task(self._discover_models(state),
+                                                   name=f"models:{state.config.name}"))
             self._tasks.append(asyncio.create_task(self._poll_metrics(state),
                                                    name=f"metrics:{state.config.name}"))
             self._tasks.append(asyncio.create_task(self._probe_health(state),
@@ -117,6 +122,38 @@ class BackendPool:
         while True:
             await asyncio.sleep(interval)
             await self._probe(state)
+
+    # -- models -------------------------------------------------------------------------------
+
+    async def _discover(self, state: BackendState) -> None:
+        """Read what the backend serves (base models and adapters) into the core's catalog.
+        A failure changes nothing: the last list stays, or the backend stays unknown (taken
+        to serve every model, sidecar.catalog)."""
+        if state.config.models is not None:
+            return  # declared in the config
+        discovery = self.config.model_discovery
+        try:
+            async with self.session.get(
+                state.config.url + "/v1/models",
+                timeout=aiohttp.ClientTimeout(total=discovery.timeout_ms / 1000),
+            ) as response:
+                if response.status != 200:
+                    raise ScrapeError(f"status {response.status}")
+                listing = await response.json(content_type=None)
+            models = [str(card["id"]) for card in listing["data"]]
+        except (TimeoutError, aiohttp.ClientError, OSError, ScrapeError, ValueError, KeyError,
+                TypeError) as e:
+            log.debug("/v1/models of %s failed: %s", state.config.name, e)
+            return
+        if self.core.on_backend_models(state.config.name, models):
+            log.info("backend %s serves %s", state.config.name, ", ".join(models) or "nothing")
+            self.on_change()
+
+    async def _discover_models(self, state: BackendState) -> None:
+        interval = self.config.model_discovery.interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._discover(state)
 
     # -- metrics ------------------------------------------------------------------------------
 

@@ -57,12 +57,13 @@ from sidecar.admission import (
     derive_limits,
     vllm_priority,
 )
+from sidecar.catalog import ModelCatalog
 from sidecar.estimator import OutputEstimator
 from sidecar.kv import KvFootprint
 from sidecar.ledger import Ledger, Outcome, Tally
 from sidecar.predictor import ThroughputMeter, WaitPredictor
 from sidecar.ratelimit import Admit, TenantRateLimiter
-from sidecar.rejection import DEADLINE_UNMEETABLE, Reject
+from sidecar.rejection import DEADLINE_UNMEETABLE, MODEL_NOT_FOUND, Reject
 from sidecar.request import QueuedRequest, RequestState
 from sidecar.router import Router
 from sidecar.scheduler import Scheduler
@@ -78,6 +79,21 @@ if TYPE_CHECKING:
 # covers the gaps of a tenant sending a few requests a second, and lets the headroom go back
 # to backlogged tenants soon after the last light one stopped.
 LIGHT_MEMORY_S = 10.0
+
+
+@dataclass(slots=True)
+class _Pool:
+    """The backends serving one set of models, and the queues waiting for them: admission
+    and fairness are judged per pool (shares are of the pool's slots, DRR is the pool's)."""
+
+    backends: frozenset[str]
+    scheduler: Scheduler
+    meter: ThroughputMeter
+    predictor: WaitPredictor
+    # Tenant -> when it last arrived to an empty queue of its own or dispatched leaving
+    # it empty; dropped when it dispatches with more queued (backlogged upstream). For
+    # the derived, work-conserving headroom (GateLimits.headroom_always).
+    light: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,8 +134,10 @@ class CoreStats:
     tallies: dict[tuple[str, str], Tally]  # per (tenant, tier); copies
     tenants: tuple[TenantStats, ...]  # every configured tenant
     holds: dict[tuple[str, str], int]  # (backend or "", reason) -> dispatches held
-    tokens_per_s: float | None  # measured throughput feeding the wait predictor
+    tokens_per_s: float | None  # measured throughput feeding the wait predictors
     backends: tuple[BackendStats, ...]
+    models: dict[str, Tally]  # per model served ("" for a request naming none); copies
+    served: dict[str, tuple[str, ...]]  # backend -> the models it serves, where known
 
     @property
     def healthy_backends(self) -> list[str]:
@@ -132,7 +150,16 @@ class SchedulingCore:
         backend's are derived from ``config.admission`` and the engine's learned shape
         (``sidecar.admission.derive_limits``), and change as the shape is learned."""
         self.config = config
-        self.scheduler = Scheduler.from_config(config)
+        # Which backends serve which model (discovered from /v1/models, or declared); each
+        # distinct set of backends is a pool with its own queues (sidecar.catalog).
+        self.catalog = ModelCatalog(
+            [b.name for b in config.backends],
+            {b.name: b.models for b in config.backends if b.models is not None},
+            config.default_model)
+        self._pools: dict[frozenset[str], _Pool] = {}
+        self._default_pool = self._pool(self.catalog.backends)
+        self._pool_of: dict[str, _Pool] = {}  # queued or in-flight request -> its pool
+        self._next_pool = 0  # pools take turns at the dispatch decision
         self.estimator = OutputEstimator(
             {path: e.initial_output_estimate for path, e in config.endpoints.items()},
             config.scheduler.output_estimate_alpha,
@@ -150,8 +177,6 @@ class SchedulingCore:
                           for model, limits in t.model_limits.items()},
             model_defaults={name: m.tenant_limits for name, m in config.models.items()},
         )
-        self.meter = ThroughputMeter()
-        self.predictor = WaitPredictor(self.scheduler, self.meter)
         tenant_aware = self.scheduler.uses_headroom
         if gate_limits is not None:
             fixed = gate_limits
@@ -176,12 +201,40 @@ class SchedulingCore:
         # Prompt tokens each tenant has dispatched whose prefill has not finished (no first
         # token yet), for prefill pacing (GateLimits.max_prefill_tokens_inflight).
         self._prefilling: Counter[str] = Counter()
-        # Tenant -> when it last arrived to an empty queue of its own or dispatched leaving
-        # it empty; dropped when it dispatches with more queued (backlogged upstream). For
-        # the derived, work-conserving headroom (GateLimits.headroom_always).
-        self._light: dict[str, float] = {}
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
         self.holds: Counter[tuple[str, str]] = Counter()
+
+    # ------------------------------------------------------------------ pools
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The queues of the pool of every backend: the only pool of a fleet serving one set
+        of models (or before any backend has said what it serves)."""
+        return self._default_pool.scheduler
+
+    @property
+    def meter(self) -> ThroughputMeter:
+        """The throughput measured in the pool of every backend (``scheduler``'s)."""
+        return self._default_pool.meter
+
+    def _pool(self, backends: frozenset[str]) -> _Pool:
+        pool = self._pools.get(backends)
+        if pool is None:
+            scheduler = Scheduler.from_config(self.config)
+            meter = ThroughputMeter()
+            pool = _Pool(backends, scheduler, meter, WaitPredictor(scheduler, meter), {})
+            self._pools[backends] = pool
+        return pool
+
+    def pool_for(self, request_id: str) -> frozenset[str] | None:
+        """The backends a queued or in-flight request may go to."""
+        pool = self._pool_of.get(request_id)
+        return None if pool is None else pool.backends
+
+    def on_backend_models(self, backend: str, models: list[str]) -> bool:
+        """What a backend's /v1/models lists; True if the catalog changed. Requests already
+        queued keep their pool; new arrivals use the new one."""
+        return self.catalog.learn(backend, models)
 
     # ------------------------------------------------------------------ ingress
 
@@ -221,8 +274,17 @@ class SchedulingCore:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
             raise ValueError(f"unknown tier {tier!r}")
-        self.ledger.arrive(request_id, tenant, tier)
-        self._observe_served(0, now)
+        backends = self.catalog.backends_for(model)
+        if not backends:
+            # Before any limit is charged: no backend could ever serve it. Not counted under
+            # its name, which the client chose (a metric label per typo is unbounded).
+            self.ledger.arrive(request_id, tenant, tier)
+            self.ledger.end(request_id, Outcome.REJECTED, MODEL_NOT_FOUND)
+            return Reject(MODEL_NOT_FOUND, None, f"The model `{model}` does not exist.")
+        self.ledger.arrive(request_id, tenant, tier,
+                           model if model is not None else self.catalog.default_model() or "")
+        pool = self._pool(backends)
+        self._observe_served(pool, 0, now)
         request = QueuedRequest(
             id=request_id,
             tenant=tenant,
@@ -243,18 +305,20 @@ class SchedulingCore:
             self.ledger.end(request_id, Outcome.REJECTED, admitted.reason)
             return admitted
         request.admitted_tokens = admitted.tokens
-        if self.scheduler.holds_requests and self.predictor.deadline_unmeetable(request, now):
-            wait = self.predictor.predicted_wait_s(request)
+        scheduler = pool.scheduler
+        if scheduler.holds_requests and pool.predictor.deadline_unmeetable(request, now):
+            wait = pool.predictor.predicted_wait_s(request)
             return self._turn_away(
                 request,
                 Reject(DEADLINE_UNMEETABLE, wait, f"predicted wait {wait or 0:.3f}s"),
                 now,
             )
-        rejected = self.scheduler.enqueue(request, now)
+        rejected = scheduler.enqueue(request, now)
         if rejected is not None:
             return self._turn_away(request, rejected, now)
-        if self.scheduler.tenant_queued(tenant)[0] == 1:
-            self._light[tenant] = now  # arrived to an empty queue: light until backlogged
+        self._pool_of[request_id] = pool
+        if scheduler.tenant_queued(tenant)[0] == 1:
+            pool.light[tenant] = now  # arrived to an empty queue: light until backlogged
         return request
 
     def _turn_away(self, request: QueuedRequest, reject: Reject, now: float) -> Reject:
@@ -266,9 +330,11 @@ class SchedulingCore:
     def cancel(self, request_id: str, now: float) -> bool:
         """The client of a *queued* request went away: it leaves at once. False if it is not
         queued (then it is in flight: abort upstream and call ``on_client_gone``)."""
-        request = self.scheduler.cancel(request_id)
+        pool = self._pool_of.get(request_id)
+        request = None if pool is None else pool.scheduler.cancel(request_id)
         if request is None:
             return False
+        del self._pool_of[request_id]
         self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now,
                                  request.tier, request.model)
         self.ledger.end(request_id, Outcome.CANCELLED)
@@ -276,36 +342,50 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ egress
 
-    def share_slots(self, now: float) -> int:
+    def share_slots(self, now: float, backends: frozenset[str] | None = None) -> int:
         """In-flight slots that weighted shares are computed over: the healthy backends'
-        caps without their headroom."""
+        caps without their headroom (of a pool's backends; by default, all)."""
         return sum(
             gate.share_slots(now)
             for name, gate in self.gates.items()
-            if self.router.is_healthy(name)
+            if self.router.is_healthy(name) and (backends is None or name in backends)
         )
 
     def next_dispatch(self, now: float) -> Dispatch | None:
         """One dispatch decision (request and backend together), or None: nothing queued, or
-        no backend may take anything now (counted in ``holds``)."""
-        scheduler = self.scheduler
-        if scheduler.queued_requests == 0:
+        no backend may take anything now (counted in ``holds``). Pools with requests
+        queued take turns, so one pool's backlog never delays another's dispatch."""
+        pools = [pool for pool in self._pools.values() if pool.scheduler.queued_requests]
+        if not pools:
             return None
+        if len(pools) == 1:
+            return self._next_in_pool(pools[0], now)
+        start = self._next_pool % len(pools)
+        for i in range(len(pools)):
+            dispatch = self._next_in_pool(pools[(start + i) % len(pools)], now)
+            if dispatch is not None:
+                self._next_pool = start + i + 1
+                return dispatch
+        return None
+
+    def _next_in_pool(self, pool: _Pool, now: float) -> Dispatch | None:
+        scheduler = pool.scheduler
+        members = pool.backends
         if not scheduler.holds_requests:  # passthrough: no gate, any healthy backend
-            backend = self.router.pick()
+            backend = self.router.pick(members.__contains__)
             if backend is None:
                 self.holds[("", "no_healthy_backend")] += 1
                 return None
             request = scheduler.next(now)
             assert request is not None
-            return self._dispatch(request, backend, now, self.share_slots(now))
+            return self._dispatch(pool, request, backend, now, self.share_slots(now, members))
 
         tenant_aware = scheduler.uses_headroom
         verdicts: dict[str, GateVerdict] = {}
         kv_tight: set[str] = set()  # backends at their KV watermark: under-share tenants only
         slots = 0
         for name, gate in self.gates.items():
-            if not self.router.is_healthy(name):
+            if name not in members or not self.router.is_healthy(name):
                 continue
             verdict = gate.verdict(now)
             limits = gate.limits
@@ -340,11 +420,12 @@ class SchedulingCore:
         # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
         # capacity for them.
         usable = ("open",) if tenant_aware else ("open", "headroom")
-        backend = self.router.pick(lambda name: verdicts[name].mode in usable)
+        backend = self.router.pick(
+            lambda name: name in verdicts and verdicts[name].mode in usable)
         if backend is not None:
-            request = scheduler.next(now, self._paced(backend))
+            request = scheduler.next(now, self._paced(backend, scheduler))
             if request is not None:
-                return self._dispatch(request, backend, now, slots)
+                return self._dispatch(pool, request, backend, now, slots)
             self.holds[("", "prefill_budget")] += 1
         if tenant_aware:
             candidates = {name for name, v in verdicts.items() if v.mode == "headroom"}
@@ -354,48 +435,49 @@ class SchedulingCore:
                     break
                 candidates.discard(backend)
                 request = scheduler.next(
-                    now, self._headroom_eligible(backend, verdicts[backend], slots,
+                    now, self._headroom_eligible(pool, backend, verdicts[backend], slots,
                                                  backend in kv_tight, now))
                 if request is not None:
-                    return self._dispatch(request, backend, now, slots)
+                    return self._dispatch(pool, request, backend, now, slots)
         for name, verdict in verdicts.items():
             if verdict.mode != "open":
                 self.holds[(name, verdict.reason)] += 1
                 self.gates[name].holds[verdict.reason] += 1
         return None
 
-    def _paced(self, backend: str) -> Callable[[str], bool] | None:
+    def _paced(self, backend: str, scheduler: Scheduler) -> Callable[[str], bool] | None:
         """Prefill pacing on ``backend``: a tenant with that many prompt tokens still in
         prefill waits (tenant-aware policies; the FIFO baselines cannot pick around it)."""
         cap = self.gates[backend].limits.max_prefill_tokens_inflight
-        if cap is None or not self.scheduler.uses_headroom:
+        if cap is None or not scheduler.uses_headroom:
             return None
         prefilling = self._prefilling
         return lambda tenant: prefilling[tenant] < cap
 
-    def _light_tenants(self, now: float) -> set[str]:
+    @staticmethod
+    def _light_tenants(pool: _Pool, now: float) -> set[str]:
         """Tenants not backlogged upstream lately: the well-behaved the headroom is for."""
-        light = self._light
+        light = pool.light
         for tenant in [t for t, at in light.items() if now - at > LIGHT_MEMORY_S]:
             del light[tenant]
         return set(light)
 
-    def _headroom_eligible(self, backend: str, verdict: GateVerdict, slots: int,
+    def _headroom_eligible(self, pool: _Pool, backend: str, verdict: GateVerdict, slots: int,
                            kv_tight: bool, now: float) -> Callable[[str], bool]:
         """Who may dispatch to a backend in headroom: under its weighted share of slots
         (when the slot headroom is reached) and of the KV watermark (when that is), and
         not held by prefill pacing."""
-        scheduler = self.scheduler
+        scheduler = pool.scheduler
         slow = verdict.reason == "decode_slow"
         slot_tight = verdict.reason == "headroom"
         if slot_tight and not self.gates[backend].limits.headroom_always:
-            light = self._light_tenants(now)
+            light = self._light_tenants(pool, now)
             # Work-conserving headroom: kept for light tenants other than the asker.
             slot_tight = bool(light)
             reserved_for = light
         else:
             reserved_for = None
-        paced = self._paced(backend)
+        paced = self._paced(backend, scheduler)
         footprint = self.kv[backend]
         watermark = self.gates[backend].limits.kv_watermark or 0
         # Above the KV watermark the reserve is for light tenants (not backlogged upstream:
@@ -404,7 +486,7 @@ class SchedulingCore:
         # among them DRR's token accounting alone decides who fills the cache below it: a
         # partition of KV blocks by weight is fair in memory, not in tokens, and skewed
         # backlogged tenants' token shares by up to 1.23x (test_token_fairness_drr_vs_rr).
-        light = self._light_tenants(now) if kv_tight else set()
+        light = self._light_tenants(pool, now) if kv_tight else set()
 
         def eligible(tenant: str) -> bool:
             if slow and not (scheduler.share_fraction(tenant) < 1
@@ -429,7 +511,7 @@ class SchedulingCore:
             yield dispatch
 
     def _dispatch(
-        self, request: QueuedRequest, backend: str, now: float, slots: int
+        self, pool: _Pool, request: QueuedRequest, backend: str, now: float, slots: int
     ) -> Dispatch:
         request.backend = backend
         self.gates[backend].on_dispatched(now)
@@ -441,14 +523,15 @@ class SchedulingCore:
                              request.estimated_output_tokens)
         self._reported[request.id] = 0
         self._prefilling[request.tenant] += request.prompt_tokens
-        if self.scheduler.tenant_queued(request.tenant)[0] == 0:
-            self._light[request.tenant] = now
+        scheduler = pool.scheduler
+        if scheduler.tenant_queued(request.tenant)[0] == 0:
+            pool.light[request.tenant] = now
         else:
-            self._light.pop(request.tenant, None)  # backlogged upstream: not light
+            pool.light.pop(request.tenant, None)  # backlogged upstream: not light
         # Judged with the tenants active lately (light), so a flood that had the engine to
         # itself between a light tenant's requests is still demoted below it.
-        over = self.scheduler.uses_headroom and self.scheduler.over_share(
-            request.tenant, slots, self._light_tenants(now))
+        over = scheduler.uses_headroom and scheduler.over_share(
+            request.tenant, slots, self._light_tenants(pool, now))
         priority = None
         if backend in self._priority_backends:
             priority = vllm_priority(self._tier_priority[request.tier], over, self._demotion)
@@ -461,7 +544,7 @@ class SchedulingCore:
         if request.state is not RequestState.DISPATCHED:
             raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
         self._release_backend(request, now)
-        self.scheduler.requeue(request)
+        self._pool_of[request.id].scheduler.requeue(request)
         self.ledger.requeue(request.id)
 
     # ------------------------------------------------------------------ in flight
@@ -472,7 +555,8 @@ class SchedulingCore:
     def on_tokens_streamed(self, request: QueuedRequest, tokens: int, now: float) -> None:
         if request.state is not RequestState.DISPATCHED:
             return
-        self.scheduler.on_tokens_streamed(request, tokens)
+        pool = self._pool_of[request.id]
+        pool.scheduler.on_tokens_streamed(request, tokens)
         self.router.on_tokens(request.id, tokens)
         assert request.backend is not None
         self.kv[request.backend].on_tokens(request.id, tokens)
@@ -484,7 +568,7 @@ class SchedulingCore:
             assert request.backend is not None
             self.gates[request.backend].on_first_token(now)
         self._reported[request.id] += served
-        self._observe_served(served, now)
+        self._observe_served(pool, served, now)
 
     def on_completed(
         self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
@@ -516,22 +600,23 @@ class SchedulingCore:
     ) -> None:
         if request.state is RequestState.QUEUED:
             # Ended before dispatch (client gone, shutdown): leaves the queue, refunded.
-            self.scheduler.cancel(request.id)
+            self.ledger.end(request.id, outcome)  # raises on a second end, before any change
+            self._pool_of.pop(request.id).scheduler.cancel(request.id)
             self.rate_limiter.refund(
                 request.tenant, request.endpoint, request.admitted_tokens, now, request.tier,
                 request.model,
             )
-            self.ledger.end(request.id, outcome)
             return
         self.ledger.end(request.id, outcome)  # raises on a second end, before any change
-        self.scheduler.on_finished(request, prompt_tokens, output_tokens)
+        pool = self._pool_of.pop(request.id)
+        pool.scheduler.on_finished(request, prompt_tokens, output_tokens)
         actual = prompt_tokens + output_tokens
         self.rate_limiter.settle(
             request.tenant, request.endpoint, request.admitted_tokens, actual, now, request.tier,
             request.model,
         )
         reported = self._release_backend(request, now)
-        self._observe_served(max(0, actual - reported), now)
+        self._observe_served(pool, max(0, actual - reported), now)
 
     def _release_backend(self, request: QueuedRequest, now: float) -> int:
         assert request.backend is not None
@@ -552,8 +637,9 @@ class SchedulingCore:
         else:
             del self._prefilling[request.tenant]
 
-    def _observe_served(self, tokens: int, now: float) -> None:
-        self.meter.observe(tokens, now, saturated=self.scheduler.queued_requests > 0)
+    @staticmethod
+    def _observe_served(pool: _Pool, tokens: int, now: float) -> None:
+        pool.meter.observe(tokens, now, saturated=pool.scheduler.queued_requests > 0)
 
     # ------------------------------------------------------------------ backends
 
@@ -583,10 +669,14 @@ class SchedulingCore:
         return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens)
 
     def stats(self, now: float) -> CoreStats:
-        scheduler, router = self.scheduler, self.router
+        """Per tenant, summed over the pools (one pool: its own figures)."""
+        router = self.router
+        schedulers = [pool.scheduler for pool in self._pools.values()]
         tenants = tuple(
-            TenantStats(name, spec.tier, spec.weight, scheduler.tenant_queued(name)[1],
-                        scheduler.deficit(spec.tier, name), scheduler.forfeited(spec.tier, name))
+            TenantStats(name, spec.tier, spec.weight,
+                        sum(s.tenant_queued(name)[1] for s in schedulers),
+                        sum(s.deficit(spec.tier, name) for s in schedulers),
+                        sum(s.forfeited(spec.tier, name) for s in schedulers))
             for name, spec in self.config.tenants.items())
         backends = tuple(
             BackendStats(name, router.is_healthy(name), gate.inflight,
@@ -595,19 +685,35 @@ class SchedulingCore:
             for name, gate in self.gates.items())
         tallies = {key: replace(tally, rejected=Counter(tally.rejected))
                    for key, tally in self.ledger.tallies().items()}
-        return CoreStats(tallies, tenants, dict(self.holds), self.meter.tokens_per_s, backends)
+        rates = [rate for pool in self._pools.values()
+                 if (rate := pool.meter.tokens_per_s) is not None]
+        return CoreStats(tallies, tenants, dict(self.holds), sum(rates) if rates else None,
+                         backends, self.ledger.by_model(),
+                         {name: served for name in self.gates
+                          if (served := self.catalog.models_of(name)) is not None})
 
     def snapshot(self, now: float, max_tenants: int | None = 100) -> dict[str, Any]:
         """Everything /admin/state shows, as plain dicts."""
         routing = self.router.snapshot()
+        models = self.catalog.models()
+        rates = [rate for pool in self._pools.values()
+                 if (rate := pool.meter.tokens_per_s) is not None]
         return {
+            # The pool of every backend (module doc of sidecar.catalog); "pools" has each.
             "scheduler": self.scheduler.snapshot(max_tenants),
+            "pools": [
+                {"backends": sorted(pool.backends),
+                 "models": sorted(m for m, backends in models.items()
+                                  if backends == pool.backends),
+                 "throughput_tokens_per_s": pool.meter.tokens_per_s,
+                 "scheduler": pool.scheduler.snapshot(max_tenants)}
+                for pool in self._pools.values()],
             "rate_limits": self.rate_limiter.snapshot(now),
             "backends": {
                 name: {**routing[name], "gate": gate.snapshot(now),
                        "kv_footprint_blocks": self.kv[name].blocks()}
                 for name, gate in self.gates.items()
             },
-            "throughput_tokens_per_s": self.meter.tokens_per_s,
+            "throughput_tokens_per_s": sum(rates) if rates else None,
             "ledger": self.ledger.snapshot(),
         }

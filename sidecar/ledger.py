@@ -1,6 +1,7 @@
 """Every request ends exactly once: the counters behind the arrivals = ends + in-flight check.
 
-Counted per (tenant, tier); totals and per-tenant / per-tier views are sums. At every moment
+Counted per (tenant, tier), and again per model (the model a request was served as: its
+``model``, or the fleet's default); totals and per-tenant / per-tier views are sums. At every moment
 ``arrivals == completed + rejected + cancelled + failed + queued + dispatched`` holds for each
 tally (``Tally.balanced``); ending a request that is not in flight raises ``LedgerError``, so
 a double end is a loud bug rather than a silent miscount.
@@ -9,7 +10,7 @@ a double end is a loud bug rather than a silent miscount.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -70,14 +71,15 @@ class Tally:
 
 @dataclass(slots=True)
 class _Open:
-    tenant: str
-    tier: str
+    tally: Tally  # its (tenant, tier)'s
+    model_tally: Tally  # its model's
     dispatched: bool = False
 
 
 class Ledger:
     def __init__(self) -> None:
         self._tallies: dict[tuple[str, str], Tally] = {}
+        self._models: dict[str, Tally] = {}
         self._open: dict[str, _Open] = {}
 
     def _tally(self, tenant: str, tier: str) -> Tally:
@@ -95,14 +97,18 @@ class Ledger:
 
     # ------------------------------------------------------------------ transitions
 
-    def arrive(self, request_id: str, tenant: str, tier: str) -> None:
-        """A request was accepted for checking; it is in flight (queued) until it ends."""
+    def arrive(self, request_id: str, tenant: str, tier: str, model: str = "") -> None:
+        """A request was accepted for checking; it is in flight (queued) until it ends.
+        ``model``: the model it is served as ("" when unknown or not served)."""
         if request_id in self._open:
             raise LedgerError(f"request {request_id!r} arrived twice")
-        self._open[request_id] = _Open(tenant, tier)
-        tally = self._tally(tenant, tier)
-        tally.arrivals += 1
-        tally.queued += 1
+        model_tally = self._models.get(model)
+        if model_tally is None:
+            model_tally = self._models[model] = Tally()
+        entry = self._open[request_id] = _Open(self._tally(tenant, tier), model_tally)
+        for tally in (entry.tally, entry.model_tally):
+            tally.arrivals += 1
+            tally.queued += 1
 
     def rejected_on_arrival(self, tenant: str, tier: str, reason: str) -> None:
         """An arrival turned away before it got an identity (unauthorized, malformed)."""
@@ -115,41 +121,48 @@ class Ledger:
         if entry.dispatched:
             raise LedgerError(f"request {request_id!r} dispatched twice")
         entry.dispatched = True
-        tally = self._tally(entry.tenant, entry.tier)
-        tally.queued -= 1
-        tally.dispatched += 1
+        for tally in (entry.tally, entry.model_tally):
+            tally.queued -= 1
+            tally.dispatched += 1
 
     def requeue(self, request_id: str) -> None:
         entry = self._get(request_id)
         if not entry.dispatched:
             raise LedgerError(f"request {request_id!r} is not dispatched")
         entry.dispatched = False
-        tally = self._tally(entry.tenant, entry.tier)
-        tally.dispatched -= 1
-        tally.queued += 1
+        for tally in (entry.tally, entry.model_tally):
+            tally.dispatched -= 1
+            tally.queued += 1
 
     def end(self, request_id: str, outcome: Outcome, reason: str = "") -> None:
         entry = self._get(request_id)
         del self._open[request_id]
-        tally = self._tally(entry.tenant, entry.tier)
-        if entry.dispatched:
-            tally.dispatched -= 1
-        else:
-            tally.queued -= 1
-        if outcome is Outcome.COMPLETED:
-            tally.completed += 1
-        elif outcome is Outcome.REJECTED:
-            tally.rejected[reason or "unspecified"] += 1
-        elif outcome is Outcome.CANCELLED:
-            tally.cancelled += 1
-        else:
-            tally.failed += 1
+        for tally in (entry.tally, entry.model_tally):
+            if entry.dispatched:
+                tally.dispatched -= 1
+            else:
+                tally.queued -= 1
+            if outcome is Outcome.COMPLETED:
+                tally.completed += 1
+            elif outcome is Outcome.REJECTED:
+                tally.rejected[reason or "unspecified"] += 1
+            elif outcome is Outcome.CANCELLED:
+                tally.cancelled += 1
+            else:
+                tally.failed += 1
 
     # ------------------------------------------------------------------ views
 
     def tallies(self) -> dict[tuple[str, str], Tally]:
         """Per (tenant, tier); the live objects (read them, do not modify them)."""
         return self._tallies
+
+    def by_model(self) -> dict[str, Tally]:
+        """Per model, of the requests that arrived with an identity (copies); a model's
+        tallies add up to the same totals as the (tenant, tier) ones, less the arrivals
+        rejected before they had one (``rejected_on_arrival``)."""
+        return {model: replace(tally, rejected=Counter(tally.rejected))
+                for model, tally in self._models.items()}
 
     def total(self) -> Tally:
         total = Tally()
@@ -176,4 +189,5 @@ class Ledger:
                 f"{tenant}/{tier}": tally.as_dict()
                 for (tenant, tier), tally in self._tallies.items()
             },
+            "by_model": {model: tally.as_dict() for model, tally in self._models.items()},
         }

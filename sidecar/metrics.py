@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from sidecar.backends import BackendPool
 from sidecar.core import CoreStats, SchedulingCore
+from sidecar.ledger import Tally
 from sidecar.stability import StabilityMeter
 
 # From a few milliseconds (queue-free TTFT) to a minute (a flood's backlog).
@@ -79,6 +80,7 @@ class CoreCollector(Collector):
             for reason, count in tally.rejected.items():
                 rejected.add_metric([*values, reason], count)
         yield from (arrived, completed, rejected, cancelled, failed, queued, dispatched)
+        yield from self._models(stats)
         seconds = CounterMetricFamily("weighbridge_requests_in_system_seconds",
                                       "Request-seconds spent queued or in flight (its rate "
                                       "is the average number in the sidecar).", labels=labels)
@@ -124,6 +126,40 @@ class CoreCollector(Collector):
         yield from self._stability(now, stats)
 
         yield from self._backends(now, stats)
+
+    @staticmethod
+    def _models(stats: CoreStats) -> Iterator[Metric]:
+        """Requests by the model they were served as, and which backend serves which model
+        (sidecar.catalog): several models share a fleet, and a model's pool is its own."""
+        arrived = CounterMetricFamily("weighbridge_model_requests_arrived",
+                                      "Requests that reached the sidecar, by model.",
+                                      labels=["model"])
+        ended = CounterMetricFamily("weighbridge_model_requests_ended",
+                                    "Requests that ended, by model and outcome.",
+                                    labels=["model", "outcome"])
+        in_flight = GaugeMetricFamily("weighbridge_model_requests_in_flight",
+                                      "Requests queued in the sidecar or dispatched, by model.",
+                                      labels=["model", "state"])
+        tallies = dict(stats.models)
+        for models in stats.served.values():
+            for model in models:
+                tallies.setdefault(model, Tally())  # every served model's series, from 0
+        for model, tally in tallies.items():
+            arrived.add_metric([model], tally.arrivals)
+            for outcome, count in (("completed", tally.completed),
+                                   ("rejected", sum(tally.rejected.values())),
+                                   ("cancelled", tally.cancelled), ("failed", tally.failed)):
+                ended.add_metric([model, outcome], count)
+            in_flight.add_metric([model, "queued"], tally.queued)
+            in_flight.add_metric([model, "dispatched"], tally.dispatched)
+        served = GaugeMetricFamily("weighbridge_backend_model_info",
+                                   "1 for each model (base or adapter) a backend serves, as "
+                                   "its /v1/models lists it or the config declares it.",
+                                   labels=["backend", "model"])
+        for backend, models in stats.served.items():
+            for model in models:
+                served.add_metric([backend, model], 1)
+        yield from (arrived, ended, in_flight, served)
 
     def _stability(self, now: float, stats: CoreStats) -> Iterator[Metric]:
         reading = self.stability.read(now, stats.healthy_backends, stats.tokens_per_s)

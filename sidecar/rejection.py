@@ -13,6 +13,8 @@ from typing import Final
 RATE_LIMITED: Final = "rate_limited"
 QUEUE_FULL: Final = "queue_full"
 DEADLINE_UNMEETABLE: Final = "deadline_unmeetable"
+# No backend serves the request's `model` (sidecar.catalog): vLLM's own 404.
+MODEL_NOT_FOUND: Final = "model_not_found"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,5 +28,8 @@ class Reject:
     @property
     def http_status(self) -> int:
         """The answer's status: 503 when the sidecar cannot meet the request's deadline (the
-        service, not the client, is short), 429 for the client's own limits and queue."""
+        service, not the client, is short), 404 for a model no backend serves, 429 for the
+        client's own limits and queue."""
+        if self.reason == MODEL_NOT_FOUND:
+            return 404
         return 503 if self.reason == DEADLINE_UNMEETABLE else 429

@@ -294,6 +294,9 @@ class Backend(_Model):
     url: BaseUrl
     name: Name  # defaults to the URL's host:port; used in headers and metric labels
     priority_scheduling: bool = False  # the backend runs vLLM --scheduling-policy priority
+    # The model names it serves (base models and adapters), when they should not be learned
+    # from its /v1/models; None: learned (sidecar.catalog).
+    models: list[ModelName] | None = Field(default=None, min_length=1)
 
     @model_validator(mode="before")
     @classmethod
@@ -320,6 +323,15 @@ class HealthProbe(_Model):
     # for a second, and an engine busy with a burst answers late. A failed request (refused
     # connection, broken stream) still marks the backend at once. One 200 brings it back.
     unhealthy_threshold: PositiveInt = 3
+
+
+class ModelDiscovery(_Model):
+    """How the sidecar learns which models each backend serves: its /v1/models, read at
+    start-up and then every ``interval_ms`` (a LoRA adapter loaded at run time appears
+    within that period)."""
+
+    interval_ms: PositiveInt = 30_000
+    timeout_ms: PositiveInt = 2_000
 
 
 class Scheduler(_Model):
@@ -433,13 +445,15 @@ class Config(_Model):
     endpoints: dict[EndpointPath, Endpoint] = Field(default_factory=default_endpoints)
     backends: list[Backend] = Field(min_length=1)
     models: dict[ModelName, Model] = Field(default_factory=dict)
-    # The model a request without `model` is charged to by per-model limits: the one vLLM
-    # serves it with (its first --served-model-name). None: such requests meet no model limit.
+    # The model a request without `model` is served as: routed to its backends and charged
+    # to by per-model limits. None: routing uses the first model the first backend lists
+    # (what vLLM serves such a request with), and such requests meet no model limit.
     default_model: ModelName | None = None
     scheduler: Scheduler = Field(default_factory=Scheduler)
     admission: Admission = Field(default_factory=Admission)
     routing: Routing = "least_tokens"
     health_probe: HealthProbe = Field(default_factory=HealthProbe)
+    model_discovery: ModelDiscovery = Field(default_factory=ModelDiscovery)
     admin_api_keys: list[ApiKeyField] = Field(default_factory=list)
     max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
     max_tokens_limit: PositiveInt | None = None  # requests asking for more are rejected
