@@ -127,8 +127,8 @@ def _check_model(body: Any, served_model: str, adapters: Collection[str]) -> str
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object")
     model = body.get("model", served_model)
-    if model is None or model == served_model:
-        return None
+    if model is None or model == "" or model == served_model:
+        return None  # vLLM serves its own model when the name is missing or empty
     if isinstance(model, str) and model in adapters:
         return model
     raise ApiError(404, f"The model `{model}` does not exist. Valid aliases: "

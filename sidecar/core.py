@@ -274,6 +274,7 @@ class SchedulingCore:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
             raise ValueError(f"unknown tier {tier!r}")
+        model = model or None  # "" is no model, as vLLM reads it (it serves its own)
         backends = self.catalog.backends_for(model)
         if not backends:
             # Before any limit is charged: no backend could ever serve it. Not counted under

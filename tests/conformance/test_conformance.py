@@ -308,6 +308,14 @@ def test_unknown_model_is_404(backend: Backend) -> None:
     assert_error_body(r, 404)
 
 
+@pytest.mark.parametrize("model", [None, ""], ids=["null", "empty"])
+def test_a_null_or_empty_model_is_the_served_one(backend: Backend, model: str | None) -> None:
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, model=model), timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.json()["model"] == backend.model
+
+
 @pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
 def test_negative_max_tokens_is_400(backend: Backend, endpoint: str) -> None:
     body = (completion_body if endpoint == "/v1/completions" else chat_body)(

@@ -172,3 +172,10 @@ def test_every_request_ends_once_and_only_reaches_its_pool(policy: str, ops: Any
         core.on_client_gone(req, 0, 0, now)
     assert core.ledger.total().in_flight == 0
     assert all(pool["scheduler"]["queued"] == 0 for pool in core.snapshot(now)["pools"])
+
+
+def test_an_empty_model_is_no_model_as_vllm_reads_it() -> None:
+    core = two_models(max_inflight=8, default_model="qwen")
+    req = arrive(core, model="")
+    assert isinstance(req, QueuedRequest) and req.model == "qwen"
+    assert [d.backend for d in core.dispatch_ready(0.0)] == ["b2"]
