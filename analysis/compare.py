@@ -1,7 +1,8 @@
 """Two runs side by side (``--baseline``): the headline numbers of each and their difference.
 
 ``difference = this - baseline``; ``relative = difference / |baseline|`` (null when the
-baseline is 0 or either side is missing). Rows are the union of both runs' tenants and tiers.
+baseline is 0 or either side is missing). Rows are the union of both runs' tenants and tiers
+(and models, when either run breaks its figures down by model).
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ TIER_KEYS = ("requests", "ttft_p50_s", "ttft_p99_s", "slo_attainment", "goodput_
 FAIRNESS_KEYS = ("jain_index", "max_min_share_ratio", "max_service_difference")
 ISOLATION_KEYS = ("quiet_ttft_p99_s", "flood_ttft_p99_s", "flood_over_quiet", "leakage")
 STABILITY_KEYS = ("offered_tokens_per_s", "served_tokens_per_s", "stability_ratio")
+MODEL_KEYS = ("requests", "ok", "rejected", "failed", "ttft_p50_s", "ttft_p99_s",
+              "output_tokens_per_s", "token_share")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +44,8 @@ class Difference:
 
 def headline_paths(this: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     paths = [f"fairness.{k}" for k in FAIRNESS_KEYS]
-    for section, keys in (("tiers", TIER_KEYS), ("tenants", TENANT_KEYS)):
+    for section, keys in (("tiers", TIER_KEYS), ("tenants", TENANT_KEYS),
+                          ("models", MODEL_KEYS)):
         names = list(this.get(section, {}))
         names += [n for n in baseline.get(section, {}) if n not in names]
         paths += [f"{section}.{n}.{k}" for n in names for k in keys]

@@ -35,6 +35,17 @@ def tenant_figure(t: dict[str, Any], key: str) -> str | None:
     return "no request measured it"
 
 
+def model_figure(m: dict[str, Any], key: str) -> str | None:
+    """Why ``models.<name>.<key>`` is null."""
+    if m.get(key) is not None:
+        return None
+    if key == "output_tokens_per_s":
+        return "the run has no duration"
+    if key == "token_share":
+        return "no tokens were served in the run"
+    return tenant_figure(m, key)
+
+
 def tier_figure(t: dict[str, Any], key: str) -> str | None:
     """Why ``tiers.<name>.<key>`` is null."""
     if t.get(key) is not None:

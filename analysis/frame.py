@@ -17,11 +17,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.progress import Progress
 
-from weighbridge.records import FIELD_NAMES, RECORD_SCHEMA
+from weighbridge.records import ADDED_FIELDS, FIELD_NAMES, RECORD_SCHEMA
 from weighbridge.rundir import REQUESTS_PARQUET, RunInfo, read_records, read_run_info
 
 # Labels repeat across rows: categorical columns make group-bys cheap.
-CATEGORICAL = ("tenant", "tier", "endpoint", "phase", "status", "reason")
+CATEGORICAL = ("tenant", "tier", "endpoint", "phase", "status", "reason", "model")
 NUMERIC = ("max_tokens", "scheduled_s", "sent_s", "first_token_s", "last_token_s", "end_s",
            "prompt_tokens", "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "queue_s")
 COLUMNS = CATEGORICAL + NUMERIC
@@ -59,20 +59,29 @@ def read_frame(run_dir: Path, progress: Progress | None = None) -> pd.DataFrame:
 
 
 def _read_parquet(path: Path, progress: Progress | None) -> pa.Table:
-    source = pq.ParquetFile(path, read_dictionary=list(CATEGORICAL))
-    missing = [c for c in COLUMNS if c not in source.schema_arrow.names]
+    names = pq.read_schema(path).names
+    source = pq.ParquetFile(path, read_dictionary=[c for c in CATEGORICAL if c in names])
+    # A file of an older record schema lacks the fields added since: they read as null.
+    missing = [c for c in COLUMNS if c not in names and c not in ADDED_FIELDS]
     if missing:
         raise ValueError(f"{path}: not a request-record file (missing {', '.join(missing)})")
+    present = [c for c in COLUMNS if c in names]
     groups = source.num_row_groups
     task = progress.add_task(f"reading {path.name}", total=max(groups, 1)) if progress else None
     tables = []
     for i in range(groups):
-        tables.append(source.read_row_group(i, columns=list(COLUMNS)))
+        tables.append(source.read_row_group(i, columns=present))
         if progress is not None and task is not None:
             progress.advance(task)
     if not tables:
-        return source.schema_arrow.empty_table().select(list(COLUMNS))
-    return pa.concat_tables(tables).unify_dictionaries()
+        table = source.schema_arrow.empty_table().select(present)
+    else:
+        table = pa.concat_tables(tables).unify_dictionaries()
+    for name in COLUMNS:
+        if name not in names:
+            table = table.append_column(RECORD_SCHEMA.field(name),
+                                        pa.nulls(table.num_rows, RECORD_SCHEMA.field(name).type))
+    return table.select(list(COLUMNS))
 
 
 def _read_jsonl(run_dir: Path, progress: Progress | None) -> pa.Table:

@@ -2,7 +2,8 @@
 
 ``summary.json`` keys are a contract (docs/analysis.md): ``run``, ``tenants.<name>.*``,
 ``tiers.<name>.*``, ``fairness.*``, ``isolation`` (when the run has phases),
-``littles_law.<tenant>.*``, ``stability.*``. Non-finite numbers are written as null.
+``littles_law.<tenant>.*``, ``stability.*``, ``models.<name>.*`` (when the records name two or
+more models). Non-finite numbers are written as null.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from analysis.fairness import Fairness, fairness
 from analysis.frame import Run
 from analysis.isolation import Isolation, isolation
 from analysis.littles_law import LittlesLaw, per_tenant
+from analysis.models import ModelStats, model_stats
 from analysis.slo import TierStats, tier_stats
 from analysis.stability import Stability, stability
 from analysis.tenants import TenantStats, tenant_order, tenant_stats, tenant_tier, tenant_weight
@@ -35,6 +37,7 @@ class Analysis:
     isolation: Isolation | None
     littles_law: dict[str, LittlesLaw]
     stability: Stability
+    models: dict[str, ModelStats]  # empty unless the records name two or more models
 
 
 def analyse(run: Run, window_s: float = DEFAULT_WINDOW_S,
@@ -56,6 +59,7 @@ def analyse(run: Run, window_s: float = DEFAULT_WINDOW_S,
         isolation=isolation(frame, info),
         littles_law=per_tenant(frame, names, run.duration_s),
         stability=stability(frame, run.duration_s),
+        models=model_stats(frame, run.duration_s),
     )
 
 
@@ -84,6 +88,8 @@ def summary(a: Analysis) -> dict[str, Any]:
             "stable": a.stability.stable,
         },
     }
+    if a.models:
+        out["models"] = {n: _model(m) for n, m in a.models.items()}
     if a.isolation is not None:
         i = a.isolation
         out["isolation"] = {
@@ -111,6 +117,17 @@ def _tenant(t: TenantStats) -> dict[str, Any]:
         "itl_p999_s": t.itl_p99.p999,
         "decode_tps_p50": t.decode_tps.p50,
         "rejections": t.rejections,
+    }
+
+
+def _model(m: ModelStats) -> dict[str, Any]:
+    return {
+        "requests": m.requests, "ok": m.ok, "rejected": m.rejected, "failed": m.failed,
+        "cancelled": m.cancelled, "by_status": m.by_status,
+        "prompt_tokens": m.prompt_tokens, "output_tokens": m.output_tokens,
+        "ttft_p50_s": m.ttft.p50, "ttft_p99_s": m.ttft.p99,
+        "output_tokens_per_s": m.output_tokens_per_s, "token_share": m.token_share,
+        "rejections": m.rejections,
     }
 
 

@@ -4,8 +4,9 @@ renderers only lay them out.
 Every number is shown in the unit analysis/units.py declares for its key (latencies in
 milliseconds, rates in tokens per second, attainment in percent), and every undefined value
 says why in its own cell (analysis/explain.py). Tables come in groups, in the order a reader
-asks: tiers and fairness, isolation, tenants, the run's health, the comparison with the
-baseline (collapsed: it is long), and the run's metadata.
+asks: tiers and fairness, isolation, tenants, models (when the run's requests name two or
+more), the run's health, the comparison with the baseline (collapsed: it is long), and the
+run's metadata.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from analysis.units import (
 SERVICE = "Service: tiers and fairness"
 ISOLATION = "Isolation"
 TENANTS = "Tenants"
+MODELS = "Models"
 HEALTH = "The run's health: Little's Law and stability"
 COMPARISON = "Against the baseline"
 RUN = "Run"
@@ -63,7 +65,10 @@ def report_tables(s: dict[str, Any], comparison: list[Difference] | None = None,
     tables = [tier_table(s), fairness_table(s)]
     if "isolation" in s:
         tables.append(isolation_table(s))
-    tables += [tenant_table(s), latency_table(s), littles_law_table(s), stability_table(s)]
+    tables += [tenant_table(s), latency_table(s)]
+    if "models" in s:
+        tables.append(model_table(s))
+    tables += [littles_law_table(s), stability_table(s)]
     if comparison is not None:
         tables.append(comparison_table(comparison, s["run"]["run_id"], baseline_id or "baseline"))
     tables.append(run_table(s))
@@ -110,6 +115,26 @@ def latency_table(s: dict[str, Any]) -> Table:
                  ["TTFT over requests that got a first token; E2E over ok requests; "
                   "ITL p50 over the requests' median gaps, p99 over their p99 gaps."],
                  group=TENANTS)
+
+
+MODEL_KEYS = ("ttft_p50_s", "ttft_p99_s", "output_tokens_per_s", "token_share")
+
+
+def model_table(s: dict[str, Any]) -> Table:
+    rows = []
+    for name, m in s["models"].items():
+        rejections = ", ".join(f"{k} {v:,}" for k, v in m["rejections"].items()) or "none"
+        rows.append((name, count(m["requests"]), count(m["ok"]), count(m["rejected"]),
+                     count(m["failed"]),
+                     *(cell(m[k], unit_of(k), explain.model_figure(m, k)) for k in MODEL_KEYS),
+                     rejections))
+    return Table("Models: requests, latency and token share",
+                 ("model", "requests", "ok", "rejected", "failed", "TTFT p50 ms",
+                  "TTFT p99 ms", "output tok/s", "token share %", "rejections"), rows,
+                 ["The model each request named (a base model or a LoRA adapter); "
+                  "(none): requests that named none. Output tok/s over the run's duration; "
+                  "token share: of all prompt and output tokens served."],
+                 group=MODELS)
 
 
 def tier_table(s: dict[str, Any]) -> Table:

@@ -95,6 +95,8 @@ UNITS: dict[str, Unit] = {
     # stability
     "offered_tokens_per_s": TOKENS_PER_S, "served_tokens_per_s": TOKENS_PER_S,
     "stability_ratio": INDEX,
+    # models
+    "output_tokens_per_s": TOKENS_PER_S, "token_share": PERCENT,
 }
 
 

@@ -76,7 +76,7 @@ def write_synthetic_run(run_dir: Path, records: int, seed: int = 1) -> None:
         "itl_p50_s": known(1 / 40), "itl_p99_s": known(0.08), "itl_max_s": known(0.2),
         "status": pa.array(status), "http_status": pa.array(np.where(ok, 200, 500)),
         "reason": pa.array(reason, type=pa.string()), "backend": pa.nulls(n, pa.string()),
-        "queue_s": pa.array(ttft / 2),
+        "queue_s": pa.array(ttft / 2), "model": pa.nulls(n, pa.string()),
     }
     table = pa.Table.from_pydict(columns).cast(RECORD_SCHEMA)
     pq.write_table(table, run_dir / "requests.parquet", compression="zstd",

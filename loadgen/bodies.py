@@ -69,10 +69,13 @@ class ChatFraming:
         self.observed = True
 
 
-def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None,
+def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None = None,
                chat_words: int | None = None) -> bytes:
     """The JSON body for ``plan``; chat requests carry ``chat_words`` words of text, an
-    embeddings request its prompt as token-id ``input`` (nothing to generate or stream)."""
+    embeddings request its prompt as token-id ``input`` (nothing to generate or stream).
+    Its ``model`` is the plan's (the tenant's, else the run's), else ``model``; none when
+    neither is set."""
+    model = plan.model or model
     body: dict[str, Any] = {}
     if tenant.endpoint == "embeddings":
         body["input"] = prompt_token_ids(plan.prompt_tokens, plan.content_seed)

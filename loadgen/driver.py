@@ -82,7 +82,7 @@ class TrafficDriver:
         run_id: str,
         t0: float,  # the run's t = 0 on the monotonic clock
         seed: int = 0,
-        model: str | None = None,
+        model: str | None = None,  # for tenants that name no model of their own
         index: int = 0,
         count: int = 1,
         until_s: float = math.inf,
@@ -177,7 +177,7 @@ class TrafficDriver:
             # made before the due time, off the critical path.
             self._sleep_until(due.t - _SPAWN_AHEAD_S)
             plan = plan_request(tenant, open_request_id(tenant.name, due.seq), due.phase,
-                                due.t, self.seed)
+                                due.t, self.seed, self.model)
             request = self._prepare(tenant, plan)
             meter = self._meter(plan)
             self._requests.spawn(self._send_when_due, tenant, meter, *request)
@@ -197,7 +197,7 @@ class TrafficDriver:
         t, n = start, 0
         while t < end:
             plan = plan_request(tenant, closed_request_id(tenant.name, phase, user, n), phase,
-                                t, self.seed)
+                                t, self.seed, self.model)
             request = self._prepare(tenant, plan)
             self._sleep_until(t)
             self._perform(tenant, self._meter(plan), *request)
@@ -213,7 +213,7 @@ class TrafficDriver:
         headers = tenant.request_headers
         if tenant.api_key:
             headers["authorization"] = f"Bearer {tenant.api_key}"
-        return build_body(plan, tenant, self.model, chat_words=words), headers, words
+        return build_body(plan, tenant, chat_words=words), headers, words
 
     def _meter(self, plan: RequestPlan) -> StreamMeter:
         meter = StreamMeter(plan, self.run_id, self.workload.scenario)

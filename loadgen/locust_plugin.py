@@ -234,8 +234,12 @@ def _git_commit() -> str | None:
 
 
 def _detect_model(host: str, options: _Options, workload: Workload) -> str | None:
+    """The run's model, for the tenants that name none of their own: ``--model``, else the
+    first the target lists (None when every tenant names its own)."""
     if options.model:
         return options.model
+    if all(t.model for t in workload.tenants):
+        return None
     key = next((t.api_key for t in workload.tenants if t.api_key), None)
     target = HttpTarget(host, max_connections=1, connect_timeout_s=5, read_timeout_s=10)
     try:
@@ -258,6 +262,7 @@ def _detect_chat_overhead(host: str, workload: Workload, model: str | None) -> i
     if tenant is None:
         return None
     words = 16
+    model = tenant.model or model
     body = {"messages": [{"role": "user", "content": prompt_text(words, 0)}],
             "max_tokens": 1, "stream": False, **({"model": model} if model else {})}
     headers = {"authorization": f"Bearer {tenant.api_key}"} if tenant.api_key else {}

@@ -247,5 +247,5 @@ class StreamMeter:
             itl_p99_s=percentile(gaps, 0.99) if gaps else None,
             itl_max_s=gaps[-1] if gaps else None,
             status=self.status, http_status=self.http_status, reason=self.reason,
-            backend=self.backend, queue_s=self.queue_s,
+            backend=self.backend, queue_s=self.queue_s, model=plan.model,
         )

@@ -43,6 +43,7 @@ class RequestPlan:
     max_tokens: int
     scheduled_s: float
     content_seed: int  # varies the prompt's content so no two prompts share a prefix
+    model: str | None = None  # the body's `model`; None: the request names none
 
 
 def open_loop_schedule(tenant: TenantSpec, workload: Workload, seed: int,
@@ -82,7 +83,8 @@ def closed_users(tenant: TenantSpec, workload: Workload, index: int,
 
 
 def plan_request(tenant: TenantSpec, request_id: str, phase: str, scheduled_s: float,
-                 seed: int) -> RequestPlan:
+                 seed: int, model: str | None = None) -> RequestPlan:
+    """``model``: the run's model, for a tenant that names none of its own."""
     rng = random.Random(f"{seed}/{request_id}")
     prompt, output = tenant.lengths.draw(rng)
     if tenant.endpoint == "embeddings":
@@ -92,6 +94,7 @@ def plan_request(tenant: TenantSpec, request_id: str, phase: str, scheduled_s: f
         request_id=request_id, tenant=tenant.name, tier=tenant.tier, phase=phase, user=user,
         endpoint=tenant.path, stream=tenant.stream, prompt_tokens=prompt, max_tokens=output,
         scheduled_s=scheduled_s, content_seed=rng.getrandbits(32),
+        model=tenant.model or model,
     )
 
 

@@ -9,6 +9,8 @@ A tenants file is YAML with one list::
         weight: 1
         endpoint: chat                # chat | completions | embeddings (prompt only, never
         stream: true                  #   streamed: set stream: false; output is ignored)
+        model: model-a                # the body's `model` (a base model or a LoRA adapter);
+                                      #   default: --model, else the server's first model
         ignore_eos: true              # outputs of exactly the drawn length
         users: 20                     # distinct end users (the `user` field), 0: none
         lengths: {prompt: {kind: lognormal, median: 300, sigma: 0.5}, output: 64}
@@ -60,6 +62,9 @@ class TenantSpec(_Model):
     tier: str = "standard"
     weight: PositiveFloat = 1.0
     endpoint: Endpoint = "completions"
+    # The `model` its requests name (as /v1/models lists it: a base model or a LoRA adapter);
+    # None: the run's --model, else the first model the target lists.
+    model: str | None = Field(default=None, min_length=1, pattern=r"^\S+$")
     stream: bool = True
     ignore_eos: bool = True
     continuous_usage: bool = False  # ask for usage in every chunk (vLLM continuous_usage_stats)

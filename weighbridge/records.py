@@ -1,7 +1,10 @@
 """The request record: one row per request, JSONL while a run is going, Parquet at the end.
 
 Field names and order are a contract shared by the load generator, the exporters and the
-analysis (docs/loadgen.md, "Measurement definitions"): extend it, never rename a field.
+analysis (docs/loadgen.md, "Measurement definitions"): extend it, never rename a field. A field
+added after the first schema is optional, appended at the end and listed in
+``ADDED_FIELDS`` with the schema version that added it; files written before it (a JSONL line
+or a Parquet file without the column) read it as null.
 Times are seconds since run start. Derived quantities (``ttft_s``, ``e2e_s``,
 ``decode_tps``) are properties, never stored, so they cannot disagree with the fields they
 come from.
@@ -23,8 +26,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 __all__ = [
+    "ADDED_FIELDS",
     "FIELD_NAMES",
     "RECORD_SCHEMA",
+    "SCHEMA_VERSION",
     "STATUSES",
     "RecordAppender",
     "RequestRecord",
@@ -71,6 +76,9 @@ class RequestRecord:
     reason: str | None = None  # rejection or failure reason, e.g. rate_limited
     backend: str | None = None
     queue_s: float | None = None  # time spent queued in the sidecar, from its header
+    # Schema 2: the `model` the request's body named (its tenant's, else the run's); None
+    # when it named none, or in runs recorded before schema 2.
+    model: str | None = None
 
     def __post_init__(self) -> None:
         # Validation happens here so that JSONL, Parquet and direct construction all hold
@@ -179,12 +187,19 @@ _ARROW_TYPES: dict[type, pa.DataType] = {
     float: pa.float64(),
 }
 
+SCHEMA_VERSION = 2
+# Fields added after schema 1 -> the schema version that added them. Each is optional and
+# comes after every field of schema 1; an older file without it reads it as null.
+ADDED_FIELDS: dict[str, int] = {"model": 2}
+assert all(optional for name, _, optional in _FIELD_SPECS if name in ADDED_FIELDS)
+assert set(FIELD_NAMES[-len(ADDED_FIELDS):]) == set(ADDED_FIELDS)
+
 RECORD_SCHEMA: pa.Schema = pa.schema(
     [
         pa.field(name, _ARROW_TYPES[kind], nullable=optional)
         for name, kind, optional in _FIELD_SPECS
     ],
-    metadata={"weighbridge.record_schema": "1"},
+    metadata={"weighbridge.record_schema": str(SCHEMA_VERSION)},
 )
 
 
@@ -248,7 +263,14 @@ def records_to_table(records: Iterable[RequestRecord]) -> pa.Table:
 
 
 def _conform(table: pa.Table) -> pa.Table:
-    """The table's columns in schema order and types; missing or extra columns are errors."""
+    """The table's columns in schema order and types; a field added after schema 1
+    (``ADDED_FIELDS``) that the table lacks is all null; other missing or extra columns are
+    errors."""
+    names = set(table.column_names)
+    for name in ADDED_FIELDS:
+        if name not in names:
+            table = table.append_column(RECORD_SCHEMA.field(name),
+                                        pa.nulls(table.num_rows, RECORD_SCHEMA.field(name).type))
     names = set(table.column_names)
     missing = [n for n in FIELD_NAMES if n not in names]
     extra = sorted(names - _FIELD_SET)

@@ -11,6 +11,8 @@ Stack file layout::
     engines:
       count: 2
       emulator: {profile: h100-llama3-8b, max_num_seqs: 32, ...}  # `weighbridge emulator` flags
+      models: [model-a, model-b]  # engine i serves models[i % len(models)] (its model_name);
+                                  # default: every engine serves emulator.model_name
       priority_scheduling: null   # the sidecar sends tier priorities (default: when the
                                   # engines run scheduling_policy: priority)
     sidecar: {...}                # the sidecar config (docs/sidecar.md) without `backends`
@@ -33,7 +35,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from emulator.options import EmulatorOptions
-from weighbridge.config import ConfigError, parse_config
+from weighbridge.config import ConfigError, ModelName, parse_config
 from weighbridge.launch import (
     LaunchError,
     ServerProcess,
@@ -80,9 +82,43 @@ class _Model(BaseModel):
 class Engines(_Model):
     count: int = Field(default=2, ge=1, le=64)
     emulator: EmulatorOptions = Field(default_factory=EmulatorOptions)
+    # The models the engines serve: engine i serves models[i % len(models)] (the emulator's
+    # model_name), so [a, b] on 4 engines is a, b, a, b. None: every engine serves
+    # emulator.model_name. Each engine's /v1/models lists its model, from which the
+    # sidecar's model-aware routing learns which engines serve a request's `model`.
+    models: list[ModelName] | None = Field(default=None, min_length=1)
     # Whether the sidecar sends each request's tier priority (backends' priority_scheduling);
     # None: when the engines order their queue by priority.
     priority_scheduling: bool | None = None
+
+    def model_for(self, index: int) -> str:
+        """The model engine ``index`` serves."""
+        if self.models is None:
+            return self.emulator.model_name
+        return self.models[index % len(self.models)]
+
+    def emulator_for(self, index: int) -> EmulatorOptions:
+        """Engine ``index``'s emulator options: the stack's, serving its own model."""
+        if self.models is None:
+            return self.emulator
+        return self.emulator.model_copy(update={"model_name": self.model_for(index)})
+
+    def model_problems(self) -> list[tuple[str, str]]:
+        """What is wrong with ``models`` given the rest, as (field, message) pairs."""
+        if self.models is None:
+            return []
+        out = []
+        repeated = sorted({m for m in self.models if self.models.count(m) > 1})
+        if repeated:
+            out.append(("engines.models", f"each model once; repeated: {', '.join(repeated)}"))
+        if len(self.models) > self.count:
+            out.append(("engines.models", f"{len(self.models)} models but engines.count is "
+                                          f"{self.count}: {', '.join(self.models[self.count:])} "
+                                          "would be served by no engine"))
+        if "model_name" in self.emulator.model_fields_set:
+            out.append(("engines.emulator.model_name", "engines.models names the engines' "
+                                                       "models; set one or the other"))
+        return out
 
     @property
     def sends_priority(self) -> bool:
@@ -164,6 +200,7 @@ def parse_stack(data: Any, *, source: str = "<stack>", base_dir: Path | None = N
         spec.engines.emulator.check()
     except ValueError as exc:
         errors.append(("engines.emulator", str(exc)))
+    errors += spec.engines.model_problems()
     if "backends" in spec.sidecar:
         errors.append(("sidecar.backends", "set by the stack (one backend per engine); "
                                            "remove it"))
@@ -261,7 +298,7 @@ class LocalStack:
             for i in range(spec.engines.count):
                 port = ports.engines + i if ports.engines else free_port(self.host)
                 proc = emulator_process(name=f"engine-{i}", host=self.host, port=port,
-                                        **spec.engines.emulator.flags(seed_offset=i))
+                                        **spec.engines.emulator_for(i).flags(seed_offset=i))
                 proc.log_path = logs / f"engine-{i}.log"
                 self.engines.append(proc)
             self._note(f"starting {len(self.engines)} engines")

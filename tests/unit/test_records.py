@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weighbridge.records import (
+    ADDED_FIELDS,
     FIELD_NAMES,
     RECORD_SCHEMA,
+    SCHEMA_VERSION,
     STATUSES,
     RecordAppender,
     RequestRecord,
@@ -54,6 +56,7 @@ DESIGN_FIELDS = [
     "reason",
     "backend",
     "queue_s",
+    "model",  # schema 2
 ]
 
 
@@ -85,6 +88,7 @@ def record(**overrides: Any) -> RequestRecord:
         "reason": None,
         "backend": "127.0.0.1:8001",
         "queue_s": 0.003,
+        "model": "model-a",
     }
     values.update(overrides)
     return RequestRecord(**values)
@@ -287,6 +291,42 @@ def test_parquet_roundtrip_and_file_schema(tmp_path: Path) -> None:
 
     assert read_parquet(path) == records
     assert pq.read_schema(path).remove_metadata() == RECORD_SCHEMA.remove_metadata()
+
+
+def test_model_roundtrips_and_is_null_when_the_request_named_none(tmp_path: Path) -> None:
+    path = tmp_path / "run.parquet"
+    records = [record(model="model-a-lora"), record(request_id="r-2", model=None)]
+
+    write_parquet(records, path)
+
+    assert [r.model for r in read_parquet(path)] == ["model-a-lora", None]
+    assert RECORD_SCHEMA.field("model").type == pa.string()
+    assert RECORD_SCHEMA.field("model").nullable
+    assert RECORD_SCHEMA.metadata == {b"weighbridge.record_schema": str(SCHEMA_VERSION).encode()}
+    assert ADDED_FIELDS == {"model": 2} and SCHEMA_VERSION == 2
+
+
+def test_a_run_recorded_before_schema_2_reads_without_its_fields(tmp_path: Path) -> None:
+    """A requests.parquet and JSONL lines written before ``model`` existed still load; the
+    field reads as null. Other missing columns are still errors."""
+    records = [record(model=None), rejected()]
+    old = records_to_table(records).drop_columns(list(ADDED_FIELDS))
+    old = old.replace_schema_metadata({"weighbridge.record_schema": "1"})
+    path = tmp_path / "old.parquet"
+    pq.write_table(old, path)
+
+    assert read_parquet(path) == records
+
+    src, dst = tmp_path / "old.jsonl", tmp_path / "converted.parquet"
+    lines = [orjson.dumps({k: v for k, v in r.to_dict().items() if k not in ADDED_FIELDS})
+             for r in records]
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    assert read_jsonl(src) == records
+    jsonl_to_parquet(src, dst)
+    assert read_parquet(dst) == records
+
+    with pytest.raises(ValueError, match=r"missing \['queue_s'\]"):
+        write_parquet(old.drop_columns(["queue_s"]), tmp_path / "bad.parquet")
 
 
 def test_write_parquet_accepts_a_table_in_any_column_order(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def sidecar_for(stack: StackSpec) -> Config:
 
 
 def engines_for(stack: StackSpec) -> list[SimEngine]:
-    return [SimEngine(f"engine-{i}", stack.engines.emulator, seed_offset=i)
+    return [SimEngine(f"engine-{i}", stack.engines.emulator_for(i), seed_offset=i)
             for i in range(stack.engines.count)]
 
 

@@ -9,7 +9,7 @@ A trace is CSV or Parquet with one row per request and these columns (aliases in
   ``ignore_eos``);
 * optional: ``endpoint`` (API path or ``chat``/``completions``), ``priority`` (the body's vLLM
   priority), ``deadline_ms`` (the deadline header), ``stream`` (default true),
-  ``request_id``, ``phase``, ``user``.
+  ``request_id``, ``phase``, ``user``, ``model`` (kept in the replayed records).
 
 A live run's ``requests.parquet`` is a trace: its ``max_tokens`` is what each request asked
 for, and a request the run turned away has no ``prompt_tokens`` (no usage came back): it is
@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 from loadgen.plan import RequestPlan
 from loadgen.tenants import ENDPOINT_PATHS
 from weighbridge import headers as headers_
-from weighbridge.records import FIELD_NAMES
+from weighbridge.records import ADDED_FIELDS, FIELD_NAMES
 from weighbridge.simulation.clients import ClientRequest
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Trace", "TraceError", "read_trace"]
@@ -75,8 +75,9 @@ def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S)
     tenants = [str(t) for t in _column(table, ("tenant",), path)]
     prompts = _column(table, ("prompt_tokens",), path)
     # A run's records: max_tokens is what each request asked for (output_tokens is the
-    # usage, absent for requests that were turned away or cut off).
-    is_records = set(FIELD_NAMES) <= set(table.column_names)
+    # usage, absent for requests that were turned away or cut off). Records of an older
+    # schema lack the fields added since.
+    is_records = set(FIELD_NAMES) - set(ADDED_FIELDS) <= set(table.column_names)
     outputs = _column(table, ("max_tokens",) if is_records else _OUTPUT, path)
     endpoints = _optional(table, "endpoint")
     priorities = _optional(table, "priority")
@@ -85,6 +86,7 @@ def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S)
     ids = _optional(table, "request_id")
     phases = _optional(table, "phase")
     users = _optional(table, "user")
+    models = _optional(table, "model")
     known: dict[str, list[int]] = defaultdict(list)
     for tenant, prompt in zip(tenants, prompts, strict=True):
         if prompt is not None:
@@ -115,7 +117,7 @@ def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S)
             user=users[i] if users else None, endpoint=endpoint,
             stream=bool(streams[i]) if streams and streams[i] is not None else True,
             prompt_tokens=int(prompt), max_tokens=int(output), scheduled_s=float(t),
-            content_seed=0)
+            content_seed=0, model=str(models[i]) if models and models[i] else None)
         requests.append(ClientRequest(
             plan=plan, tenant=tenant, api_key=None, timeout_s=timeout_s,
             priority=int(priorities[i]) if priorities and priorities[i] is not None else None,

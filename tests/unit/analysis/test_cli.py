@@ -83,6 +83,28 @@ def test_baseline_side_by_side(tmp_path: Path) -> None:
     assert diff["difference"] == pytest.approx(1.0 - diff["baseline"])
 
 
+def test_a_multi_model_run_is_broken_down_by_model_in_every_format(tmp_path: Path) -> None:
+    records = [rec(t, scheduled=float(i), ttft=0.1 if t == "a" else 0.4, duration=1.0,
+                   tier="interactive", prompt=10, output=20, model=f"model-{t}")
+               for i in range(10) for t in ("a", "b")]
+    run_dir = write_run(tmp_path / "run", records, duration=10.0)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["report", str(run_dir), "--out", str(out),
+                                 "--format", "text,md,html,json",
+                                 "--check", "models.model-b.ttft_p99_s<=0.5"])
+    assert result.exit_code == 0, result.output
+    title = "Models: requests, latency and token share"
+    assert title in result.output and "model-b" in result.output
+    assert f"## Models\n\n### {title}\n\n| model |" in (out / "report.md").read_text()
+    assert f"<h2>Models</h2>\n<h3>{title}</h3>" in (out / "report.html").read_text()
+    models = json.loads((out / "summary.json").read_text())["models"]
+    assert models["model-a"]["token_share"] == pytest.approx(0.5)
+    assert models["model-b"]["ttft_p50_s"] == pytest.approx(0.4)
+    # A single-model run's report has no such table.
+    single = runner.invoke(app, ["report", str(fair_run(tmp_path / "one")), "--format", "text"])
+    assert single.exit_code == 0 and "Models" not in single.output
+
+
 def test_report_errors_are_clear(tmp_path: Path) -> None:
     missing = runner.invoke(app, ["report", str(tmp_path)])
     assert missing.exit_code == 2 and "no run.json" in missing.output

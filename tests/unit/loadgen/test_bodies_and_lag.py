@@ -78,3 +78,20 @@ def test_lag_summary_and_warning() -> None:
     assert empty.count == 0 and math.isnan(empty.p99_s)
     assert empty.to_dict()["p99_s"] is None
     assert lag_warning(empty) is None
+
+
+def test_each_request_names_its_tenants_model_else_the_runs() -> None:
+    own, default = parse_tenants({"tenants": [
+        {"name": "a", "model": "model-b", "lengths": {"prompt": 5, "output": 2}},
+        {"name": "b", "lengths": {"prompt": 5, "output": 2}}]},
+        base_dir=Path("."), source="t").tenants
+    # The driver passes the run's model (--model or the server's first) to every plan.
+    a = plan_request(own, "a-0", "p", 0.0, 0, "run-model")
+    b = plan_request(default, "b-0", "p", 0.0, 0, "run-model")
+    assert (a.model, b.model) == ("model-b", "run-model")
+    assert orjson.loads(build_body(a, own))["model"] == "model-b"
+    assert orjson.loads(build_body(b, default))["model"] == "run-model"
+    # The model does not change what else is drawn for the request.
+    assert a.prompt_tokens == plan_request(own, "a-0", "p", 0.0, 0).prompt_tokens
+    bare = plan_request(default, "b-0", "p", 0.0, 0)
+    assert bare.model is None and "model" not in orjson.loads(build_body(bare, default))

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -65,6 +67,13 @@ def test_first_token_is_the_first_content_chunk_and_counts_come_from_usage() -> 
     assert r.itl_p50_s == pytest.approx(0.030)
     assert (r.backend, r.queue_s) == ("b1", 0.25)
     assert (r.user, r.max_tokens, r.scheduled_s, r.sent_s) == ("t-u1", 6, 1.0, 1.001)
+    assert r.model is None  # the plan named none
+
+
+def test_the_record_keeps_the_model_the_request_named() -> None:
+    meter = StreamMeter(dataclasses.replace(PLAN, model="model-a-lora"), "run", "scn")
+    meter.timed_out(2.0)
+    assert meter.record().model == "model-a-lora"
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from loadgen.scenario import Phase, Scenario, ScenarioError, discover_scenarios
+from loadgen.tenants import load_tenants
 from weighbridge.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -19,7 +20,8 @@ LOCUSTFILE = SCENARIOS / "locustfile.py"
 
 def test_every_scenario_loads_and_validates() -> None:
     found = discover_scenarios(SCENARIOS, [LOCUSTFILE])
-    assert set(found) == {"noisy_neighbour", "tiers", "bimodal", "steady", "burst"}
+    assert set(found) == {"noisy_neighbour", "tiers", "bimodal", "steady", "burst",
+                          "multi_model"}
     for scenario in found.values():
         workload = scenario.workload()
         assert workload.tenants
@@ -41,6 +43,26 @@ def test_noisy_neighbour_floods_10000_requests() -> None:
     flooder = next(t for t in workload.tenants if t.name == "flooder")
     assert flooder.arrival is None and flooder.arrival_in("flood").count == 10_000
     assert [p.name for p in workload.phases] == ["quiet", "flood", "recovery"]
+
+
+def test_multi_model_puts_tenants_on_two_models_and_an_adapter_and_floods_one() -> None:
+    scenario = discover_scenarios(SCENARIOS, [LOCUSTFILE])["multi_model"]
+    workload = scenario.workload()
+    models = {t.name: t.model for t in workload.tenants}
+    assert models == {"app-a": "model-a", "app-b": "model-b", "tuned-a": "model-a-lora",
+                      "flooder-a": "model-a"}
+    assert workload.victim == "app-a"
+    assert [p.name for p in workload.phases] == ["quiet", "flood", "recovery"]
+    flooder = next(t for t in workload.tenants if t.name == "flooder-a")
+    assert flooder.arrival is None and flooder.arrival_in("flood").count == 1200
+    steady = [t for t in workload.tenants if t.name != "flooder-a"]
+    assert all(t.arrival is not None and not t.phases for t in steady)
+    # The stack's tenants are the scenario's (same keys and models), less the adapter's.
+    stack = load_tenants(REPO / "deploy/stacks/multi-model-tenants.yaml").tenants
+    assert {t.name for t in stack} == set(models) - {"tuned-a"}
+    for t in stack:
+        same = next(s for s in workload.tenants if s.name == t.name)
+        assert (t.api_key, t.model, t.tier) == (same.api_key, same.model, same.tier)
 
 
 def test_noisy_neighbour_names_its_victim_when_the_tenants_have_it(tmp_path: Path) -> None:

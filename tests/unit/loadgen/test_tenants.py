@@ -58,3 +58,15 @@ def test_per_phase_override_and_scaling() -> None:
     scaled = tenant.scaled(0.5)
     assert scaled.arrival_in("quiet").rate == 1
     assert scaled.arrival_in("flood").count == 50
+
+
+def test_a_tenant_may_name_its_model() -> None:
+    tenants = _parse({"tenants": [
+        {"name": "a", "model": "model-a-lora", "lengths": {"prompt": 1, "output": 1}},
+        {"name": "b", "lengths": {"prompt": 1, "output": 1}}]}).tenants
+    assert [t.model for t in tenants] == ["model-a-lora", None]  # None: the run's model
+    assert tenants[0].scaled(2.0).model == "model-a-lora"
+    for bad in ("", "model a"):
+        with pytest.raises(TenantsError, match=r"tenants\.0\.model:"):
+            _parse({"tenants": [{"name": "a", "model": bad,
+                                 "lengths": {"prompt": 1, "output": 1}}]})

@@ -11,10 +11,13 @@ import yaml
 
 from sidecar.admission import derive_limits
 from sidecar.shape import EngineShape
+from weighbridge import stack as stack_module
 from weighbridge.config import parse_config
 from weighbridge.demo import FAIRNESS_ADMISSION, baseline_stack
+from weighbridge.launch import LaunchError
 from weighbridge.stack import (
     DEFAULT_STACK,
+    LocalStack,
     StackError,
     StackUrls,
     load_stack,
@@ -85,6 +88,68 @@ def test_engine_flags_differ_only_in_seed() -> None:
     assert first.pop("seed") != second.pop("seed")
     assert first == second
     assert "t_fixed" not in first  # unset overrides are not passed on
+
+
+def test_engines_serve_the_stacks_models_in_turn(monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:
+    spec = parse_stack(minimal(engines={"count": 3, "models": ["model-a", "model-b"],
+                                        "emulator": {"max_num_seqs": 8}}))
+    assert [spec.engines.model_for(i) for i in range(3)] == ["model-a", "model-b", "model-a"]
+    flags = [spec.engines.emulator_for(i).flags(seed_offset=i) for i in range(3)]
+    assert [f.pop("model_name") for f in flags] == ["model-a", "model-b", "model-a"]
+    assert [f.pop("seed") for f in flags] == [0, 1, 2] and flags[0] == flags[1] == flags[2]
+    # Without models, every engine serves emulator.model_name, as before.
+    plain = parse_stack(minimal(engines={"emulator": {"model_name": "m"}}))
+    assert plain.engines.models is None
+    assert [plain.engines.emulator_for(i).model_name for i in range(2)] == ["m", "m"]
+    assert plain.engines.emulator_for(1) is plain.engines.emulator
+
+    # What the stack starts: one emulator per engine, each with its model.
+    started: list[dict[str, object]] = []
+
+    class Engine:
+        url, log_path = "http://127.0.0.1:9", None
+
+        def start(self) -> None:
+            raise LaunchError("not started in a unit test")
+
+        def signal(self, _signal: int) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    def fake(**kwargs: object) -> Engine:
+        started.append(kwargs)
+        return Engine()
+
+    monkeypatch.setattr(stack_module, "emulator_process", fake)
+    with pytest.raises(LaunchError):
+        LocalStack(spec, tmp_path).start()
+    assert [k["model_name"] for k in started] == ["model-a", "model-b", "model-a"]
+
+
+def test_engine_model_errors_are_named() -> None:
+    found = errors(minimal(engines={"count": 1, "models": ["a", "b"]}))
+    assert "b would be served by no engine" in found["engines.models"]
+    found = errors(minimal(engines={"models": ["a", "a"]}))
+    assert "repeated: a" in found["engines.models"]
+    assert "engines.models" in errors(minimal(engines={"models": []}))
+    assert "engines.models.0" in errors(minimal(engines={"models": [" a"]}))
+    found = errors(minimal(engines={"models": ["a"], "emulator": {"model_name": "b"}}))
+    assert "set one or the other" in found["engines.emulator.model_name"]
+
+
+def test_the_multi_model_stack_serves_one_model_per_engine() -> None:
+    spec = load_stack(DEFAULT_STACK.parent / "multi-model.yaml")
+    assert spec.loadgen.scenario == "multi_model" and spec.engines.count == 2
+    assert [spec.engines.model_for(i) for i in range(2)] == ["model-a", "model-b"]
+    assert spec.tenants_file is not None
+    tenants = yaml.safe_load(spec.tenants_file.read_text())["tenants"]
+    config = parse_config(sidecar_config(spec, ["http://h:1", "http://h:2"]))
+    for tenant in tenants:
+        assert config.tenant_for_key(tenant["api_key"]) == tenant["name"]
+        assert tenant["model"] in spec.engines.models  # every model it names is served
 
 
 def test_unknown_and_mistyped_fields_are_named() -> None:
