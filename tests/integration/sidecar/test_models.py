@@ -21,6 +21,8 @@ from tests.support.wait import await_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 MODEL_A, ADAPTER, MODEL_B = "model-a", "model-a-sql", "model-b"
+# A month's bucket refills 1/2,592,000 of itself per second: no refill blurs the charge.
+TOKENS_PER_MONTH = 10_000
 
 
 class Fleet:
@@ -37,7 +39,9 @@ def fleet(processes: contextlib.ExitStack) -> Fleet:
     sidecar = start_sidecar(processes, {
         "tenants": {"flood": tenant("standard", "sk-flood", limits={"max_queued": 200}),
                     "victim": tenant("standard", "sk-victim"),
-                    "other": tenant("standard", "sk-other")},
+                    "other": tenant("standard", "sk-other"),
+                    "embedder": tenant("standard", "sk-embedder",
+                                       limits={"tokens_per_month": TOKENS_PER_MONTH})},
         "backends": [{"url": a.url, "name": "engine-a"}, {"url": b.url, "name": "engine-b"}],
         # Two in flight per backend, so that the flood queues in the sidecar from the start
         # rather than once the engine's slots are learned.
@@ -117,10 +121,37 @@ async def test_a_flood_on_one_model_leaves_another_model_s_tenant_alone(fleet: F
     settled(fleet.sidecar)
 
 
+def test_embeddings_through_the_sidecar_cost_their_input_tokens(fleet: Fleet) -> None:
+    for model, backend in ((MODEL_B, "engine-b"), (ADAPTER, "engine-a")):
+        response = httpx.post(fleet.sidecar + "/v1/embeddings", headers=auth("sk-embedder"),
+                              json={"model": model, "input": [[5] * 40, [6] * 24]}, timeout=30)
+        assert_served(response, "embedder", backend)
+        body = response.json()
+        assert body["model"] == model and len(body["data"]) == 2
+        assert body["usage"]["prompt_tokens"] == 64
+    settled(fleet.sidecar)
+    bucket = admin_state(fleet.sidecar)["rate_limits"]["tenants"]["embedder"]
+    # Charged 64 input + 0 expected output at admission, settled to the usage's 64, twice.
+    assert bucket["tokens_per_month"]["level"] == pytest.approx(TOKENS_PER_MONTH - 128, abs=0.5)
+    metrics = scrape(fleet.sidecar)
+    assert metrics.total("weighbridge_tokens_served_total", tenant="embedder",
+                         kind="prompt") == 128
+    assert metrics.total("weighbridge_tokens_served_total", tenant="embedder",
+                         kind="output") == 0
+
+
 def test_metrics_say_which_backend_serves_which_model(fleet: Fleet) -> None:
+    before = scrape(fleet.sidecar).by("weighbridge_model_requests_arrived_total", "model")
+    for model in (MODEL_A, ADAPTER, MODEL_B):
+        assert_served(post(fleet, "sk-other", completion(model=model)), "other")
+    settled(fleet.sidecar)
     metrics = scrape(fleet.sidecar)
     served = {(got["backend"], got["model"])
               for got, _ in metrics.samples["weighbridge_backend_model_info"]}
     assert served == {("engine-a", MODEL_A), ("engine-a", ADAPTER), ("engine-b", MODEL_B)}
     arrived = metrics.by("weighbridge_model_requests_arrived_total", "model")
-    assert arrived[MODEL_B] >= 2 and arrived[ADAPTER] >= 2 and arrived[MODEL_A] >= 2
+    assert {m: arrived[m] - before.get(m, 0) for m in (MODEL_A, ADAPTER, MODEL_B)} == {
+        MODEL_A: 1, ADAPTER: 1, MODEL_B: 1}
+    completed = metrics.by("weighbridge_model_requests_ended_total", "model",
+                           outcome="completed")
+    assert all(completed[m] >= 1 for m in (MODEL_A, ADAPTER, MODEL_B))
