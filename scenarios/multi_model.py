@@ -5,8 +5,8 @@ Phases quiet -> flood -> recovery. ``app-a`` (chat) and ``tuned-a`` (the adapter
 ``model-a`` in the flood phase. The question: does the flood reach ``app-a`` (same model),
 and does it stay away from ``app-b`` (another model, other engines)? The report breaks its
 figures down by model. Model names are the tenants' ``model`` fields: point them at what
-the target serves with ``--tenants-file``. deploy/stacks/multi-model.yaml serves model-a and
-model-b on one emulated engine each.
+the target serves with ``--tenants-file``. deploy/stacks/multi-model.yaml serves model-a (with
+the adapter) and model-b on one emulated engine each.
 """
 
 from pathlib import Path

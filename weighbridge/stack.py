@@ -87,6 +87,10 @@ class Engines(_Model):
     # emulator.model_name. Each engine's /v1/models lists its model, from which the
     # sidecar's model-aware routing learns which engines serve a request's `model`.
     models: list[ModelName] | None = Field(default=None, min_length=1)
+    # LoRA adapters by base model: every engine serving the model also serves these
+    # (vLLM's --lora-modules values, `name=path`), with --enable-lora. The emulator's own
+    # lora_modules would put one list on every engine, whatever model it serves.
+    adapters: dict[ModelName, list[str]] = Field(default_factory=dict)
     # Whether the sidecar sends each request's tier priority (backends' priority_scheduling);
     # None: when the engines order their queue by priority.
     priority_scheduling: bool | None = None
@@ -98,16 +102,34 @@ class Engines(_Model):
         return self.models[index % len(self.models)]
 
     def emulator_for(self, index: int) -> EmulatorOptions:
-        """Engine ``index``'s emulator options: the stack's, serving its own model."""
-        if self.models is None:
+        """Engine ``index``'s emulator options: the stack's, serving its own model and that
+        model's adapters. Validated again, so an adapter vLLM would refuse is an error."""
+        model = self.model_for(index)
+        adapters = self.adapters.get(model, [])
+        if self.models is None and not adapters:
             return self.emulator
-        return self.emulator.model_copy(update={"model_name": self.model_for(index)})
+        update: dict[str, object] = {"model_name": model}
+        if adapters:
+            update.update(enable_lora=True,
+                          lora_modules=[*self.emulator.lora_modules, *adapters])
+        return EmulatorOptions.model_validate({**self.emulator.model_dump(), **update})
 
     def model_problems(self) -> list[tuple[str, str]]:
-        """What is wrong with ``models`` given the rest, as (field, message) pairs."""
+        """What is wrong with ``models`` and ``adapters`` given the rest, as (field, message)
+        pairs."""
+        served = self.models or [self.emulator.model_name]
+        out = [(f"engines.adapters.{model}", f"no engine serves {model} (engines.models: "
+                                              f"{', '.join(served)})")
+               for model in self.adapters if model not in served]
+        for index in range(min(self.count, len(served))):
+            if self.model_for(index) in self.adapters:
+                try:
+                    self.emulator_for(index)
+                except ValidationError as e:
+                    out += [(f"engines.adapters.{self.model_for(index)}", err["msg"])
+                            for err in e.errors()]
         if self.models is None:
-            return []
-        out = []
+            return out
         repeated = sorted({m for m in self.models if self.models.count(m) > 1})
         if repeated:
             out.append(("engines.models", f"each model once; repeated: {', '.join(repeated)}"))

@@ -15,6 +15,7 @@ from weighbridge import stack as stack_module
 from weighbridge.config import parse_config
 from weighbridge.demo import FAIRNESS_ADMISSION, baseline_stack
 from weighbridge.launch import LaunchError
+from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.stack import (
     DEFAULT_STACK,
     LocalStack,
@@ -144,12 +145,28 @@ def test_the_multi_model_stack_serves_one_model_per_engine() -> None:
     spec = load_stack(DEFAULT_STACK.parent / "multi-model.yaml")
     assert spec.loadgen.scenario == "multi_model" and spec.engines.count == 2
     assert [spec.engines.model_for(i) for i in range(2)] == ["model-a", "model-b"]
-    assert spec.tenants_file is not None
-    tenants = yaml.safe_load(spec.tenants_file.read_text())["tenants"]
+    assert spec.tenants_file is None  # the scenario's own
+    tenants = yaml.safe_load((SCENARIOS_DIR / "tenants" / "multi_model.yaml").read_text())
     config = parse_config(sidecar_config(spec, ["http://h:1", "http://h:2"]))
-    for tenant in tenants:
+    engines = [spec.engines.emulator_for(i) for i in range(2)]
+    served = {e.model_name for e in engines} | {
+        m.split("=")[0] for e in engines for m in e.lora_modules}
+    for tenant in tenants["tenants"]:
         assert config.tenant_for_key(tenant["api_key"]) == tenant["name"]
-        assert tenant["model"] in spec.engines.models  # every model it names is served
+        assert tenant["model"] in served  # every model it names is served
+    assert engines[0].enable_lora and not engines[1].enable_lora
+
+
+def test_adapters_go_to_the_engines_serving_their_base_model() -> None:
+    spec = parse_stack(minimal(engines={
+        "count": 3, "models": ["a", "b"], "adapters": {"a": ["a-sql=/p/sql", "a-chat=/p/c"]}}))
+    flags = [spec.engines.emulator_for(i).flags(seed_offset=i) for i in range(3)]
+    assert flags[0]["lora_modules"] == flags[2]["lora_modules"] == ["a-sql=/p/sql", "a-chat=/p/c"]
+    assert flags[0]["enable_lora"] is True and "lora_modules" not in flags[1]
+    found = errors(minimal(engines={"models": ["a"], "adapters": {"z": ["z-l=/p"]}}))
+    assert "no engine serves z" in found["engines.adapters.z"]
+    found = errors(minimal(engines={"models": ["a"], "adapters": {"a": ["a=/p"]}}))
+    assert "conflicts" in found["engines.adapters.a"]
 
 
 def test_unknown_and_mistyped_fields_are_named() -> None:
