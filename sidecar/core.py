@@ -62,7 +62,7 @@ from sidecar.estimator import OutputEstimator
 from sidecar.kv import KvFootprint
 from sidecar.ledger import Ledger, Outcome, Tally
 from sidecar.predictor import ThroughputMeter, WaitPredictor
-from sidecar.ratelimit import Admit, TenantRateLimiter
+from sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter
 from sidecar.rejection import DEADLINE_UNMEETABLE, MODEL_NOT_FOUND, Reject
 from sidecar.request import QueuedRequest, RequestState
 from sidecar.router import Router
@@ -157,6 +157,7 @@ class SchedulingCore:
             {b.name: b.models for b in config.backends if b.models is not None},
             config.default_model)
         self._pools: dict[frozenset[str], _Pool] = {}
+        self._shares_service = False  # share_service()
         self._default_pool = self._pool(self.catalog.backends)
         self._pool_of: dict[str, _Pool] = {}  # queued or in-flight request -> its pool
         self._next_pool = 0  # pools take turns at the dispatch decision
@@ -164,19 +165,22 @@ class SchedulingCore:
             {path: e.initial_output_estimate for path, e in config.endpoints.items()},
             config.scheduler.output_estimate_alpha,
         )
-        endpoint_limits = {
-            (tenant, path): limits
-            for tenant, t in config.tenants.items()
-            for path, limits in t.endpoint_limits.items()
-        }
-        self.rate_limiter = TenantRateLimiter(
-            {name: t.limits for name, t in config.tenants.items()}, endpoint_limits,
+        self.limit_table = LimitTable(
+            {name: t.limits for name, t in config.tenants.items()},
+            {(tenant, path): limits for tenant, t in config.tenants.items()
+             for path, limits in t.endpoint_limits.items()},
             {name: tier.limits for name, tier in config.tiers.items()},
             endpoint_defaults={path: e.tenant_limits for path, e in config.endpoints.items()},
             model_limits={(tenant, model): limits for tenant, t in config.tenants.items()
                           for model, limits in t.model_limits.items()},
             model_defaults={name: m.tenant_limits for name, m in config.models.items()},
         )
+        # This process's own buckets: every limit when it runs alone; its share of them
+        # (use_local_limits) while the limits replicas share cannot be reached.
+        self.rate_limiter = TenantRateLimiter({}, table=self.limit_table)
+        # Charges owed to the shared limits (take_shared_charges): (request, token delta),
+        # positive a charge, negative a refund.
+        self._shared_charges: list[tuple[QueuedRequest, int]] = []
         tenant_aware = self.scheduler.uses_headroom
         if gate_limits is not None:
             fixed = gate_limits
@@ -221,6 +225,8 @@ class SchedulingCore:
         pool = self._pools.get(backends)
         if pool is None:
             scheduler = Scheduler.from_config(self.config)
+            if self._shares_service:
+                scheduler.share_service()
             meter = ThroughputMeter()
             pool = _Pool(backends, scheduler, meter, WaitPredictor(scheduler, meter), {})
             self._pools[backends] = pool
@@ -235,6 +241,59 @@ class SchedulingCore:
         """What a backend's /v1/models lists; True if the catalog changed. Requests already
         queued keep their pool; new arrivals use the new one."""
         return self.catalog.learn(backend, models)
+
+    # ------------------------------------------------------------------ other replicas
+
+    def shared_estimate(self, tenant: str, endpoint: str, prompt_tokens: int,
+                        max_tokens: int | None) -> int:
+        """The token estimate a shared limiter must charge for this request: what ``arrive``
+        charges (prompt plus expected output)."""
+        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens)
+
+    def request_model(self, model: str | None) -> str | None:
+        """The model per-model limits charge a request naming ``model`` to: its own, or
+        ``default_model`` for one naming none ("" included, as vLLM reads it)."""
+        return model or self.config.default_model
+
+    def use_local_limits(self, scale: float) -> None:
+        """Replace this process's limiter by one whose every limit is ``scale`` of the
+        configured (a replica's share while the shared limits are out of reach); buckets
+        start full."""
+        self.rate_limiter = TenantRateLimiter({}, table=self.limit_table, scale=scale)
+
+    def take_shared_charges(self) -> list[tuple[QueuedRequest, int]]:
+        """Settlements and refunds owed to the shared limits since the last call."""
+        taken, self._shared_charges = self._shared_charges, []
+        return taken
+
+    def share_service(self) -> None:
+        """Record what every tenant is served, for ``take_booked`` (replicas sharing their
+        tenants' service), and every output observation (``estimator.take_observations``)."""
+        self._shares_service = True
+        self.estimator.share()
+        for pool in self._pools.values():
+            pool.scheduler.share_service()
+
+    def pool_id(self, backends: frozenset[str]) -> str:
+        return ",".join(sorted(backends))
+
+    def take_booked(self) -> dict[tuple[str, str, str], float]:
+        """DRR turns charged per (pool, tier, tenant) since the last call."""
+        return {(self.pool_id(pool.backends), tier, tenant): turns
+                for pool in self._pools.values()
+                for (tier, tenant), turns in pool.scheduler.take_booked().items()}
+
+    def queued_flows(self) -> list[tuple[str, str, str]]:
+        """(pool, tier, tenant) of every tenant queue with requests waiting here: whose
+        service elsewhere this replica needs to know to order its queues."""
+        return [(self.pool_id(pool.backends), tier, tenant) for pool in self._pools.values()
+                for tier, tenant in pool.scheduler.queued_flows()]
+
+    def charge_foreign(self, pool: str, tier: str, tenant: str, turns: float) -> None:
+        """Service other replicas gave ``tenant`` on ``pool``'s backends, charged here."""
+        for candidate in self._pools.values():
+            if self.pool_id(candidate.backends) == pool:
+                candidate.scheduler.charge_foreign(tier, tenant, turns)
 
     # ------------------------------------------------------------------ ingress
 
@@ -267,9 +326,12 @@ class SchedulingCore:
         priority: int = 0,
         deadline_s: float | None = None,
         model: str | None = None,
+        admitted: Admit | Reject | None = None,
     ) -> QueuedRequest | Reject:
         """Rate limit, early rejection, bounded queue, in that order; a request that passes
-        all three is queued and returned."""
+        all three is queued and returned. ``admitted``: the verdict of the limits several
+        replicas share (sidecar.shared), already taken for this request's estimate
+        (``shared_estimate``); None: this process's own limiter decides."""
         if tenant not in self.config.tenants:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
@@ -296,12 +358,15 @@ class SchedulingCore:
             estimated_output_tokens=self.estimator.estimate(tenant, endpoint, max_tokens),
             arrival_s=now,
             user=user,
-            model=model if model is not None else self.config.default_model,
+            model=self.request_model(model),
             priority=priority,
             deadline_s=deadline_s,
         )
-        admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now,
-                                           tier, request.model)
+        if admitted is None:
+            admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now,
+                                               tier, request.model)
+        else:
+            request.shared_limits = True
         if not isinstance(admitted, Admit):
             self.ledger.end(request_id, Outcome.REJECTED, admitted.reason)
             return admitted
@@ -323,10 +388,26 @@ class SchedulingCore:
         return request
 
     def _turn_away(self, request: QueuedRequest, reject: Reject, now: float) -> Reject:
-        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now,
-                                 request.tier, request.model)
+        self._refund(request, now)
         self.ledger.end(request.id, Outcome.REJECTED, reject.reason)
         return reject
+
+    def _refund(self, request: QueuedRequest, now: float) -> None:
+        """Its token charge back (ratelimit's refund policy), to whichever limits took it."""
+        if request.shared_limits:
+            if request.admitted_tokens:
+                self._shared_charges.append((request, -request.admitted_tokens))
+        else:
+            self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens,
+                                     now, request.tier, request.model)
+
+    def _settle(self, request: QueuedRequest, actual: int, now: float) -> None:
+        if request.shared_limits:
+            if actual != request.admitted_tokens:
+                self._shared_charges.append((request, actual - request.admitted_tokens))
+        else:
+            self.rate_limiter.settle(request.tenant, request.endpoint, request.admitted_tokens,
+                                     actual, now, request.tier, request.model)
 
     def cancel(self, request_id: str, now: float) -> bool:
         """The client of a *queued* request went away: it leaves at once. False if it is not
@@ -336,8 +417,7 @@ class SchedulingCore:
         if request is None:
             return False
         del self._pool_of[request_id]
-        self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens, now,
-                                 request.tier, request.model)
+        self._refund(request, now)
         self.ledger.end(request_id, Outcome.CANCELLED)
         return True
 
@@ -603,19 +683,13 @@ class SchedulingCore:
             # Ended before dispatch (client gone, shutdown): leaves the queue, refunded.
             self.ledger.end(request.id, outcome)  # raises on a second end, before any change
             self._pool_of.pop(request.id).scheduler.cancel(request.id)
-            self.rate_limiter.refund(
-                request.tenant, request.endpoint, request.admitted_tokens, now, request.tier,
-                request.model,
-            )
+            self._refund(request, now)
             return
         self.ledger.end(request.id, outcome)  # raises on a second end, before any change
         pool = self._pool_of.pop(request.id)
         pool.scheduler.on_finished(request, prompt_tokens, output_tokens)
         actual = prompt_tokens + output_tokens
-        self.rate_limiter.settle(
-            request.tenant, request.endpoint, request.admitted_tokens, actual, now, request.tier,
-            request.model,
-        )
+        self._settle(request, actual, now)
         reported = self._release_backend(request, now)
         self._observe_served(pool, max(0, actual - reported), now)
 

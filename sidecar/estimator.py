@@ -23,6 +23,28 @@ class OutputEstimator:
         self._initial = dict(initial)
         self._alpha = alpha
         self._ema: dict[tuple[str, str], float] = {}
+        # Observations not yet handed to a shared store (sidecar.shared); None: not shared.
+        self._unshared: list[tuple[str, str, int]] | None = None
+
+    @property
+    def alpha(self) -> float:
+        return self._alpha
+
+    def share(self) -> None:
+        """Keep every observation for ``take_observations`` (several replicas share one EMA
+        per tenant and endpoint)."""
+        if self._unshared is None:
+            self._unshared = []
+
+    def take_observations(self) -> list[tuple[str, str, int]]:
+        """The observations since the last call, in order: (tenant, endpoint, tokens)."""
+        taken, self._unshared = self._unshared or [], ([] if self._unshared is not None
+                                                       else None)
+        return taken
+
+    def adopt(self, tenant: str, endpoint: str, ema: float) -> None:
+        """Take the shared estimate (everyone's observations, this replica's included)."""
+        self._ema[(tenant, endpoint)] = ema
 
     def expected(self, tenant: str, endpoint: str) -> float:
         """The learned mean, before the per-request max_tokens cap."""
@@ -38,6 +60,8 @@ class OutputEstimator:
     def observe(self, tenant: str, endpoint: str, output_tokens: int) -> None:
         """Feed the real output of a *completed* request. Cancelled or failed requests are
         truncated and would bias the estimate low, so the caller leaves them out."""
+        if self._unshared is not None:
+            self._unshared.append((tenant, endpoint, output_tokens))
         key = (tenant, endpoint)
         previous = self._ema.get(key)
         if previous is None:

@@ -112,13 +112,13 @@ class _Scope:
     tokens: list[tuple[str, TokenBucket]] = field(default_factory=list)
 
     @classmethod
-    def from_limits(cls, limits: RateLimits, now: float) -> _Scope:
+    def from_limits(cls, limits: RateLimits, now: float, scale: float = 1.0) -> _Scope:
         scope = cls()
         for name, window_s, per_request in _WINDOWS:
             limit = getattr(limits, name)
             if limit is None:
                 continue
-            bucket = TokenBucket.full(limit, window_s, now)
+            bucket = TokenBucket.full(limit * scale, window_s, now)
             (scope.requests if per_request else scope.tokens).append((name, bucket))
         return scope
 
@@ -128,38 +128,32 @@ class Admit:
     tokens: int  # the token estimate charged; pass it back to settle() or refund()
 
 
-class _PairScopes:
-    """A tenant's scopes on one kind of thing (an endpoint, a model): its own limits for it
-    when it has them, else the thing's default for every tenant; none when neither is set."""
-
-    def __init__(self, own: Mapping[tuple[str, str], RateLimits],
-                 default: Mapping[str, RateLimits]) -> None:
-        self._own = dict(own)
-        self._default = {k: v for k, v in default.items() if _limits_anything(v)}
-        self.scopes: dict[tuple[str, str], _Scope] = {}
-
-    def get(self, tenant: str, thing: str, now: float) -> _Scope | None:
-        key = (tenant, thing)
-        scope = self.scopes.get(key)
-        if scope is None:
-            limits = self._own.get(key) or self._default.get(thing)
-            if limits is not None:
-                scope = self.scopes[key] = _Scope.from_limits(limits, now)
-        return scope
-
-
 def _limits_anything(limits: RateLimits) -> bool:
     return any(getattr(limits, name) is not None for name, _, _ in _WINDOWS)
 
 
-class TenantRateLimiter:
-    """Admission against every limit that applies to a request, atomically: its tier's (all
-    tenants in the tier together), its tenant's, its tenant's on its endpoint and on its
-    model; either all buckets are charged or none is.
+# A scope's identity: ("tier", tier), ("tenant", tenant), ("endpoint", tenant, endpoint) or
+# ("model", tenant, model). The same key names a scope's buckets here and in a shared store.
+ScopeKey = tuple[str, ...]
 
-    ``endpoint_limits``/``model_limits``: a tenant's own, by (tenant, endpoint or model);
-    ``endpoint_defaults``/``model_defaults``: every tenant's, by endpoint or model, for the
-    tenants without their own entry."""
+
+@dataclass(frozen=True, slots=True)
+class BucketSpec:
+    """One bucket a request is charged to: its scope, its window, its size."""
+
+    scope: ScopeKey
+    name: str  # the Limits field, e.g. "tokens_per_minute"
+    capacity: float
+    rate: float  # refill per second
+    per_request: bool  # charged one per request, rather than tokens
+
+
+class LimitTable:
+    """Which limits apply to a request: the configuration resolved, with no state. Its tier's
+    (all tenants in the tier together), its tenant's, its tenant's on its endpoint and on its
+    model, the last two from the tenant's own entry or else the endpoint's or model's
+    default for every tenant. ``TenantRateLimiter`` keeps the buckets in process; a shared
+    store (sidecar.shared) keeps the same buckets, by the same keys, for every replica."""
 
     def __init__(
         self,
@@ -171,37 +165,80 @@ class TenantRateLimiter:
         model_limits: Mapping[tuple[str, str], RateLimits] | None = None,
         model_defaults: Mapping[str, RateLimits] | None = None,
     ) -> None:
-        self._limits = dict(limits)
-        self._tier_limits = dict(tier_limits or {})
-        self._tier_scopes: dict[str, _Scope] = {}
+        self._tenants = {k: v for k, v in limits.items() if _limits_anything(v)}
+        self._tiers = {k: v for k, v in (tier_limits or {}).items() if _limits_anything(v)}
+        self._endpoints = dict(endpoint_limits or {})
+        self._endpoint_defaults = {k: v for k, v in (endpoint_defaults or {}).items()
+                                   if _limits_anything(v)}
+        self._models = dict(model_limits or {})
+        self._model_defaults = {k: v for k, v in (model_defaults or {}).items()
+                                if _limits_anything(v)}
+
+    def scopes(self, tenant: str, endpoint: str, tier: str | None,
+               model: str | None) -> list[tuple[ScopeKey, RateLimits]]:
+        out: list[tuple[ScopeKey, RateLimits]] = []
+        if tier is not None and tier in self._tiers:
+            out.append((("tier", tier), self._tiers[tier]))
+        if tenant in self._tenants:
+            out.append((("tenant", tenant), self._tenants[tenant]))
+        limits = self._endpoints.get((tenant, endpoint)) or self._endpoint_defaults.get(endpoint)
+        if limits is not None:
+            out.append((("endpoint", tenant, endpoint), limits))
+        if model is not None:
+            limits = self._models.get((tenant, model)) or self._model_defaults.get(model)
+            if limits is not None:
+                out.append((("model", tenant, model), limits))
+        return out
+
+    def buckets(self, tenant: str, endpoint: str, tier: str | None,
+                model: str | None) -> list[BucketSpec]:
+        """Every bucket of every scope that applies, requests before tokens in each."""
+        return [BucketSpec(key, name, float(limit), limit / window_s, per_request)
+                for key, limits in self.scopes(tenant, endpoint, tier, model)
+                for name, window_s, per_request in _WINDOWS
+                if (limit := getattr(limits, name)) is not None]
+
+
+class TenantRateLimiter:
+    """Admission against every limit that applies to a request (``LimitTable``),
+    atomically: either all its buckets are charged or none is.
+
+    ``endpoint_limits``/``model_limits``: a tenant's own, by (tenant, endpoint or model);
+    ``endpoint_defaults``/``model_defaults``: every tenant's, by endpoint or model, for the
+    tenants without their own entry. ``scale`` multiplies every limit (a replica's share of
+    limits it cannot coordinate, sidecar.shared)."""
+
+    def __init__(
+        self,
+        limits: Mapping[str, RateLimits],
+        endpoint_limits: Mapping[tuple[str, str], RateLimits] | None = None,
+        tier_limits: Mapping[str, RateLimits] | None = None,
+        *,
+        endpoint_defaults: Mapping[str, RateLimits] | None = None,
+        model_limits: Mapping[tuple[str, str], RateLimits] | None = None,
+        model_defaults: Mapping[str, RateLimits] | None = None,
+        table: LimitTable | None = None,
+        scale: float = 1.0,
+    ) -> None:
+        self.table = table if table is not None else LimitTable(
+            limits, endpoint_limits, tier_limits, endpoint_defaults=endpoint_defaults,
+            model_limits=model_limits, model_defaults=model_defaults)
+        if not scale > 0:
+            raise ValueError("scale must be positive")
+        self._scale = scale
         # Buckets are created on first use: 10,000 configured tenants cost nothing until
         # they send. A new bucket starts full, which is what a bucket created at startup
         # would have refilled to anyway.
-        self._tenant_scopes: dict[str, _Scope] = {}
-        self._endpoints = _PairScopes(endpoint_limits or {}, endpoint_defaults or {})
-        self._models = _PairScopes(model_limits or {}, model_defaults or {})
+        self._scopes_by_key: dict[ScopeKey, _Scope] = {}
 
     def _scopes(self, tenant: str, endpoint: str, now: float,
                 tier: str | None, model: str | None) -> list[_Scope]:
         scopes = []
-        if tier is not None and tier in self._tier_limits:
-            scope = self._tier_scopes.get(tier)
+        for key, limits in self.table.scopes(tenant, endpoint, tier, model):
+            scope = self._scopes_by_key.get(key)
             if scope is None:
-                scope = self._tier_scopes[tier] = _Scope.from_limits(self._tier_limits[tier],
-                                                                     now)
+                scope = self._scopes_by_key[key] = _Scope.from_limits(limits, now, self._scale)
             scopes.append(scope)
-        scope = self._tenant_scopes.get(tenant)
-        if scope is None and tenant in self._limits:
-            scope = self._tenant_scopes[tenant] = _Scope.from_limits(self._limits[tenant], now)
-        if scope is not None:
-            scopes.append(scope)
-        scope = self._endpoints.get(tenant, endpoint, now)
-        if scope is not None:
-            scopes.append(scope)
-        if model is not None:
-            scope = self._models.get(tenant, model, now)
-            if scope is not None:
-                scopes.append(scope)
         return scopes
 
     def admit(self, tenant: str, endpoint: str, tokens: int, now: float,
@@ -256,18 +293,13 @@ class TenantRateLimiter:
                 bucket.give(tokens, now)
 
     def snapshot(self, now: float) -> dict[str, Any]:
-        def dump(scope: _Scope) -> dict[str, dict[str, float]]:
-            return {name: b.snapshot(now) for name, b in (*scope.requests, *scope.tokens)}
-
-        def by_tenant(pairs: _PairScopes) -> dict[str, dict[str, Any]]:
-            out: dict[str, dict[str, Any]] = {}
-            for (tenant, thing), scope in pairs.scopes.items():
-                out.setdefault(tenant, {})[thing] = dump(scope)
-            return out
-
-        return {
-            "tenants": {t: dump(s) for t, s in self._tenant_scopes.items()},
-            "endpoints": by_tenant(self._endpoints),
-            "models": by_tenant(self._models),
-            "tiers": {t: dump(s) for t, s in self._tier_scopes.items()},
-        }
+        out: dict[str, dict[str, Any]] = {"tenants": {}, "endpoints": {}, "models": {},
+                                          "tiers": {}}
+        for key, scope in self._scopes_by_key.items():
+            dump = {name: b.snapshot(now) for name, b in (*scope.requests, *scope.tokens)}
+            kind, owner, *thing = key
+            if thing:
+                out[kind + "s"].setdefault(owner, {})[thing[0]] = dump
+            else:
+                out[kind + "s"][owner] = dump
+        return out

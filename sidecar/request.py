@@ -59,6 +59,9 @@ class QueuedRequest:
     backend: str | None = None
     # ---- set by the rate limiter --------------------------------------------------------
     admitted_tokens: int = 0  # the token estimate charged at admission, settled at the end
+    # Admitted by the limits every replica shares (sidecar.shared), which then get its
+    # refund or settlement; False: by this process's own limiter.
+    shared_limits: bool = False
 
     @property
     def estimated_tokens(self) -> int:

@@ -134,6 +134,7 @@ class Scheduler:
         # fcfs/passthrough: (seq, request), a heap so a requeued request regains its place.
         self._fifo: list[tuple[int, QueuedRequest]] = []
         self._queued_tokens = 0
+        self._booked: dict[tuple[str, str], float] | None = None  # share_service()
         self._active_weight = 0.0
         self._active_tenants = 0
 
@@ -320,7 +321,9 @@ class Scheduler:
             request = queue.pop()
             del self._queued_index[request.id]
             self._account_removed(tenant, tier, request, queue)
-            tier.drr.consume(flow, self._turns(request, request.cost), backlogged=bool(queue))
+            turns = self._turns(request, request.cost)
+            tier.drr.consume(flow, turns, backlogged=bool(queue))
+            self._book(request.tier, flow, turns)
             return request
         return None
 
@@ -346,7 +349,9 @@ class Scheduler:
         else:
             # After _insert: re-activation first, so the refund restores credit instead of
             # being clamped away on an idle flow.
-            self._tiers[request.tier].drr.adjust(request.tenant, -self._turns(request, charged))
+            turns = -self._turns(request, charged)
+            self._tiers[request.tier].drr.adjust(request.tenant, turns)
+            self._book(request.tier, request.tenant, turns)
         self._touch_active(tenant)
 
     # ------------------------------------------------------------------ in flight
@@ -362,7 +367,9 @@ class Scheduler:
             return
         excess = request.prompt_tokens + request.streamed_output_tokens - request.charged
         if excess > 0:
-            self._tiers[request.tier].drr.adjust(request.tenant, self._turns(request, excess))
+            turns = self._turns(request, excess)
+            self._tiers[request.tier].drr.adjust(request.tenant, turns)
+            self._book(request.tier, request.tenant, turns)
             request.charged += excess
 
     def on_finished(self, request: QueuedRequest, prompt_tokens: int, output_tokens: int) -> None:
@@ -374,15 +381,51 @@ class Scheduler:
         tenant = self._tenants[request.tenant]
         actual = request_cost(self.endpoint(request.endpoint).cost, prompt_tokens, output_tokens)
         if self._traits.costs_tokens:
-            self._tiers[request.tier].drr.adjust(
-                request.tenant, self._turns(request, actual - request.charged)
-            )
+            turns = self._turns(request, actual - request.charged)
+            self._tiers[request.tier].drr.adjust(request.tenant, turns)
+            self._book(request.tier, request.tenant, turns)
         request.charged = actual
         del self._dispatched[request.id]
         tenant.inflight -= 1
         self._forget_user(tenant, request)
         request.state = RequestState.ENDED
         self._touch_active(tenant)
+
+    # ------------------------------------------------------------------ other replicas
+
+    def _book(self, tier: str, tenant: str, turns: float) -> None:
+        if self._booked is not None and turns:
+            key = (tier, tenant)
+            self._booked[key] = self._booked.get(key, 0.0) + turns
+
+    def share_service(self) -> None:
+        """Keep what each tenant is charged (``take_booked``), so that replicas sharing the
+        tenants can judge shares across all of them (sidecar.shared)."""
+        if self._booked is None:
+            self._booked = {}
+
+    def take_booked(self) -> dict[tuple[str, str], float]:
+        """Turns charged per (tier, tenant) since the last call: dispatch costs, live
+        charges, settlements and refunds."""
+        taken = self._booked or {}
+        if self._booked is not None:
+            self._booked = {}
+        return taken
+
+    def queued_flows(self) -> list[tuple[str, str]]:
+        """(tier, tenant) of every tenant queue with requests waiting."""
+        return [(tier, t.name) for t in self._tenants.values() if t.queued
+                for tier, queue in t.queues.items() if queue]
+
+    def charge_foreign(self, tier: str, tenant: str, turns: float) -> None:
+        """Service another replica gave ``tenant`` in ``tier``: charged to its DRR credit as
+        if served here, so this replica orders its queue by the tenant's service across
+        every replica. A tenant that never queued here in that tier has no credit to charge
+        (its service elsewhere before it arrives here is not held against it)."""
+        known = self._tiers.get(tier)
+        drr = None if known is None else known.drr
+        if drr is not None and tenant in drr and turns:
+            drr.adjust(tenant, turns)
 
     # ------------------------------------------------------------------ shares
 

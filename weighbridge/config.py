@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -438,6 +439,45 @@ class Telemetry(_Model):
         return None if self.otlp_endpoint is None else self.otlp_endpoint + "/v1/traces"
 
 
+def _check_redis_url(value: Any) -> str:
+    url = _expect_str(value)
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("redis", "rediss", "unix") or (
+            parsed.scheme != "unix" and not parsed.hostname):
+        raise PydanticCustomError("redis_url", "a Redis URL: redis://host:port/db, "
+                                  "rediss://... (TLS) or unix:///path/to/socket")
+    return url
+
+
+RedisUrl = Annotated[str, PlainValidator(_check_redis_url, json_schema_input_type=str)]
+
+
+class SharedState(_Model):
+    """Where the state several sidecar replicas share lives (docs/sidecar.md, "Several
+    replicas"): ``local`` keeps everything in this process (one replica); ``redis`` shares
+    the rate-limit buckets, the tenants' served-token counters and the output estimates."""
+
+    backend: Literal["local", "redis"] = "local"
+    url: RedisUrl | None = None
+    # One round trip on the admission path; a slower answer counts as Redis being down,
+    # and the replica falls back to its share of the limits until it answers again.
+    timeout_ms: PositiveFloat = 5.0
+    # How often each replica adds its served tokens and output observations to the shared
+    # counters and reads everyone's (never per streamed chunk).
+    sync_ms: PositiveInt = 100
+    # A replica registers every heartbeat_ms; one silent for 3 beats no longer counts
+    # towards the N that fallback limits are divided by.
+    heartbeat_ms: PositiveInt = 1000
+    key_prefix: Name = "weighbridge"
+
+    @model_validator(mode="after")
+    def _url_for_redis(self) -> SharedState:
+        if self.backend == "redis" and self.url is None:
+            raise PydanticCustomError("missing_url", "url is required with backend redis "
+                                      "(redis://host:port/db)")
+        return self
+
+
 class Config(_Model):
     tiers: dict[Name, Tier] = Field(default_factory=default_tiers, min_length=1)
     tenants: dict[Name, Tenant] = Field(default_factory=dict)
@@ -462,6 +502,7 @@ class Config(_Model):
     # slower ones are cut off (408 for a body) instead of holding a connection forever.
     client_timeout_ms: PositiveInt = 60_000
     telemetry: Telemetry = Field(default_factory=Telemetry)
+    state: SharedState = Field(default_factory=SharedState)
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _tenant_by_digest: dict[str, str] = PrivateAttr(default_factory=dict)

@@ -95,7 +95,9 @@ async def test_admin_state_shows_queues_deficits_buckets_and_backends(stack: Sta
         assert gold["inflight"] == 1 and gold["tier"] == "interactive"
         assert "interactive" in gold["deficit_turns"]
         assert "queues" in gold and state["scheduler"]["policy"] == "drr"
-        assert "gold" in state["rate_limits"]["tenants"]
+        # gold has no rate limit: no bucket of its own ("every bucket in use").
+        assert set(state["rate_limits"]) == {"tenants", "endpoints", "models", "tiers"}
+        assert "gold" not in state["rate_limits"]["tenants"]
         (backend,) = state["backends"].values()
         assert backend["healthy"] is True and backend["url"] == stack.emulator
         assert backend["inflight"] == 1 and backend["gate"]["cap"] >= 1

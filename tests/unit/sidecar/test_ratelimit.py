@@ -187,7 +187,7 @@ def test_never_admits_more_than_capacity_plus_rate_times_elapsed(events, tpm, rp
                 probe = TenantRateLimiter(
                     {"a": RateLimits(requests_per_minute=rpm, tokens_per_minute=tpm)}
                 )
-                probe._tenant_scopes = _copy_scopes(limiter)
+                probe._scopes_by_key = _copy_scopes(limiter)
                 later = now + result.retry_after_s
                 assert isinstance(probe.admit("a", "/x", tokens, later), Admit)
         elif outstanding:
@@ -212,7 +212,7 @@ def test_never_admits_more_than_capacity_plus_rate_times_elapsed(events, tpm, rp
 def _copy_scopes(limiter: TenantRateLimiter):
     import copy
 
-    return copy.deepcopy(limiter._tenant_scopes)
+    return copy.deepcopy(limiter._scopes_by_key)
 
 
 def test_a_monthly_request_budget_beside_the_per_minute_one() -> None:

@@ -1,0 +1,392 @@
+"""State several sidecar replicas share through Redis (docs/sidecar.md, "Several replicas").
+
+Replicas never talk to each other: each sees the others only through Redis, and still gates
+its own dispatches on the backends' /metrics (where the others' work shows as load).
+:class:`SharedState` belongs to the application, which starts it on startup and stops it on
+shutdown; it reaches the scheduling core only through the core's public calls.
+
+What is shared, and how
+-----------------------
+* **Rate-limit buckets.** The buckets of ``sidecar.ratelimit`` (its ``LimitTable`` says which
+  apply to a request), one Redis hash each, by the same scope keys, refilled by Redis's own
+  clock so that replicas' clocks never meet. Check-and-take is one server-side script, one
+  round trip per request on the admission path (:meth:`admit`); settlements and refunds are
+  batched into the sync below, never one per streamed chunk. A bucket's key expires when it
+  would have refilled to full, which is what a missing key means, so idle tenants cost no
+  memory and day and month buckets outlive every replica.
+* **Service.** Every ``sync_ms`` each replica adds the DRR turns it charged per (pool, tier,
+  tenant) to one hash and reads the totals of the tenants queued with it. What a total grew
+  by beyond this replica's own part is other replicas' service, charged to the tenant's
+  credit here (``Scheduler.charge_foreign``): each replica orders its queue by the tenant's
+  service across all of them.
+* **Output estimates.** Observations are folded, in arrival order, into one EMA per
+  (tenant, endpoint) by a script, and each replica adopts the result.
+* **Replicas.** Each registers in a sorted set every ``heartbeat_ms``, scored by Redis's clock;
+  N counts those heard from within 3 beats.
+
+Faults
+------
+An error, or an answer slower than ``timeout_ms``, marks the store down: one log line, the
+``weighbridge_shared_state_up`` gauge at 0, and the core falls back to 1/N of every limit in
+its own buckets. No request fails for it. The heartbeat keeps trying; the first answer marks
+the store up again (one log line) and admissions are shared again. Settlements owed to the
+shared buckets wait while it is down (up to ``MAX_PENDING_CHARGES``) and go when it is back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from sidecar.core import SchedulingCore
+from sidecar.ratelimit import Admit, BucketSpec, ScopeKey
+from sidecar.rejection import RATE_LIMITED, Reject
+from sidecar.request import QueuedRequest
+from weighbridge.config import SharedState as SharedStateConfig
+
+__all__ = ["MAX_PENDING_CHARGES", "SharedState", "bucket_key"]
+
+log = logging.getLogger("weighbridge.sidecar")
+
+# Settlements kept for Redis while it is down; beyond, the oldest are dropped (counted).
+MAX_PENDING_CHARGES = 100_000
+HEARTBEATS_TO_EXPIRE = 3
+
+# KEYS: the buckets; ARGV: capacity, rate per s, amount for each. Returns {1} (taken),
+# {0, index, wait_s} (the bucket at index is short for wait_s; nothing taken) or {-1, index}
+# (the amount exceeds that bucket's capacity: it can never fit).
+_ADMIT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local levels = {}
+local wait, binding = 0, 0
+for i = 1, #KEYS do
+  local cap, rate, amount = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
+  if amount > cap * (1 + 1e-9) then return {-1, i} end
+  local level = cap
+  local v = redis.call('HMGET', KEYS[i], 'level', 'at')
+  if v[1] then
+    level = tonumber(v[1])
+    local at = tonumber(v[2])
+    if now > at then level = math.min(cap, level + (now - at) * rate) end
+  end
+  levels[i] = level
+  local missing = amount - level
+  if missing > 1e-9 * math.max(1, amount) then
+    local w = missing / rate
+    if w > wait then wait, binding = w, i end
+  end
+end
+if wait > 0 then return {0, binding, tostring(wait)} end
+for i = 1, #KEYS do
+  local cap, rate, amount = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
+  local level = levels[i] - amount
+  redis.call('HSET', KEYS[i], 'level', string.format('%.17g', level),
+             'at', string.format('%.17g', now))
+  redis.call('PEXPIRE', KEYS[i], math.ceil((cap - level) / rate * 1000) + 1000)
+end
+return {1}
+"""
+
+# KEYS: token buckets; ARGV: capacity, rate for each, then the delta (positive: a further
+# charge, which may go into debt; negative: a refund, never above capacity).
+_ADJUST = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local delta = tonumber(ARGV[2 * #KEYS + 1])
+for i = 1, #KEYS do
+  local cap, rate = tonumber(ARGV[2*i-1]), tonumber(ARGV[2*i])
+  local level = cap
+  local v = redis.call('HMGET', KEYS[i], 'level', 'at')
+  if v[1] then
+    level = tonumber(v[1])
+    local at = tonumber(v[2])
+    if now > at then level = math.min(cap, level + (now - at) * rate) end
+  end
+  if delta > 0 then level = level - delta else level = math.min(cap, level - delta) end
+  redis.call('HSET', KEYS[i], 'level', string.format('%.17g', level),
+             'at', string.format('%.17g', now))
+  redis.call('PEXPIRE', KEYS[i], math.ceil((cap - level) / rate * 1000) + 1000)
+end
+return #KEYS
+"""
+
+# KEYS[1]: the estimates hash; ARGV[1]: alpha, then (field, tokens) pairs in arrival order.
+# Returns (field, ema) pairs, one per observation.
+_ESTIMATES = """
+local alpha = tonumber(ARGV[1])
+local out = {}
+for i = 2, #ARGV, 2 do
+  local prev = redis.call('HGET', KEYS[1], ARGV[i])
+  local x = tonumber(ARGV[i + 1])
+  local v = x
+  if prev then v = tonumber(prev) + alpha * (x - tonumber(prev)) end
+  redis.call('HSET', KEYS[1], ARGV[i], string.format('%.17g', v))
+  out[#out + 1] = ARGV[i]
+  out[#out + 1] = string.format('%.17g', v)
+end
+return out
+"""
+
+# KEYS[1]: the replicas' sorted set; ARGV: this replica's id, expiry in s. Returns N.
+_HEARTBEAT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], now, ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
+def _part(text: str) -> str:
+    """One part of a key, with the separator escaped (tenant names may hold ':')."""
+    return text.replace("%", "%25").replace(":", "%3A")
+
+
+def bucket_key(prefix: str, scope: ScopeKey, name: str) -> str:
+    # The hash tag puts every key of one deployment in one Redis Cluster slot: the scripts
+    # touch several at once.
+    return ":".join(["{" + prefix + "}", "bucket", *map(_part, scope), name])
+
+
+def _field(*parts: str) -> str:
+    return ":".join(map(_part, parts))
+
+
+def _unfield(text: str) -> list[str]:
+    return [p.replace("%3A", ":").replace("%25", "%") for p in text.split(":")]
+
+
+@dataclass(slots=True)
+class _Pending:
+    request: QueuedRequest
+    delta: int
+
+
+class SharedState:
+    def __init__(self, config: SharedStateConfig, core: SchedulingCore,
+                 on_change: Callable[[bool], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``on_change(up)``: called once per transition (the metric follows ``up``)."""
+        if config.url is None:
+            raise ValueError("a Redis URL is required")
+        self.config = config
+        self.core = core
+        self.on_change = on_change
+        self.clock = clock
+        self.replica_id = uuid.uuid4().hex[:12]
+        self.up = False
+        self.replicas = 1  # last known N (itself included)
+        self.dropped_charges = 0
+        self.errors = 0
+        prefix = config.key_prefix
+        self._prefix = prefix
+        self._served_key = "{" + prefix + "}:served"
+        self._estimates_key = "{" + prefix + "}:estimates"
+        self._replicas_key = "{" + prefix + "}:replicas"
+        self._timeout_s = config.timeout_ms / 1000
+        self._redis = aioredis.from_url(
+            config.url, socket_timeout=self._timeout_s, socket_connect_timeout=self._timeout_s,
+            retry_on_timeout=False, health_check_interval=0, decode_responses=True)
+        self._admit = self._redis.register_script(_ADMIT)
+        self._adjust = self._redis.register_script(_ADJUST)
+        self._estimates = self._redis.register_script(_ESTIMATES)
+        self._heartbeat = self._redis.register_script(_HEARTBEAT)
+        self._pending: list[_Pending] = []
+        # The last total read per (pool, tier, tenant), and in which sync: a total not read
+        # in the sync before is a new baseline (service elsewhere while the tenant had
+        # nothing here is not held against it, as DRR keeps no credit for idle flows).
+        self._seen: dict[tuple[str, str, str], tuple[int, float]] = {}
+        self._syncs_done = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        core.share_service()
+
+    # ------------------------------------------------------------------ life
+
+    async def start(self) -> None:
+        await self._beat()  # up (or down, with its log line) before the first request
+        self._tasks = [asyncio.create_task(self._heartbeats(), name="shared:heartbeat"),
+                       asyncio.create_task(self._syncs(), name="shared:sync")]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self.up:
+            with contextlib.suppress(RedisError, OSError, TimeoutError):
+                await self._sync()  # what this replica still owes the shared buckets
+                await self._redis.zrem(self._replicas_key, self.replica_id)
+        await self._redis.aclose()
+
+    def _mark(self, up: bool, why: str = "") -> None:
+        if up == self.up:
+            return
+        self.up = up
+        if up:
+            log.warning("shared state at %s reachable again: limits and fairness are global "
+                        "(%d replicas)", self.config.url, self.replicas)
+        else:
+            share = 1 / max(1, self.replicas)
+            self.core.use_local_limits(share)
+            log.warning("shared state at %s unreachable (%s): each limit falls back to "
+                        "1/%d of the configured in this replica", self.config.url, why,
+                        max(1, self.replicas))
+        if self.on_change is not None:
+            self.on_change(up)
+
+    def _failed(self, e: BaseException) -> None:
+        self.errors += 1
+        self._mark(False, type(e).__name__ + (f": {e}" if str(e) else ""))
+
+    # ------------------------------------------------------------------ admission
+
+    def buckets(self, tenant: str, endpoint: str, tier: str,
+                model: str | None) -> list[BucketSpec]:
+        return self.core.limit_table.buckets(tenant, endpoint, tier,
+                                             self.core.request_model(model))
+
+    async def admit(self, tenant: str, endpoint: str, tier: str, model: str | None,
+                    tokens: int) -> Admit | Reject | None:
+        """Check and take one request and ``tokens`` from every bucket that applies, in one
+        round trip; None while the store is down (the core's own limiter decides)."""
+        if not self.up:
+            return None
+        specs = self.buckets(tenant, endpoint, tier, model)
+        if not specs:
+            return Admit(tokens)
+        keys = [bucket_key(self._prefix, s.scope, s.name) for s in specs]
+        args: list[float] = []
+        for spec in specs:
+            args += [spec.capacity, spec.rate, 1 if spec.per_request else tokens]
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                result = await self._admit(keys=keys, args=args)
+        except (RedisError, OSError, TimeoutError) as e:
+            self._failed(e)
+            return None
+        status = int(result[0])
+        if status == 1:
+            return Admit(tokens)
+        spec = specs[int(result[1]) - 1]
+        amount = 1 if spec.per_request else tokens
+        if status < 0:
+            return Reject(RATE_LIMITED, None, f"request needs {amount} against {spec.name} "
+                          f"{spec.capacity:g}; it can never fit")
+        return Reject(RATE_LIMITED, float(result[2]), f"{spec.name} exhausted")
+
+    # ------------------------------------------------------------------ sync
+
+    async def _heartbeats(self) -> None:
+        interval = self.config.heartbeat_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._beat()
+
+    async def _beat(self) -> None:
+        expiry = HEARTBEATS_TO_EXPIRE * self.config.heartbeat_ms / 1000
+        try:
+            async with asyncio.timeout(max(self._timeout_s, 0.25)):
+                replicas = int(await self._heartbeat(keys=[self._replicas_key],
+                                                     args=[self.replica_id, expiry]))
+        except (RedisError, OSError, TimeoutError) as e:
+            self._failed(e)
+            return
+        if replicas != self.replicas and not self.up:
+            self.core.use_local_limits(1 / max(1, replicas))
+        self.replicas = max(1, replicas)
+        self._mark(True)
+
+    async def _syncs(self) -> None:
+        interval = self.config.sync_ms / 1000
+        while True:
+            await asyncio.sleep(interval)
+            await self._sync()
+
+    async def _sync(self) -> None:
+        """One exchange: charges owed, this replica's service, its estimates' observations;
+        back come the totals of the tenants queued here and the shared estimates."""
+        core = self.core
+        for request, delta in core.take_shared_charges():
+            self._pending.append(_Pending(request, delta))
+        if len(self._pending) > MAX_PENDING_CHARGES:
+            self.dropped_charges += len(self._pending) - MAX_PENDING_CHARGES
+            del self._pending[:len(self._pending) - MAX_PENDING_CHARGES]
+        booked = core.take_booked()
+        observations = core.estimator.take_observations()
+        if not self.up:
+            # Service and estimates while down stay this replica's own: when Redis is back,
+            # the others judge from its totals as they stand then.
+            return
+        wanted = sorted(set(booked) | set(core.queued_flows()))
+        pending, self._pending = self._pending, []
+        try:
+            async with asyncio.timeout(max(self._timeout_s * 4, 0.05)):
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    for charge in pending:
+                        await self._queue_adjust(pipe, charge)
+                    for key, turns in booked.items():
+                        pipe.hincrbyfloat(self._served_key, _field(*key), turns)
+                    if wanted:
+                        pipe.hmget(self._served_key, [_field(*key) for key in wanted])
+                    if observations:
+                        args: list[str | float] = [core.estimator.alpha]
+                        for tenant, endpoint, tokens in observations:
+                            args += [_field(tenant, endpoint), tokens]
+                        # Queued on the pipeline (a script call on a pipeline only queues).
+                        await self._estimates(keys=[self._estimates_key], args=args,
+                                              client=pipe)
+                    results = await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as e:
+            self._pending = pending + self._pending  # owed still, in order
+            self._failed(e)
+            return
+        results = results[len(pending) + len(booked):]
+        self._syncs_done += 1
+        if wanted:
+            totals = results.pop(0)
+            for key, total in zip(wanted, totals, strict=True):
+                now_total = 0.0 if total is None else float(total)  # none served yet
+                last = self._seen.get(key)
+                self._seen[key] = (self._syncs_done, now_total)
+                if last is not None and last[0] == self._syncs_done - 1:
+                    foreign = now_total - last[1] - booked.get(key, 0.0)
+                    if abs(foreign) > 1e-9:
+                        core.charge_foreign(*key, foreign)
+        if observations:
+            shared = results.pop(0)
+            for i in range(0, len(shared), 2):
+                tenant, endpoint = _unfield(shared[i])
+                core.estimator.adopt(tenant, endpoint, float(shared[i + 1]))
+
+    async def _queue_adjust(self, pipe: aioredis.client.Pipeline, charge: _Pending) -> None:
+        r = charge.request
+        specs = [s for s in self.buckets(r.tenant, r.endpoint, r.tier, r.model)
+                 if not s.per_request]
+        if not specs:
+            pipe.echo("")  # keep one result per charge
+            return
+        args: list[float] = []
+        for spec in specs:
+            args += [spec.capacity, spec.rate]
+        args.append(charge.delta)
+        await self._adjust(keys=[bucket_key(self._prefix, s.scope, s.name) for s in specs],
+                           args=args, client=pipe)
+
+    # ------------------------------------------------------------------ views
+
+    def snapshot(self) -> dict[str, object]:
+        return {"backend": "redis", "up": self.up, "replica": self.replica_id,
+                "replicas": self.replicas, "pending_charges": len(self._pending),
+                "dropped_charges": self.dropped_charges, "errors": self.errors}
+
