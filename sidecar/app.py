@@ -31,8 +31,10 @@ from sidecar.prompt import PromptError, json_integer, prompt_tokens
 from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
 from sidecar.rejection import MODEL_NOT_FOUND, Reject
 from sidecar.request import QueuedRequest
+from sidecar.shared import SharedState, SharedStateCollector
 from sidecar.stability import StabilityMeter
 from sidecar.tracing import NO_TRACE, RequestTracing, Trace
+from sidecar.upstream import Upstream
 from weighbridge import headers as headers_
 from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
@@ -106,9 +108,13 @@ class Sidecar:
         self.clock = clock
         self.core = SchedulingCore(config)
         self.pool: BackendPool | None = None
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # scrapes, probes, model lists
+        self.upstream: Upstream | None = None  # the relayed requests (sidecar.upstream)
         self.stability = StabilityMeter()
-        self.metrics = SidecarMetrics(self.core, None, self.stability, clock)
+        # State shared with other replicas (sidecar.shared); None: this process alone.
+        self.shared = (SharedState(config.state, self.core, clock=clock)
+                       if config.state.backend == "redis" else None)
+        self.metrics = self._metrics(None)
         self.tracing = tracing or RequestTracing.from_config(config.telemetry)
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
         self._dispatch_scheduled = False
@@ -133,10 +139,13 @@ class Sidecar:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
                                          keepalive_timeout=UPSTREAM_KEEPALIVE_S)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self.upstream = Upstream(keepalive_s=UPSTREAM_KEEPALIVE_S)
         self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock,
                                 on_sample=self._on_sample)
-        self.metrics = SidecarMetrics(self.core, self.pool, self.stability, self.clock)
+        self.metrics = self._metrics(self.pool)
         await self.pool.start()
+        if self.shared is not None:
+            await self.shared.start()
         tick = asyncio.create_task(self._tick(), name="dispatch-tick")
         try:
             yield
@@ -144,11 +153,19 @@ class Sidecar:
             tick.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await tick
+            if self.shared is not None:
+                await self.shared.stop()
             await self.pool.stop()
             await self.session.close()
+            await self.upstream.close()
             if self.tracing is not None:
                 # Flushes buffered spans over HTTP: blocking, so off the loop.
                 await asyncio.to_thread(self.tracing.shutdown)
+
+    def _metrics(self, pool: BackendPool | None) -> SidecarMetrics:
+        metrics = SidecarMetrics(self.core, pool, self.stability, self.clock)
+        metrics.registry.register(SharedStateCollector(self.shared))
+        return metrics
 
     def _on_sample(self, backend: str, sample: BackendSample) -> None:
         self.stability.observe_backend(backend, sample.at_s,
@@ -238,6 +255,8 @@ class Sidecar:
                            "permission_error")
         now = self.clock()
         state: dict[str, Any] = self.core.snapshot(now)
+        state["state"] = ({"backend": "local"} if self.shared is None
+                          else self.shared.snapshot())
         if self.pool is not None:
             for name, backend in self.pool.states.items():
                 sample = backend.last_sample
@@ -430,6 +449,14 @@ class Sidecar:
         trace.identify(tenant=tenant, tier=tier, model=body.get("model"),
                        max_tokens=max_tokens, stream=bool(body.get("stream", False)))
         checks_ns = time.time_ns()
+        admitted = None
+        if self.shared is not None and self.core.catalog.backends_for(body.get("model") or None):
+            # The limits every replica shares: one round trip (None while Redis is out of
+            # reach: this replica's share of the limits decides, in the core).
+            admitted = await self.shared.admit(
+                tenant, endpoint, tier, body.get("model"),
+                self.core.shared_estimate(tenant, endpoint, prompt, max_tokens))
+            now = self.clock()
         result = self.core.arrive(
             request_id=request_id, tenant=tenant, tier=tier, endpoint=endpoint,
             prompt_tokens=prompt, max_tokens=max_tokens, now=now,
@@ -439,6 +466,7 @@ class Sidecar:
             priority=body.get("priority") or 0,
             deadline_s=self.core.deadline_for(tier, now, deadline_ms),
             model=body.get("model"),
+            admitted=admitted,
         )
         trace.admission(checks_ns, time.time_ns(),
                         result.reason if isinstance(result, Reject) else "queued", offered)
@@ -500,7 +528,7 @@ class Sidecar:
                 headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
                 headers_.BACKEND: dispatch.backend,
             }
-            assert self.pool is not None and self.session is not None
+            assert self.pool is not None and self.upstream is not None
             first = True
             url = self.pool.url(dispatch.backend, endpoint)
             upstream_headers: dict[str, str] = {}
@@ -518,7 +546,7 @@ class Sidecar:
 
             try:
                 response, outcome = await relay(
-                    self.session, url, orjson.dumps(forwarded), request, headers,
+                    self.upstream, url, orjson.dumps(forwarded), request, headers,
                     stream=stream, strip_usage_chunk=not client_wants_usage,
                     on_content=on_content, clock=self.clock, upstream_headers=upstream_headers)
             except BackendUnavailable as e:

@@ -40,10 +40,11 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
 
 from sidecar.core import SchedulingCore
@@ -52,7 +53,7 @@ from sidecar.rejection import RATE_LIMITED, Reject
 from sidecar.request import QueuedRequest
 from weighbridge.config import SharedState as SharedStateConfig
 
-__all__ = ["MAX_PENDING_CHARGES", "SharedState", "bucket_key"]
+__all__ = ["MAX_PENDING_CHARGES", "SharedState", "SharedStateCollector", "bucket_key"]
 
 log = logging.getLogger("weighbridge.sidecar")
 
@@ -385,8 +386,43 @@ class SharedState:
 
     # ------------------------------------------------------------------ views
 
+    @property
+    def pending_charges(self) -> int:
+        return len(self._pending)
+
     def snapshot(self) -> dict[str, object]:
         return {"backend": "redis", "up": self.up, "replica": self.replica_id,
                 "replicas": self.replicas, "pending_charges": len(self._pending),
                 "dropped_charges": self.dropped_charges, "errors": self.errors}
 
+
+
+class SharedStateCollector:
+    """The shared state's health on /metrics; a replica with in-process state (one replica)
+    exports it too, always up, so dashboards and alerts need no special case."""
+
+    def __init__(self, shared: SharedState | None) -> None:
+        self.shared = shared
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        shared = self.shared
+        up = GaugeMetricFamily("weighbridge_shared_state_up",
+                               "1 while the state replicas share is reachable (always 1 "
+                               "with state in process); 0: limits are 1/N of the configured.")
+        up.add_metric([], 1 if shared is None or shared.up else 0)
+        replicas = GaugeMetricFamily("weighbridge_shared_state_replicas",
+                                     "Replicas registered with the shared state (itself "
+                                     "included; 1 with state in process).")
+        replicas.add_metric([], 1 if shared is None else shared.replicas)
+        errors = CounterMetricFamily("weighbridge_shared_state_errors",
+                                     "Round trips to the shared state that failed or timed "
+                                     "out.")
+        errors.add_metric([], 0 if shared is None else shared.errors)
+        pending = GaugeMetricFamily("weighbridge_shared_state_pending_charges",
+                                    "Settlements and refunds not yet sent to the shared "
+                                    "rate-limit buckets.")
+        pending.add_metric([], 0 if shared is None else shared.pending_charges)
+        yield from (up, replicas, errors, pending)
