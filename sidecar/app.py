@@ -34,7 +34,6 @@ from sidecar.request import QueuedRequest
 from sidecar.shared import SharedState, SharedStateCollector
 from sidecar.stability import StabilityMeter
 from sidecar.tracing import NO_TRACE, RequestTracing, Trace
-from sidecar.upstream import Upstream
 from weighbridge import headers as headers_
 from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
@@ -108,8 +107,7 @@ class Sidecar:
         self.clock = clock
         self.core = SchedulingCore(config)
         self.pool: BackendPool | None = None
-        self.session: aiohttp.ClientSession | None = None  # scrapes, probes, model lists
-        self.upstream: Upstream | None = None  # the relayed requests (sidecar.upstream)
+        self.session: aiohttp.ClientSession | None = None
         self.stability = StabilityMeter()
         # State shared with other replicas (sidecar.shared); None: this process alone.
         self.shared = (SharedState(config.state, self.core, clock=clock)
@@ -139,7 +137,6 @@ class Sidecar:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
                                          keepalive_timeout=UPSTREAM_KEEPALIVE_S)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
-        self.upstream = Upstream(keepalive_s=UPSTREAM_KEEPALIVE_S)
         self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock,
                                 on_sample=self._on_sample)
         self.metrics = self._metrics(self.pool)
@@ -157,7 +154,6 @@ class Sidecar:
                 await self.shared.stop()
             await self.pool.stop()
             await self.session.close()
-            await self.upstream.close()
             if self.tracing is not None:
                 # Flushes buffered spans over HTTP: blocking, so off the loop.
                 await asyncio.to_thread(self.tracing.shutdown)
@@ -528,7 +524,7 @@ class Sidecar:
                 headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
                 headers_.BACKEND: dispatch.backend,
             }
-            assert self.pool is not None and self.upstream is not None
+            assert self.pool is not None and self.session is not None
             first = True
             url = self.pool.url(dispatch.backend, endpoint)
             upstream_headers: dict[str, str] = {}
@@ -546,7 +542,7 @@ class Sidecar:
 
             try:
                 response, outcome = await relay(
-                    self.upstream, url, orjson.dumps(forwarded), request, headers,
+                    self.session, url, orjson.dumps(forwarded), request, headers,
                     stream=stream, strip_usage_chunk=not client_wants_usage,
                     on_content=on_content, clock=self.clock, upstream_headers=upstream_headers)
             except BackendUnavailable as e:
