@@ -235,8 +235,9 @@ class SharedState:
             return
         self.up = up
         if up:
-            log.warning("shared state at %s reachable again: limits and fairness are global "
-                        "(%d replicas)", self.config.url, self.replicas)
+            log.warning("shared state at %s reachable%s: limits and fairness are global "
+                        "(%d replicas)", self.config.url, " again" if self.errors else "",
+                        self.replicas)
         else:
             share = 1 / max(1, self.replicas)
             self.core.use_local_limits(share)

@@ -368,6 +368,10 @@ def up(
     directory: Annotated[Path | None, typer.Option(
         "--dir", help="Logs, the sidecar config and Prometheus's data (default: a temporary "
                       "directory).")] = None,
+    replicas: Annotated[int | None, typer.Option(
+        min=1, max=16, help="Sidecar processes (default: the stack file's, 1). More than one "
+                            "share their state through a redis-server the stack starts, "
+                            "behind HAProxy when it is installed.")] = None,
 ) -> None:
     """Start the local stack (engines, sidecar, Prometheus) and keep it running for
     `locust -f scenarios/`; Ctrl-C stops it all."""
@@ -388,6 +392,8 @@ def up(
         raise typer.Exit(2) from None
     if prometheus is not None:
         spec = spec.model_copy(update={"prometheus": _prometheus_mode(prometheus)})
+    if replicas is not None:
+        spec = spec.model_copy(update={"replicas": replicas})
     where = directory or Path(tempfile.mkdtemp(prefix="weighbridge-up-"))
     try:
         with sigterm_as_interrupt(), LocalStack(
@@ -395,6 +401,13 @@ def up(
             urls = running.urls
             console.print(f"[bold]weighbridge stack {spec.name!r} is up[/] (Ctrl-C stops it)")
             console.print(f"  sidecar     {urls.sidecar}  (/metrics, /admin/state)")
+            if len(urls.replicas) > 1:
+                front = "HAProxy, round robin" if urls.sidecar not in urls.replicas else \
+                    "HAProxy not installed: send to each in turn"
+                console.print(f"    {len(urls.replicas)} replicas ({front}):")
+                for i, url in enumerate(urls.replicas):
+                    console.print(f"    sidecar-{i}  {url}")
+                console.print(f"  redis       {urls.redis or '(the sidecar config state)'}")
             for i, url in enumerate(urls.engines):
                 console.print(f"  engine-{i}    {url}")
             if urls.prometheus:

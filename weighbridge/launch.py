@@ -10,13 +10,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import resource
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -54,7 +56,8 @@ def _stop_all() -> None:  # pragma: no cover - safety net for crashed sessions
 
 @dataclass(eq=False)
 class ServerProcess:
-    """One child HTTP server. ``health_url`` answering 200 means it is ready."""
+    """One child server. ``health_url`` answering 200 means it is ready, or ``ready`` saying
+    so for a server that does not speak HTTP (Redis)."""
 
     name: str
     argv: Sequence[str]
@@ -66,6 +69,7 @@ class ServerProcess:
     log_path: Path | None = None  # default: a temporary file, kept for post-mortems
     startup_timeout_s: float = 60.0
     stop_timeout_s: float = 10.0  # after SIGTERM, before SIGKILL
+    ready: Callable[[], bool] | None = None  # instead of the HTTP health check
     startup_s: float | None = field(default=None, init=False)  # how long start() took
     _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
@@ -114,9 +118,13 @@ class ServerProcess:
                     raise LaunchError(
                         f"{self.name} exited with status {self._proc.returncode} before it "
                         f"became healthy; log {self.log_path}:\n{log_tail(self.log_path)}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if client.get(self.health_url).status_code == 200:
+                if self.ready is not None:
+                    if self.ready():
                         return
+                else:
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(self.health_url).status_code == 200:
+                            return
                 time.sleep(0.1)
         raise LaunchError(
             f"{self.name} not healthy at {self.health_url} after {self.startup_timeout_s:.0f} s;"
@@ -204,3 +212,85 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def redis_answers(host: str, port: int) -> bool:
+    """Whether a Redis server answers PING there (RESP over a plain socket: the base layer
+    does not depend on a Redis client)."""
+    try:
+        with socket.create_connection((host, port), timeout=1.0) as conn:
+            conn.sendall(b"PING\r\n")
+            return conn.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+def redis_process(directory: Path, name: str = "redis", host: str = "127.0.0.1",
+                  port: int | None = None) -> ServerProcess:
+    """A ``redis-server`` child (Debian's package) with its own directory and no
+    persistence, ready when it answers PING; stop and start it again on the same port, as an
+    outage is. ``url`` is ``redis://host:port/0``."""
+    path = shutil.which("redis-server")
+    if path is None:
+        raise LaunchError("redis-server not found on PATH: install Redis (Debian: apt-get "
+                          "install redis-server)")
+    port = port or free_port(host)
+    directory.mkdir(parents=True, exist_ok=True)
+    return ServerProcess(
+        name=name, url=f"redis://{host}:{port}/0",
+        argv=[path, "--port", str(port), "--bind", host, "--dir", str(directory),
+              "--save", "", "--appendonly", "no"],
+        ready=lambda: redis_answers(host, port), startup_timeout_s=20.0)
+
+
+def _haproxy_maxconn() -> int:
+    """As many connections as the open-files limit allows (HAProxy refuses to start when
+    maxconn needs more: each connection is two descriptors, plus its own)."""
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = 65_536 if hard == resource.RLIM_INFINITY else hard
+    return max(64, min(20_000, (limit - 64) // 2))
+
+
+def haproxy_config(port: int, backends: Sequence[str], host: str = "127.0.0.1") -> str:
+    """HAProxy in front of sidecar replicas: round robin, each checked on /healthz, streams
+    allowed to run long (the timeouts bound a silent connection, not a long answer)."""
+    servers = "\n".join(
+        f"  server replica-{i} {httpx.URL(url).host}:{httpx.URL(url).port} check inter 1s"
+        for i, url in enumerate(backends))
+    return f"""global
+  maxconn {_haproxy_maxconn()}
+
+defaults
+  mode http
+  timeout connect 2s
+  timeout client 600s
+  timeout server 600s
+  timeout http-request 60s
+
+frontend weighbridge
+  bind {host}:{port}
+  default_backend replicas
+
+backend replicas
+  balance roundrobin
+  option httpchk GET /healthz
+  retry-on conn-failure
+  retries 2
+  option redispatch
+{servers}
+"""
+
+
+def haproxy_process(backends: Sequence[str], directory: Path, host: str = "127.0.0.1",
+                    port: int | None = None) -> ServerProcess:
+    """An ``haproxy`` child (Debian's package) load-balancing ``backends``; healthy when a
+    replica answers /healthz through it."""
+    path = shutil.which("haproxy")
+    if path is None:
+        raise LaunchError("haproxy not found on PATH (Debian: apt-get install haproxy)")
+    port = port or free_port(host)
+    directory.mkdir(parents=True, exist_ok=True)
+    config = directory / "haproxy.cfg"
+    config.write_text(haproxy_config(port, backends, host))
+    return ServerProcess(name="haproxy", argv=[path, "-db", "-f", str(config)],
+                         url=f"http://{host}:{port}", health_path="/healthz")

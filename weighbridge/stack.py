@@ -16,6 +16,8 @@ Stack file layout::
       priority_scheduling: null   # the sidecar sends tier priorities (default: when the
                                   # engines run scheduling_policy: priority)
     sidecar: {...}                # the sidecar config (docs/sidecar.md) without `backends`
+    replicas: 1                   # sidecar processes; more than 1: they share their state
+                                  # through a redis-server the stack starts, behind HAProxy
     loadgen: {scenario: noisy_neighbour, tenants_file: tenants.yaml, exporter_port: 9646}
     prometheus: auto              # auto (when installed) | on | off
     ports: {sidecar: 8000, engines: 8001, prometheus: 9090}  # 0: any free port
@@ -24,6 +26,7 @@ Stack file layout::
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +44,8 @@ from weighbridge.launch import (
     ServerProcess,
     emulator_process,
     free_port,
+    haproxy_process,
+    redis_process,
     sidecar_process,
 )
 from weighbridge.prometheus import ScrapeTarget, binary, prometheus_process, rule_files
@@ -167,6 +172,10 @@ class StackSpec(_Model):
     name: str = "stack"
     engines: Engines = Field(default_factory=Engines)
     sidecar: dict[str, Any] = Field(default_factory=dict)
+    # Sidecar processes. Several share their state through a redis-server the stack starts
+    # (unless the sidecar section names its own `state`), behind HAProxy when it is
+    # installed, else reached at their own ports in turn (docs/sidecar.md, Several replicas).
+    replicas: int = Field(default=1, ge=1, le=16)
     loadgen: Loadgen = Field(default_factory=Loadgen)
     prometheus: PrometheusMode = "auto"
     ports: Ports = Field(default_factory=Ports)
@@ -255,6 +264,8 @@ class StackUrls:
     engines: tuple[str, ...]
     prometheus: str | None
     loadgen_exporter: str | None  # where Prometheus looks for the load generator
+    replicas: tuple[str, ...] = ()  # every sidecar process (``sidecar`` is their front)
+    redis: str | None = None  # the state replicas share, when the stack started it
 
     def locust_command(self, spec: StackSpec, *, headless: bool = False) -> list[str]:
         """The command that sends the stack's scenario through its sidecar."""
@@ -279,6 +290,10 @@ def _display_path(path: Path) -> str:
     return str(path) if relative.startswith("..") else relative
 
 
+def _haproxy_available() -> bool:
+    return shutil.which("haproxy") is not None
+
+
 def _prometheus_available() -> bool:
     try:
         binary("prometheus")
@@ -297,7 +312,10 @@ class LocalStack:
     host: str = "127.0.0.1"
     on_event: Callable[[str], None] | None = None  # progress messages ("engine-0 up")
     engines: list[ServerProcess] = field(default_factory=list, init=False)
-    sidecar: ServerProcess | None = field(default=None, init=False)
+    sidecar: ServerProcess | None = field(default=None, init=False)  # the first replica
+    replicas: list[ServerProcess] = field(default_factory=list, init=False)
+    redis: ServerProcess | None = field(default=None, init=False)
+    front: ServerProcess | None = field(default=None, init=False)  # HAProxy over replicas
     prometheus: ServerProcess | None = field(default=None, init=False)
 
     def _note(self, message: str) -> None:
@@ -327,13 +345,17 @@ class LocalStack:
             with ThreadPoolExecutor(max_workers=len(self.engines)) as pool:
                 for future in [pool.submit(p.start) for p in self.engines]:
                     future.result()
-            self._note("starting the sidecar")
             config = sidecar_config(spec, [p.url for p in self.engines])
-            self.sidecar = sidecar_process(config, name="sidecar", host=self.host,
-                                           port=self._port(ports.sidecar),
-                                           config_dir=self.directory)
-            self.sidecar.log_path = logs / "sidecar.log"
-            self.sidecar.start()
+            if spec.replicas == 1:
+                self._note("starting the sidecar")
+                self.sidecar = sidecar_process(config, name="sidecar", host=self.host,
+                                               port=self._port(ports.sidecar),
+                                               config_dir=self.directory)
+                self.sidecar.log_path = logs / "sidecar.log"
+                self.replicas = [self.sidecar]
+                self.sidecar.start()
+            else:
+                self._start_replicas(config, logs)
             if self.wants_prometheus:
                 self._note("starting Prometheus")
                 self.prometheus = self._prometheus_process()
@@ -343,9 +365,40 @@ class LocalStack:
             raise
         return self
 
+    def _start_replicas(self, config: dict[str, Any], logs: Path) -> None:
+        """Several sidecars sharing their state through Redis, behind HAProxy if installed."""
+        spec = self.spec
+        if "state" not in spec.sidecar:
+            self._note("starting Redis")
+            self.redis = redis_process(self.directory / "redis", host=self.host)
+            self.redis.log_path = logs / "redis.log"
+            self.redis.start()
+            config = {**config, "state": {"backend": "redis", "url": self.redis.url}}
+        self._note(f"starting {spec.replicas} sidecar replicas")
+        front_port = self._port(spec.ports.sidecar) if _haproxy_available() else 0
+        for i in range(spec.replicas):
+            # Without HAProxy, the first replica takes the stack's sidecar port.
+            port = free_port(self.host) if front_port or i else self._port(
+                spec.ports.sidecar)
+            proc = sidecar_process(config, name=f"sidecar-{i}", host=self.host, port=port,
+                                   config_dir=self.directory)
+            proc.log_path = logs / f"sidecar-{i}.log"
+            self.replicas.append(proc)
+        with ThreadPoolExecutor(max_workers=len(self.replicas)) as pool:
+            for future in [pool.submit(p.start) for p in self.replicas]:
+                future.result()
+        self.sidecar = self.replicas[0]
+        if front_port:
+            self._note("starting HAProxy")
+            self.front = haproxy_process([p.url for p in self.replicas],
+                                         self.directory / "haproxy", host=self.host,
+                                         port=front_port)
+            self.front.log_path = logs / "haproxy.log"
+            self.front.start()
+
     def _prometheus_process(self) -> ServerProcess:
         assert self.sidecar is not None
-        targets = [ScrapeTarget(JOB_SIDECAR, self.sidecar.url)]
+        targets = [ScrapeTarget(JOB_SIDECAR, p.url) for p in self.replicas]
         targets += [ScrapeTarget(JOB_ENGINES, p.url) for p in self.engines]
         exporter = self.loadgen_exporter_url
         if exporter is not None:
@@ -364,12 +417,15 @@ class LocalStack:
         if self.sidecar is None:
             raise LaunchError("the stack is not running")
         return StackUrls(
-            sidecar=self.sidecar.url, engines=tuple(p.url for p in self.engines),
+            sidecar=(self.front or self.sidecar).url,
+            engines=tuple(p.url for p in self.engines),
             prometheus=self.prometheus.url if self.prometheus else None,
-            loadgen_exporter=self.loadgen_exporter_url if self.prometheus else None)
+            loadgen_exporter=self.loadgen_exporter_url if self.prometheus else None,
+            replicas=tuple(p.url for p in self.replicas),
+            redis=self.redis.url if self.redis else None)
 
     def processes(self) -> list[ServerProcess]:
-        procs = [*self.engines, self.sidecar, self.prometheus]
+        procs = [*self.engines, self.redis, *self.replicas, self.front, self.prometheus]
         return [p for p in procs if p is not None]
 
     def dead(self) -> list[ServerProcess]:
@@ -382,8 +438,8 @@ class LocalStack:
         # its stop timeout). One by one, a sidecar draining its streams and two engines
         # draining theirs took 30 s or more to stop on a loaded machine, and a Ctrl-C'd demo
         # looked hung.
-        procs = [p for p in [self.prometheus, self.sidecar, *reversed(self.engines)]
-                 if p is not None]
+        procs = [p for p in [self.prometheus, self.front, *self.replicas,
+                             *reversed(self.engines), self.redis] if p is not None]
         for proc in procs:
             proc.signal(signal.SIGTERM)
         for proc in procs:
