@@ -46,7 +46,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sidecar.admission import (
@@ -94,6 +94,9 @@ class _Pool:
     # it empty; dropped when it dispatches with more queued (backlogged upstream). For
     # the derived, work-conserving headroom (GateLimits.headroom_always).
     light: dict[str, float]
+    # Other replicas' load on these backends, by tenant: (in flight, backlogged somewhere),
+    # from the shared state (sidecar.shared); empty when this process runs alone.
+    foreign: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,6 +285,26 @@ class SchedulingCore:
         return {(self.pool_id(pool.backends), tier, tenant): turns
                 for pool in self._pools.values()
                 for (tier, tenant), turns in pool.scheduler.take_booked().items()}
+
+    def local_load(self) -> dict[tuple[str, str], tuple[int, bool]]:
+        """(pool, tenant) -> (requests in flight, any queued) here: what other replicas
+        need for ``set_foreign_load``."""
+        out: dict[tuple[str, str], tuple[int, bool]] = {}
+        for pool in self._pools.values():
+            pid = self.pool_id(pool.backends)
+            for name, (inflight, queued) in pool.scheduler.active_load().items():
+                out[(pid, name)] = (inflight, queued > 0)
+        return out
+
+    def set_foreign_load(self, load: dict[tuple[str, str], tuple[int, bool]]) -> None:
+        """Every other replica's load, summed: (pool, tenant) -> (in flight, backlogged on
+        any of them). Replaces the previous; dispatch judges shares with it
+        (``_globally_fair``)."""
+        by_pool: dict[str, dict[str, tuple[int, bool]]] = {}
+        for (pid, tenant), value in load.items():
+            by_pool.setdefault(pid, {})[tenant] = value
+        for pool in self._pools.values():
+            pool.foreign = by_pool.get(self.pool_id(pool.backends), {})
 
     def queued_flows(self) -> list[tuple[str, str, str]]:
         """(pool, tier, tenant) of every tenant queue with requests waiting here: whose
@@ -504,10 +527,16 @@ class SchedulingCore:
         backend = self.router.pick(
             lambda name: name in verdicts and verdicts[name].mode in usable)
         if backend is not None:
-            request = scheduler.next(now, self._paced(backend, scheduler))
+            eligible = self._paced(backend, scheduler)
+            fair = self._globally_fair(pool, slots) if tenant_aware else None
+            if fair is not None:
+                paced = eligible
+                eligible = fair if paced is None else (
+                    lambda tenant: fair(tenant) and paced(tenant))
+            request = scheduler.next(now, eligible)
             if request is not None:
                 return self._dispatch(pool, request, backend, now, slots)
-            self.holds[("", "prefill_budget")] += 1
+            self.holds[("", "prefill_budget" if fair is None else "global_share")] += 1
         if tenant_aware:
             candidates = {name for name, v in verdicts.items() if v.mode == "headroom"}
             while candidates:
@@ -525,6 +554,46 @@ class SchedulingCore:
                 self.holds[(name, verdict.reason)] += 1
                 self.gates[name].holds[verdict.reason] += 1
         return None
+
+    def _globally_fair(self, pool: _Pool, slots: int) -> Callable[[str], bool] | None:
+        """With replicas sharing the backends (``set_foreign_load``): a tenant holding at
+        least its weighted share of the pool's slots across every replica waits while a
+        tenant of its tier, backlogged on another replica, holds less than its own share.
+        The slot it leaves goes to that replica's next dispatch: without this, each replica
+        takes what frees up in turn, and a tenant sending through one replica gets that
+        replica's part of the engine whatever its weight. None: no foreign load known."""
+        foreign = pool.foreign
+        if not foreign:
+            return None
+        scheduler, tenants = pool.scheduler, self.config.tenants
+        inflight: dict[str, int] = {}
+        active: set[str] = set()
+        for name, (count, backlogged) in foreign.items():
+            if name not in tenants:
+                continue
+            inflight[name] = count
+            if count or backlogged:
+                active.add(name)
+        for name, (here, _queued) in scheduler.active_load().items():
+            active.add(name)
+            inflight[name] = inflight.get(name, 0) + here
+        weight = {tier: sum(tenants[n].weight for n in active if tenants[n].tier == tier)
+                  for tier in {tenants[n].tier for n in active}}
+
+        def share(name: str) -> float:
+            spec = tenants[name]
+            return slots * spec.weight / weight[spec.tier] if weight.get(spec.tier) else slots
+
+        starved = {tenants[n].tier for n, (_, backlogged) in foreign.items()
+                   if backlogged and n in tenants and n in active
+                   and inflight.get(n, 0) < share(n)}
+        if not starved:
+            return None
+
+        def fair(name: str) -> bool:
+            return tenants[name].tier not in starved or inflight.get(name, 0) < share(name)
+
+        return fair
 
     def _paced(self, backend: str, scheduler: Scheduler) -> Callable[[str], bool] | None:
         """Prefill pacing on ``backend``: a tenant with that many prompt tokens still in

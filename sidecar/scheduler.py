@@ -135,6 +135,7 @@ class Scheduler:
         self._fifo: list[tuple[int, QueuedRequest]] = []
         self._queued_tokens = 0
         self._booked: dict[tuple[str, str], float] | None = None  # share_service()
+        self._active: set[str] = set()  # tenants with requests queued or in flight
         self._active_weight = 0.0
         self._active_tenants = 0
 
@@ -412,6 +413,11 @@ class Scheduler:
             self._booked = {}
         return taken
 
+    def active_load(self) -> dict[str, tuple[int, int]]:
+        """Tenant -> (in flight, queued), for the tenants with either."""
+        return {name: (t.inflight, t.queued) for name in self._active
+                if (t := self._tenants[name]).active}
+
     def queued_flows(self) -> list[tuple[str, str]]:
         """(tier, tenant) of every tenant queue with requests waiting."""
         return [(tier, t.name) for t in self._tenants.values() if t.queued
@@ -563,6 +569,10 @@ class Scheduler:
         if active == tenant.active:
             return
         tenant.active = active
+        if active:
+            self._active.add(tenant.name)
+        else:
+            self._active.discard(tenant.name)
         self._active_tenants += 1 if active else -1
         if self._active_tenants == 0:
             self._active_weight = 0.0

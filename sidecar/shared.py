@@ -137,6 +137,41 @@ end
 return out
 """
 
+# KEYS[1]: the replicas' sorted set, KEYS[2]: this replica's load hash; ARGV[1]: this
+# replica's id, ARGV[2]: the load's expiry in ms, ARGV[3]: the prefix of every replica's load
+# hash, then (field, "in flight,backlogged") pairs. Stores this replica's load and returns
+# the others', summed: (field, in flight, replicas where backlogged) triples.
+_LOAD = """
+redis.call('DEL', KEYS[2])
+for i = 4, #ARGV, 2 do redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1]) end
+if #ARGV >= 4 then redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[2])) end
+local totals, order = {}, {}
+for _, member in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  if member ~= ARGV[1] then
+    local flat = redis.call('HGETALL', ARGV[3] .. member)
+    for j = 1, #flat, 2 do
+      local comma = string.find(flat[j + 1], ',', 1, true)
+      local inflight = tonumber(string.sub(flat[j + 1], 1, comma - 1))
+      local backlogged = tonumber(string.sub(flat[j + 1], comma + 1))
+      local t = totals[flat[j]]
+      if not t then
+        t = {0, 0}
+        totals[flat[j]] = t
+        order[#order + 1] = flat[j]
+      end
+      t[1], t[2] = t[1] + inflight, t[2] + backlogged
+    end
+  end
+end
+local out = {}
+for _, f in ipairs(order) do
+  out[#out + 1] = f
+  out[#out + 1] = totals[f][1]
+  out[#out + 1] = totals[f][2]
+end
+return out
+"""
+
 # KEYS[1]: the replicas' sorted set; ARGV: this replica's id, expiry in s. Returns N.
 _HEARTBEAT = """
 local t = redis.call('TIME')
@@ -201,6 +236,8 @@ class SharedState:
         self._adjust = self._redis.register_script(_ADJUST)
         self._estimates = self._redis.register_script(_ESTIMATES)
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
+        self._load = self._redis.register_script(_LOAD)
+        self._load_prefix = "{" + prefix + "}:load:"
         self._pending: list[_Pending] = []
         # The last total read per (pool, tier, tenant), and in which sync: a total not read
         # in the sync before is a new baseline (service elsewhere while the tenant had
@@ -329,7 +366,13 @@ class SharedState:
         if not self.up:
             # Service and estimates while down stay this replica's own: when Redis is back,
             # the others judge from its totals as they stand then.
+            core.set_foreign_load({})
             return
+        load_args: list[str | float] = [
+            self.replica_id, HEARTBEATS_TO_EXPIRE * self.config.heartbeat_ms,
+            self._load_prefix]
+        for (pool, tenant), (inflight, backlogged) in core.local_load().items():
+            load_args += [_field(pool, tenant), f"{inflight},{int(backlogged)}"]
         wanted = sorted(set(booked) | set(core.queued_flows()))
         pending, self._pending = self._pending, []
         try:
@@ -341,6 +384,9 @@ class SharedState:
                         pipe.hincrbyfloat(self._served_key, _field(*key), turns)
                     if wanted:
                         pipe.hmget(self._served_key, [_field(*key) for key in wanted])
+                    await self._load(keys=[self._replicas_key,
+                                           self._load_prefix + self.replica_id],
+                                     args=load_args, client=pipe)
                     if observations:
                         args: list[str | float] = [core.estimator.alpha]
                         for tenant, endpoint, tokens in observations:
@@ -365,6 +411,11 @@ class SharedState:
                     foreign = now_total - last[1] - booked.get(key, 0.0)
                     if abs(foreign) > 1e-9:
                         core.charge_foreign(*key, foreign)
+        foreign = results.pop(0)
+        core.set_foreign_load({
+            (pool, tenant): (int(foreign[i + 1]), int(foreign[i + 2]) > 0)
+            for i in range(0, len(foreign), 3)
+            for pool, tenant in [_unfield(foreign[i])]})
         if observations:
             shared = results.pop(0)
             for i in range(0, len(shared), 2):
