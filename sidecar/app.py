@@ -34,6 +34,7 @@ from sidecar.request import QueuedRequest
 from sidecar.shared import SharedState, SharedStateCollector
 from sidecar.stability import StabilityMeter
 from sidecar.tracing import NO_TRACE, RequestTracing, Trace
+from sidecar.upstream import Upstream
 from weighbridge import headers as headers_
 from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
@@ -107,7 +108,8 @@ class Sidecar:
         self.clock = clock
         self.core = SchedulingCore(config)
         self.pool: BackendPool | None = None
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # scrapes, probes, model lists
+        self.upstream: Upstream | None = None  # the relayed requests (sidecar.upstream)
         self.stability = StabilityMeter()
         # State shared with other replicas (sidecar.shared); None: this process alone.
         self.shared = (SharedState(config.state, self.core, clock=clock)
@@ -137,6 +139,7 @@ class Sidecar:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
                                          keepalive_timeout=UPSTREAM_KEEPALIVE_S)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        self.upstream = Upstream(keepalive_s=UPSTREAM_KEEPALIVE_S)
         self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock,
                                 on_sample=self._on_sample)
         self.metrics = self._metrics(self.pool)
@@ -154,6 +157,7 @@ class Sidecar:
                 await self.shared.stop()
             await self.pool.stop()
             await self.session.close()
+            await self.upstream.close()
             if self.tracing is not None:
                 # Flushes buffered spans over HTTP: blocking, so off the loop.
                 await asyncio.to_thread(self.tracing.shutdown)
@@ -168,11 +172,13 @@ class Sidecar:
                                        sample.prompt_tokens_total + sample.generation_tokens_total)
 
     async def _tick(self) -> None:
-        # Gates reopen with time alone (metrics go stale, the fallback cap applies).
+        # Gates reopen with time alone (metrics go stale, the fallback cap applies). Every
+        # queued request has a waiter: with none, there is nothing a pass could dispatch.
         while True:
             await asyncio.sleep(self.core.poll_period_s())
             self.stability.sample(self.clock())
-            self.wake()
+            if self._waiters:
+                self.wake()
 
     # -- the dispatcher ---------------------------------------------------------------------------
 
@@ -524,7 +530,7 @@ class Sidecar:
                 headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
                 headers_.BACKEND: dispatch.backend,
             }
-            assert self.pool is not None and self.session is not None
+            assert self.pool is not None and self.upstream is not None
             first = True
             url = self.pool.url(dispatch.backend, endpoint)
             upstream_headers: dict[str, str] = {}
@@ -542,7 +548,7 @@ class Sidecar:
 
             try:
                 response, outcome = await relay(
-                    self.session, url, orjson.dumps(forwarded), request, headers,
+                    self.upstream, url, orjson.dumps(forwarded), request, headers,
                     stream=stream, strip_usage_chunk=not client_wants_usage,
                     on_content=on_content, clock=self.clock, upstream_headers=upstream_headers)
             except BackendUnavailable as e:

@@ -166,7 +166,8 @@ class BackendPool:
             ) as response:
                 if response.status != 200:
                     raise ScrapeError(f"status {response.status}")
-                text = await response.text()
+                # UTF-8 as the exposition format says: no charset sniffing per scrape.
+                text = (await response.read()).decode()
             sample = parse_vllm_metrics(text, sent)
         except (TimeoutError, aiohttp.ClientError, OSError, ScrapeError, UnicodeDecodeError) as e:
             # No call into the core: the last sample goes stale and the fallback cap applies.

@@ -15,9 +15,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-import aiohttp
 import orjson
 from aiohttp import web
+
+from sidecar.upstream import Upstream, UpstreamConnectError, UpstreamError, UpstreamResponse
 
 # Response headers that describe the backend's connection, not the content.
 _HOP_BY_HOP = frozenset({
@@ -99,7 +100,7 @@ def error_event(message: str, code: str = BACKEND_FAILED) -> bytes:
 
 
 async def relay(
-    session: aiohttp.ClientSession,
+    upstream: Upstream,
     url: str,
     body: bytes,
     request: web.Request,
@@ -109,7 +110,6 @@ async def relay(
     strip_usage_chunk: bool,
     on_content: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
-    timeout_s: float | None = None,
     upstream_headers: Mapping[str, str] | None = None,
 ) -> tuple[web.StreamResponse, RelayOutcome]:
     """POST ``body`` to ``url`` and relay the answer to ``request``'s client.
@@ -123,50 +123,48 @@ async def relay(
     aborts the backend's request. ``upstream_headers`` go to the backend besides the
     content type (the trace context); the client's own headers never do.
     """
-    upstream = await _post(session, url, body, timeout_s, upstream_headers)
+    answer = await _post(upstream, url, body, upstream_headers)
     complete = False
     try:
-        headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = {k: v for k, v in answer.headers if k.lower() not in _HOP_BY_HOP}
         headers.update(extra_headers)
-        if stream and upstream.status == 200 and upstream.content_type == "text/event-stream":
-            response, outcome = await _relay_stream(upstream, request, headers,
+        if stream and answer.status == 200 and answer.content_type == "text/event-stream":
+            response, outcome = await _relay_stream(answer, request, headers,
                                                     strip_usage_chunk, on_content, clock)
             complete = not (outcome.broken or outcome.client_gone)
         else:
-            response, outcome = await _relay_whole(upstream, headers, clock)
+            response, outcome = await _relay_whole(answer, headers, clock)
             complete = True
         return response, outcome
     finally:
         # Closing (not releasing) an unfinished upstream drops its connection, which is how
         # the backend learns the client went away and aborts the sequence.
         if complete:
-            upstream.release()
+            answer.release()
         else:
-            upstream.close()
+            answer.close()
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: bytes, timeout_s: float | None,
-                upstream_headers: Mapping[str, str] | None) -> aiohttp.ClientResponse:
-    """The backend's response, its headers read; the two exceptions say whether the request
+async def _post(upstream: Upstream, url: str, body: bytes,
+                upstream_headers: Mapping[str, str] | None) -> UpstreamResponse:
+    """The backend's response, its head read; the two exceptions say whether the request
     may be retried elsewhere."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=5.0)
     try:
-        return await session.post(url, data=body, timeout=timeout,
-                                  headers={**(upstream_headers or {}),
-                                           "content-type": "application/json"})
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
-        raise BackendUnavailable(f"{type(e).__name__}: {e}") from e
-    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        return await upstream.request("POST", url, body, {**(upstream_headers or {}),
+                                                          "Content-Type": "application/json"})
+    except UpstreamConnectError as e:
+        raise BackendUnavailable(str(e)) from e
+    except (UpstreamError, OSError) as e:
         raise BackendFailed(f"{type(e).__name__}: {e}") from e
 
 
-async def _relay_whole(upstream: aiohttp.ClientResponse, headers: dict[str, str],
+async def _relay_whole(upstream: UpstreamResponse, headers: dict[str, str],
                        clock: Callable[[], float]) -> tuple[web.Response, RelayOutcome]:
     """A whole answer (not streamed, or the backend's error answer to a streamed request),
     passed on as one response; usage read from a successful one."""
     try:
         payload = await upstream.read()
-    except (TimeoutError, aiohttp.ClientError, OSError) as e:
+    except (UpstreamError, OSError) as e:
         raise BackendFailed(f"{type(e).__name__}: {e}") from e
     usage = None
     if upstream.status == 200:
@@ -178,7 +176,7 @@ async def _relay_whole(upstream: aiohttp.ClientResponse, headers: dict[str, str]
     return response, RelayOutcome(upstream.status, usage, clock() if usage else None, 0)
 
 
-async def _relay_stream(upstream: aiohttp.ClientResponse, request: web.Request,
+async def _relay_stream(upstream: UpstreamResponse, request: web.Request,
                         headers: dict[str, str], strip_usage_chunk: bool,
                         on_content: Callable[[int], None] | None,
                         clock: Callable[[], float]) -> tuple[web.StreamResponse, RelayOutcome]:
@@ -192,7 +190,7 @@ async def _relay_stream(upstream: aiohttp.ClientResponse, request: web.Request,
         await response.prepare(request)
         buffer = b""
         try:
-            async for data in upstream.content.iter_any():
+            async for data in upstream.pieces():
                 buffer += data
                 end = buffer.rfind(b"\n\n")
                 if end < 0:
@@ -206,7 +204,7 @@ async def _relay_stream(upstream: aiohttp.ClientResponse, request: web.Request,
                 await _forward(buffer, response, outcome, strip_usage_chunk, on_content, clock)
         except ConnectionResetError:
             raise  # writing to the client failed: the client is gone, not the backend
-        except (TimeoutError, aiohttp.ClientError, OSError) as e:
+        except (UpstreamError, OSError) as e:
             outcome.broken = True
             outcome.error = f"{type(e).__name__}: {e}"
         if outcome.broken or (outcome.usage is None and not outcome.content_chunks):

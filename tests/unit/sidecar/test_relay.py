@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -16,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sidecar.proxy import RelayOutcome, relay
+from sidecar.upstream import Upstream
 
 
 def chunk(text: str) -> bytes:
@@ -57,11 +57,14 @@ async def relayed(pieces: list[bytes], client_wants_usage: bool
     counts: list[int] = []
 
     async def front(request: web.Request) -> web.StreamResponse:
-        async with aiohttp.ClientSession() as session:
+        pool = Upstream()
+        try:
             response, outcome = await relay(
-                session, str(upstream.make_url("/v1/completions")), b"{}", request, {},
+                pool, str(upstream.make_url("/v1/completions")), b"{}", request, {},
                 stream=True, strip_usage_chunk=not client_wants_usage,
                 on_content=counts.append)
+        finally:
+            await pool.close()
         outcomes.append(outcome)
         return response
 

@@ -1,0 +1,435 @@
+"""The relay's HTTP/1.1 client to its backends: a pool of keep-alive connections, each an
+``asyncio.Protocol`` that parses the response itself.
+
+Why not aiohttp's client (which the sidecar still uses for scrapes, probes and model
+listings): per proxied request it builds a URL object, a request object, header multidicts,
+timers and a response object, and per body piece it wakes a stream reader through a future.
+That was about a fifth of the sidecar's CPU per streamed request (issue 17, profile in
+docs/sidecar-performance.md). Here a request is one ``write`` of preformatted bytes, the
+response's status line and headers are split once, and the body's chunked framing is undone
+in ``data_received``; the relay's task wakes once per read from the backend.
+
+Only what the relay needs: ``POST``/``GET`` with a body of known length, responses framed by
+``Content-Length``, chunked transfer coding or the end of the connection, no
+``Expect: 100-continue``, no content coding asked for (no ``Accept-Encoding``: the backend
+answers in identity, which is what the relay passes on). A connection goes back to the pool
+only after a complete response the server did not mark ``Connection: close``; idle ones are
+dropped after ``keepalive_s`` (before the backend drops them: vLLM's uvicorn closes idle
+keep-alive connections after 5 s, and a request written on a connection the server is
+closing fails as if the backend had died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import cast
+from urllib.parse import urlsplit
+
+# Buffered body bytes above which the backend's socket is not read until the relay caught
+# up (the client reads slower than the backend writes).
+HIGH_WATER = 1 << 16
+MAX_HEAD = 1 << 16  # status line and headers: more is not a backend we talk to
+
+
+class UpstreamConnectError(Exception):
+    """The connection could not be made (refused, unreachable, connect timeout): the request
+    never left the sidecar."""
+
+
+class UpstreamError(Exception):
+    """The backend broke the exchange after the connection was made (it closed the
+    connection early, or sent what is not HTTP/1.1)."""
+
+
+class _Connection(asyncio.Protocol):
+    """One connection to a backend and the response being read on it."""
+
+    def __init__(self, pool: Upstream, key: tuple[str, int]) -> None:
+        self.pool = pool
+        self.key = key
+        self.transport: asyncio.Transport | None = None
+        self.idle_since = 0.0
+        self.closed = False
+        self._response: UpstreamResponse | None = None
+
+    # -- asyncio.Protocol --------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport instances, but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        response = self._response
+        if response is None:  # bytes nobody asked for: not a connection to reuse
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()
+            return
+        response._feed(data)
+
+    def eof_received(self) -> bool:
+        return False  # close our side too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self._response is not None:
+            self._response._lost(exc)
+
+    # -- use -----------------------------------------------------------------------------------
+
+    def start(self, request: bytes) -> UpstreamResponse:
+        assert self.transport is not None
+        response = UpstreamResponse(self)
+        self._response = response
+        self.transport.write(request)
+        return response
+
+    def finished(self, reusable: bool) -> None:
+        self._response = None
+        if reusable and not self.closed and self.transport is not None \
+                and not self.transport.is_closing():
+            self.pool._put(self)
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        self.closed = True
+        self._response = None
+        if self.transport is not None:
+            self.transport.abort()
+
+
+# Parser states of the body.
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class UpstreamResponse:
+    """A backend's response: its head once :meth:`head` returned, then its body, whole
+    (:meth:`read`) or as it arrives (:meth:`pieces`). End it with :meth:`release` (the body
+    was read to its end) or :meth:`close` (drops the connection, which tells the backend
+    the client is gone)."""
+
+    __slots__ = ("_body", "_buffer", "_conn", "_error", "_head", "_keep_alive", "_left",
+                 "_paused", "_size", "_state", "_waiter", "content_type", "headers", "status")
+
+    def __init__(self, conn: _Connection) -> None:
+        self._conn = conn
+        self._state = _HEAD
+        self._head = b""  # head bytes until the blank line
+        self._buffer = b""  # framing bytes not yet parsed (chunk sizes split across reads)
+        self._body: list[bytes] = []  # decoded body bytes not yet taken
+        self._size = 0
+        self._left = 0  # bytes left of the body (Content-Length) or of the chunk
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._keep_alive = True
+        self._paused = False
+        self.status = 0
+        self.headers: list[tuple[str, str]] = []
+        self.content_type = ""
+
+    # -- fed by the connection -------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            if self._state == _HEAD:
+                data = self._parse_head(data)
+                if self._state == _HEAD:
+                    return
+                self._wake()  # the head is there
+            if data:
+                self._parse_body(data)
+        except UpstreamError as e:
+            self._error = e
+            self._conn.abort()
+        if self._body or self._state == _DONE:
+            self._wake()
+        if self._size > HIGH_WATER and not self._paused and self._conn.transport is not None:
+            self._paused = True
+            self._conn.transport.pause_reading()
+
+    def _lost(self, exc: Exception | None) -> None:
+        if self._state == _UNTIL_CLOSE:
+            self._state = _DONE
+        elif self._state != _DONE and self._error is None:
+            what = f": {exc}" if exc else ""
+            self._error = UpstreamError(
+                "the backend closed the connection before the response ended" + what
+                if self._state != _HEAD else
+                "the backend closed the connection before answering" + what)
+        self._wake()
+
+    def _parse_head(self, data: bytes) -> bytes:
+        head = self._head + data
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(head) > MAX_HEAD:
+                raise UpstreamError("response head too large")
+            self._head = head
+            return b""
+        self._head = b""
+        lines = head[:end].decode("latin-1").split("\r\n")
+        version, _, rest = lines[0].partition(" ")
+        code = rest[:3]
+        if not version.startswith("HTTP/1.") or not code.isdigit():
+            raise UpstreamError(f"not an HTTP/1.1 response: {lines[0][:80]!r}")
+        self.status = int(code)
+        length: int | None = None
+        chunked = False
+        keep_alive = version == "HTTP/1.1"
+        headers = self.headers
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise UpstreamError(f"malformed header line {line[:80]!r}")
+            value = value.strip()
+            headers.append((name, value))
+            lower = name.lower()
+            if lower == "content-length":
+                if not value.isdigit():
+                    raise UpstreamError(f"bad Content-Length {value[:40]!r}")
+                length = int(value)
+            elif lower == "transfer-encoding":
+                chunked = value.lower().endswith("chunked")
+            elif lower == "content-type":
+                self.content_type = value.partition(";")[0].strip().lower()
+            elif lower == "connection":
+                tokens = {t.strip().lower() for t in value.split(",")}
+                if "close" in tokens:
+                    keep_alive = False
+                elif "keep-alive" in tokens:
+                    keep_alive = True
+        self._keep_alive = keep_alive
+        if self.status in (204, 304) or 100 <= self.status < 200:
+            self._state = _DONE
+        elif chunked:
+            self._state = _CHUNK_SIZE
+        elif length is not None:
+            self._left = length
+            self._state = _LENGTH if length else _DONE
+        else:
+            self._keep_alive = False
+            self._state = _UNTIL_CLOSE
+        return head[end + 4:]
+
+    def _take(self, piece: bytes) -> None:
+        self._body.append(piece)
+        self._size += len(piece)
+
+    def _parse_body(self, data: bytes) -> None:
+        state = self._state
+        if state == _LENGTH:
+            if len(data) >= self._left:
+                self._take(data[: self._left])
+                self._left = 0
+                self._state = _DONE
+            else:
+                self._take(data)
+                self._left -= len(data)
+            return
+        if state == _UNTIL_CLOSE:
+            self._take(data)
+            return
+        if state == _DONE:
+            self._keep_alive = False  # bytes after the response: do not reuse
+            return
+        buffer = self._buffer + data if self._buffer else data
+        self._buffer = b""
+        pos, n = 0, len(buffer)
+        while pos < n:
+            if state == _CHUNK_SIZE:
+                eol = buffer.find(b"\r\n", pos)
+                if eol < 0:
+                    if n - pos > 1024:
+                        raise UpstreamError("chunk size line too long")
+                    self._buffer = buffer[pos:]
+                    break
+                line = buffer[pos:eol].partition(b";")[0].strip()
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    raise UpstreamError(f"bad chunk size {line[:20]!r}") from None
+                pos = eol + 2
+                if size == 0:
+                    state = _TRAILER
+                else:
+                    self._left = size
+                    state = _CHUNK_DATA
+            elif state == _CHUNK_DATA:
+                take = min(self._left, n - pos)
+                self._take(buffer[pos:pos + take] if take < n or pos else buffer)
+                pos += take
+                self._left -= take
+                if not self._left:
+                    state = _CHUNK_CRLF
+            elif state == _CHUNK_CRLF:
+                if n - pos < 2:
+                    self._buffer = buffer[pos:]
+                    break
+                if buffer[pos:pos + 2] != b"\r\n":
+                    raise UpstreamError("chunk not followed by CRLF")
+                pos += 2
+                state = _CHUNK_SIZE
+            elif state == _TRAILER:
+                eol = buffer.find(b"\r\n", pos)
+                if eol < 0:
+                    self._buffer = buffer[pos:]
+                    break
+                if eol == pos:  # the blank line ending the trailer: the response is whole
+                    state = _DONE
+                    if eol + 2 < n:
+                        self._keep_alive = False
+                    break
+                pos = eol + 2
+            else:  # pragma: no cover
+                break
+        self._state = state
+
+    # -- read by the relay -----------------------------------------------------------------------
+
+    async def _wait(self) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiter = waiter
+        try:
+            await waiter
+        finally:
+            self._waiter = None
+
+    async def head(self) -> None:
+        """Wait for the status line and headers."""
+        while self._state == _HEAD and self._error is None:
+            await self._wait()
+        if self._state == _HEAD and self._error is not None:
+            raise self._error
+
+    def _drain(self) -> bytes:
+        body = self._body
+        out = body[0] if len(body) == 1 else b"".join(body)
+        body.clear()
+        self._size = 0
+        if self._paused and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
+        return out
+
+    async def pieces(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: what each wake-up found, joined. Raises
+        :class:`UpstreamError` if the backend broke off."""
+        while True:
+            if self._body:
+                yield self._drain()
+            elif self._state == _DONE:
+                return
+            elif self._error is not None:
+                raise self._error
+            else:
+                await self._wait()
+
+    async def read(self) -> bytes:
+        parts = [piece async for piece in self.pieces()]
+        return b"".join(parts)
+
+    @property
+    def complete(self) -> bool:
+        return self._state == _DONE and self._error is None
+
+    def release(self) -> None:
+        """The exchange is over: the connection goes back to the pool if it may."""
+        self._conn.finished(self.complete and self._keep_alive)
+
+    def close(self) -> None:
+        """Drop the connection (the backend sees the client go)."""
+        self._conn.abort()
+
+
+class Upstream:
+    """Keep-alive connections to backends, by host and port."""
+
+    def __init__(self, keepalive_s: float = 4.0, connect_timeout_s: float = 5.0) -> None:
+        self.keepalive_s = keepalive_s
+        self.connect_timeout_s = connect_timeout_s
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._targets: dict[str, tuple[str, int, str, bytes]] = {}
+        self._closed = False
+
+    def _target(self, url: str) -> tuple[str, int, str, bytes]:
+        """(host, port, path, Host header line) of ``url``, parsed once per URL."""
+        target = self._targets.get(url)
+        if target is None:
+            parts = urlsplit(url)
+            if parts.scheme != "http" or parts.hostname is None:
+                raise UpstreamConnectError(f"unsupported backend URL {url!r} (http:// only)")
+            port = parts.port or 80
+            path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+            target = (parts.hostname, port, path, f"Host: {host}:{port}\r\n".encode())
+            if len(self._targets) < 1024:
+                self._targets[url] = target
+        return target
+
+    def _put(self, conn: _Connection) -> None:
+        if self._closed:
+            conn.abort()
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, []).append(conn)
+
+    def _get(self, key: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        now = time.monotonic()
+        while idle:
+            conn = idle.pop()  # the most recently used: the least likely to be closing
+            if conn.closed or conn.transport is None or conn.transport.is_closing() \
+                    or now - conn.idle_since > self.keepalive_s:
+                conn.abort()
+                continue
+            return conn
+        return None
+
+    async def _connect(self, host: str, port: int) -> _Connection:
+        loop = asyncio.get_running_loop()
+        key = (host, port)
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(lambda: _Connection(self, key),
+                                                       host, port)
+        except TimeoutError as e:
+            raise UpstreamConnectError(f"connect to {host}:{port} timed out") from e
+        except OSError as e:
+            raise UpstreamConnectError(f"{type(e).__name__}: {e}") from e
+        return conn
+
+    async def request(self, method: str, url: str, body: bytes = b"",
+                      headers: Mapping[str, str] | None = None) -> UpstreamResponse:
+        """Send the request; returns once the response's head is read. Raises
+        :class:`UpstreamConnectError` before anything was sent, :class:`UpstreamError`
+        after."""
+        host, port, path, host_line = self._target(url)
+        conn = self._get((host, port)) or await self._connect(host, port)
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
+        head = (f"{method} {path} HTTP/1.1\r\n".encode() + host_line
+                + f"{extra}Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))
+        response = conn.start(head + body)
+        try:
+            await response.head()
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    async def close(self) -> None:
+        self._closed = True
+        for conns in self._idle.values():
+            for conn in conns:
+                conn.abort()
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports' connection_lost run
