@@ -577,12 +577,20 @@ class SchedulingCore:
         for name, (here, _queued) in scheduler.active_load().items():
             active.add(name)
             inflight[name] = inflight.get(name, 0) + here
-        weight = {tier: sum(tenants[n].weight for n in active if tenants[n].tier == tier)
-                  for tier in {tenants[n].tier for n in active}}
+        weight: dict[str, float] = {}
+        held: dict[str, int] = {}  # in flight per tier, every replica
+        for name in active:
+            tier = tenants[name].tier
+            weight[tier] = weight.get(tier, 0.0) + tenants[name].weight
+            held[tier] = held.get(tier, 0) + inflight.get(name, 0)
 
         def share(name: str) -> float:
+            # Of the slots, or of what the tier holds when the replicas together hold more
+            # (each gates on its own in-flight count, so together they may exceed one
+            # engine's slots while its waiting queue is short).
             spec = tenants[name]
-            return slots * spec.weight / weight[spec.tier] if weight.get(spec.tier) else slots
+            total = max(slots, held.get(spec.tier, 0))
+            return total * spec.weight / weight[spec.tier] if weight.get(spec.tier) else total
 
         starved = {tenants[n].tier for n, (_, backlogged) in foreign.items()
                    if backlogged and n in tenants and n in active

@@ -1,0 +1,171 @@
+"""Three sidecar replicas sharing their state through a real redis-server, in front of one
+emulated engine, as separate processes on loopback (issue 15's acceptance): limits hold
+globally, a tenant's share is judged across replicas, a Redis outage costs no request and
+no ledger entry, and a replica killed mid-run leaves the others' clients untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.support.ledger import settled
+from tests.support.metrics import scrape
+from tests.support.redis import RedisServer
+from tests.support.stack import auth, completion, start_emulator, start_sidecar, tenant
+from tests.support.wait import wait_for
+from weighbridge.launch import ServerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+# Requests per minute of the global-limit tenant: a bucket of 120, refilled at 2 per second.
+RPM = 120
+# Tokens per minute of the token-limit tenant, and each of its requests' exact cost: a 4-token
+# prompt and 16 tokens of output, which the endpoint's initial estimate also says.
+TPM, TOKENS_PER_REQUEST = 2_400, 20
+
+
+@dataclass
+class Fleet:
+    redis: RedisServer
+    replicas: list[ServerProcess]
+    engine: ServerProcess
+
+    @property
+    def urls(self) -> list[str]:
+        return [r.url for r in self.replicas]
+
+
+@pytest.fixture(scope="module")
+def fleet(processes: contextlib.ExitStack) -> Iterator[Fleet]:
+    redis_server = processes.enter_context(RedisServer())
+    engine = start_emulator(processes, max_num_seqs=64, num_kv_blocks=4096,
+                            max_num_batched_tokens=2048)
+    config = {
+        "tenants": {
+            "limited": tenant("standard", "sk-limited", limits={"requests_per_minute": RPM}),
+            "tokens": tenant("standard", "sk-tokens", limits={"tokens_per_minute": TPM}),
+            "restart": tenant("standard", "sk-restart", limits={"requests_per_minute": 30}),
+            "steady": tenant("standard", "sk-steady"),
+        },
+        "endpoints": {"/v1/completions": {"initial_output_estimate": 16}},
+        "backends": [{"url": engine.url}],
+        "state": {"backend": "redis", "url": redis_server.url, "timeout_ms": 50,
+                  "sync_ms": 50, "heartbeat_ms": 200},
+    }
+    replicas = [start_sidecar(processes, config) for _ in range(3)]
+    fleet = Fleet(redis_server, replicas, engine)
+    wait_for(lambda: all(scrape(u).value("weighbridge_shared_state_replicas") == 3
+                         for u in fleet.urls) or None, 10, what="3 replicas registered")
+    yield fleet
+
+
+async def hammer(urls: list[str], key: str, rate: float, duration_s: float,
+                 body: dict[str, object]) -> tuple[Counter[int], float]:
+    """``rate`` requests a second for ``duration_s``, round-robin over ``urls``; the statuses,
+    and the seconds from the first send to the last."""
+    statuses: Counter[int] = Counter()
+    targets = itertools.cycle(urls)
+    async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=200)) as c:
+        async def one(url: str) -> None:
+            response = await c.post(url + "/v1/completions", json=body, headers=auth(key))
+            statuses[response.status_code] += 1
+
+        start = time.monotonic()
+        tasks = []
+        n = int(rate * duration_s)
+        for i in range(n):
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(next(targets))))
+        elapsed = time.monotonic() - start
+        await asyncio.gather(*tasks)
+    return statuses, elapsed
+
+
+def test_requests_per_minute_hold_globally(fleet: Fleet) -> None:
+    statuses, elapsed = asyncio.run(hammer(fleet.urls, "sk-limited", 60, 5, completion(1)))
+    assert set(statuses) <= {200, 429}, statuses
+    # The bucket's whole capacity at once, then its refill over the run: once, not per replica.
+    allowed = RPM + RPM / 60 * elapsed
+    assert statuses[200] == pytest.approx(allowed, rel=0.02), (statuses, elapsed)
+    for url in fleet.urls:
+        settled(url)
+
+
+def test_tokens_per_minute_hold_globally(fleet: Fleet) -> None:
+    body = completion(16, prompt_tokens=4)
+    statuses, elapsed = asyncio.run(hammer(fleet.urls, "sk-tokens", 60, 5, body))
+    assert set(statuses) <= {200, 429}, statuses
+    allowed = (TPM + TPM / 60 * elapsed) / TOKENS_PER_REQUEST
+    assert statuses[200] == pytest.approx(allowed, rel=0.02), (statuses, elapsed)
+    for url in fleet.urls:
+        settled(url)
+
+
+def test_redis_stopped_and_restarted_mid_run(fleet: Fleet) -> None:
+    async def run() -> Counter[int]:
+        load = asyncio.ensure_future(hammer(fleet.urls, "sk-steady", 30, 6, completion(4)))
+        await asyncio.sleep(1.5)
+        fleet.redis.stop()
+        await asyncio.sleep(2)
+        fleet.redis.start()
+        statuses, _ = await load
+        return statuses
+
+    statuses = asyncio.run(run())
+    assert statuses == Counter({200: statuses[200]}), statuses  # no 5xx, nothing refused
+    for url in fleet.urls:
+        settled(url)  # each replica's ledger adds up
+    wait_for(lambda: all(scrape(u).value("weighbridge_shared_state_up") == 1
+                         for u in fleet.urls) or None, 10, what="Redis reachable again")
+    # Global again: 30 per minute across the three, not 30 (or 10) each.
+    burst, _ = asyncio.run(hammer(fleet.urls, "sk-restart", 40, 1, completion(1)))
+    assert burst[200] == pytest.approx(30, abs=2), burst
+
+
+def test_a_replica_killed_under_load_leaves_the_others_alone(fleet: Fleet) -> None:
+    survivors, victim = fleet.urls[:2], fleet.replicas[2]
+
+    async def run() -> tuple[Counter[int], Counter[str]]:
+        kept = asyncio.ensure_future(hammer(survivors, "sk-steady", 20, 4, completion(8)))
+        cut: Counter[str] = Counter()
+
+        async def doomed() -> None:
+            async with httpx.AsyncClient(timeout=30) as c:
+                for _ in range(40):
+                    try:
+                        r = await c.post(victim.url + "/v1/completions",
+                                         json=completion(32), headers=auth("sk-steady"))
+                        cut[str(r.status_code)] += 1
+                    except httpx.HTTPError as e:
+                        cut[type(e).__name__] += 1
+                        return
+
+        lost = asyncio.ensure_future(doomed())
+        await asyncio.sleep(1.0)
+        assert victim.pid is not None
+        os.killpg(victim.pid, signal.SIGKILL)
+        statuses, _ = await kept
+        await lost
+        return statuses, cut
+
+    statuses, cut = asyncio.run(run())
+    assert statuses == Counter({200: statuses[200]}), statuses
+    assert sum(v for k, v in cut.items() if not k.isdigit()) == 1, cut  # its client saw it go
+    for url in survivors:
+        settled(url)  # conservation holds for the survivors
+    # Its registration expires after 3 heartbeats: the survivors count 2.
+    wait_for(lambda: all(scrape(u).value("weighbridge_shared_state_replicas") == 2
+                         for u in survivors) or None, 10, what="the dead replica to expire")
+
