@@ -1,0 +1,73 @@
+"""SchedulingCore beside other replicas (sidecar.shared feeds it): their load held against a
+tenant's global share, their service charged to its credit, and the exchange's outboxes."""
+
+from __future__ import annotations
+
+from sidecar.admission import GateLimits
+from sidecar.core import SchedulingCore
+from sidecar.request import QueuedRequest
+from tests.unit.sidecar.test_core import arrive, make_config
+
+POOL = "b1,b2"
+
+
+def core_with(max_inflight: int = 4) -> SchedulingCore:
+    core = SchedulingCore(make_config(), gate_limits=GateLimits(max_inflight=max_inflight))
+    core.share_service()
+    return core
+
+
+def test_a_tenant_at_its_global_share_waits_for_one_starved_elsewhere() -> None:
+    core = core_with(max_inflight=4)  # 8 slots over two backends
+    for _ in range(10):
+        arrive(core, "a")
+    # b (weight 2) is backlogged on another replica with 1 in flight: its share of 8 slots
+    # is 2/3, so it is starved, and a may hold only its own third.
+    core.set_foreign_load({(POOL, "b"): (1, True)})
+    sent = list(core.dispatch_ready(0.0))
+    assert len(sent) == 3  # a reaches 8 * 1/3 = 2.67 slots: the third one, then waits
+    assert core.holds[("", "global_share")] >= 1
+    # b holds 10 elsewhere: shares are of what the tier holds (13, more than the 8 slots),
+    # so a may go on while b keeps at least its two thirds: to 6 of 16.
+    core.set_foreign_load({(POOL, "b"): (10, True)})
+    assert len(list(core.dispatch_ready(0.1))) == 3
+    # b no longer waits anywhere: a takes what is free.
+    core.set_foreign_load({(POOL, "b"): (10, False)})
+    assert len(list(core.dispatch_ready(0.2))) == 2
+
+
+def test_without_foreign_load_nothing_changes() -> None:
+    core = core_with(max_inflight=4)
+    for _ in range(10):
+        arrive(core, "a")
+    assert len(list(core.dispatch_ready(0.0))) == 8
+    core.set_foreign_load({(POOL, "b"): (3, False)})  # b elsewhere, but not waiting
+    assert core.holds[("", "global_share")] == 0
+
+
+def test_local_load_and_booked_turns_are_what_others_need() -> None:
+    core = core_with()
+    req = arrive(core, "a", prompt_tokens=400)
+    arrive(core, "a", prompt_tokens=400)
+    assert isinstance(req, QueuedRequest)
+    (first, _) = core.dispatch_ready(0.0)
+    assert core.local_load() == {(POOL, "a"): (2, False)}
+    booked = core.take_booked()
+    assert booked == {(POOL, "standard", "a"): 1.0}  # 2 x (400 + 100 estimated) / 1000
+    core.on_completed(first.request, 400, 300, 0.0)  # 200 more than estimated
+    assert core.take_booked() == {(POOL, "standard", "a"): 0.2}
+    assert core.take_booked() == {}
+    assert core.estimator.take_observations() == [("a", "/v1/chat/completions", 300)]
+
+
+def test_service_elsewhere_is_charged_to_the_tenant_s_credit_here() -> None:
+    core = core_with(max_inflight=1)
+    for _ in range(4):
+        arrive(core, "a", prompt_tokens=400)
+        arrive(core, "b", prompt_tokens=400)
+    before = core.scheduler.deficit("standard", "b")
+    core.charge_foreign(POOL, "standard", "b", 3.0)
+    assert core.scheduler.deficit("standard", "b") == before - 3.0
+    core.charge_foreign(POOL, "standard", "nobody", 1.0)  # never queued here: nothing
+    core.charge_foreign("other-pool", "standard", "b", 1.0)  # not a pool here: nothing
+    assert core.scheduler.deficit("standard", "b") == before - 3.0
