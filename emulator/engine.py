@@ -160,6 +160,24 @@ class StepResult:
     token_gaps: list[float]  # inter-token latency of each emitted token after a first one
 
 
+@dataclass(slots=True)
+class Coast:
+    """Plain decode steps an engine can take at once (``StepModel.coast_plan``)."""
+
+    running: list[Sequence]  # each emits one token at each end
+    ends: list[float]  # when each step completes
+    durations: list[float]  # of the step scheduled at each end
+    kv_tokens: int  # of the step in flight when planned
+    preempts: bool  # the step after the last needs more blocks than are free
+
+    def next_end(self, steps: int) -> float | None:
+        """When the step in flight after ``steps`` of them ends (None: not known here, as
+        schedule() will preempt then)."""
+        if steps == len(self.ends) and self.preempts:
+            return None
+        return self.ends[steps - 1] + self.durations[steps - 1]
+
+
 class WaitingQueue:
     """vLLM's waiting queue: FCFS with preempted requests pushed back to the front, or a
     priority heap on (priority, arrival)."""
@@ -383,6 +401,128 @@ class StepModel:
                 finished.append(seq)
         return StepResult(batch=batch, end_s=end_s, emitted=emitted, finished=finished,
                           token_gaps=gaps)
+
+    def coast_plan(self, batch: Batch, end_s: float, until_s: float) -> Coast | None:
+        """How far the engine can coast from ``batch`` (in flight, ending at ``end_s``):
+        ``None`` unless ``batch`` is a plain decode step, else the plain decode steps from it
+        on, the last of them the first whose following step ends at or after ``until_s``,
+        is not plain, or needs more blocks than are free. Changes nothing (see
+        :meth:`coast`, which applies it).
+
+        A plain decode step: nothing waits, every running sequence decodes one token and
+        none of them finishes (so nothing joins, leaves or is preempted); the next step is
+        then scheduled at its end, each running sequence decoding one more token.
+        """
+        if batch is not self._in_flight:
+            raise RuntimeError("coast of a batch that is not in flight")
+        running = self.running
+        n = len(running)
+        config = self.config
+        if (not n or batch.prefill_tokens or batch.preempted or batch.decode_seqs != n
+                or len(batch.scheduled) != n or len(self.waiting)
+                or (config.chunked_prefill and n > config.max_num_batched_tokens)):
+            # Not every running sequence decodes in it (the scheduled ones are the running
+            # ones: only an abort removes one during a step, and a join would wait), or the
+            # next step could admit or be cut by the token budget.
+            return None
+        # Completions that finish nothing: the one that brings a sequence to its target ends it.
+        plain = running[0].target_output_tokens
+        for seq in running:
+            left = seq.target_output_tokens - seq.output_tokens
+            if left < plain:
+                plain = left
+        plain -= 1
+        if plain < 1:
+            return None
+        block_size = config.block_size
+        free = self.free_blocks
+        held = [(seq.num_computed_tokens, seq.num_blocks) for seq in running]
+        step_time = self.profile.step_time
+        kv_tokens = batch.kv_tokens
+        ends: list[float] = []
+        durations: list[float] = []
+        end = end_s
+        needed = 0  # blocks the next step takes beyond those held now, all sequences
+        recount = 1  # the next step count after which that may grow
+        while True:
+            ends.append(end)  # the step in flight completes: one token each
+            # The next is scheduled: each sequence's blocks for one more token
+            # (_try_allocate), all of them from the free ones or a preemption.
+            j = len(ends)
+            if j >= recount:
+                needed = 0
+                recount = j + block_size
+                for computed, blocks in held:
+                    want = -(-(computed + j + 1) // block_size)
+                    if want > blocks:
+                        needed += want - blocks
+                    else:
+                        want = blocks
+                    # It wants another block once computed + j' + 1 > want * block_size.
+                    if want * block_size - computed < recount:
+                        recount = want * block_size - computed
+            if needed > free:
+                return Coast(list(running), ends, durations, batch.kv_tokens, preempts=True)
+            kv_tokens += n  # sum(num_computed_tokens + 1), each one token further
+            duration = step_time(0, n, kv_tokens)
+            durations.append(duration)
+            following_end = end + duration
+            if j >= plain or following_end >= until_s:
+                return Coast(list(running), ends, durations, batch.kv_tokens, preempts=False)
+            end = following_end
+
+    def coast(self, batch: Batch, end_s: float, until_s: float) -> tuple[list[float], Batch] | None:
+        """Complete ``batch`` (in flight, ending at ``end_s``) and the plain decode steps
+        after it that end before ``until_s`` (:meth:`coast_plan`), all in one call: what a
+        virtual-time caller does between two events of its own. ``None``, with nothing
+        done, unless ``batch`` is a plain decode step.
+
+        Returns the end times of the steps completed, and the batch left in flight: exactly
+        what ``schedule()`` would have put there, as are the sequences and the KV cache
+        (tests/unit/test_engine_coast.py holds it against ``complete()`` + ``schedule()``
+        step by step). Every running sequence emitted one token at each of those end times;
+        no :class:`StepResult` is made, so the token gaps are not recorded.
+        """
+        plan = self.coast_plan(batch, end_s, until_s)
+        return None if plan is None else self.coast_apply(batch, plan)
+
+    def coast_apply(self, batch: Batch, plan: Coast, steps: int | None = None
+                    ) -> tuple[list[float], Batch]:
+        """Take the first ``steps`` (all: None) of ``plan``, made for ``batch`` with
+        nothing changed since, as :meth:`coast` takes them."""
+        if batch is not self._in_flight:
+            raise RuntimeError("coast of a batch that is not in flight")
+        ends = plan.ends
+        j = len(ends) if steps is None else steps
+        if not 1 <= j <= len(ends):
+            raise ValueError(f"steps must be in [1, {len(ends)}], got {steps}")
+        if j < len(ends):
+            ends = ends[:j]
+        running = plan.running
+        block_size = self.config.block_size
+        end = ends[-1]
+        needed = 0
+        for seq in running:
+            seq.num_computed_tokens += j
+            seq.output_tokens += j
+            seq.last_token_s = end
+        self._in_flight = None
+        if j == len(plan.ends) and plan.preempts:
+            following = self.schedule(end)  # schedule() decides whom to preempt
+            assert following is not None  # it holds the preempted sequences
+            return ends, following
+        for seq in running:
+            more = -(-(seq.num_computed_tokens + 1) // block_size) - seq.num_blocks
+            if more > 0:
+                seq.num_blocks += more
+                needed += more
+        self.free_blocks -= needed
+        n = len(running)
+        following = Batch(scheduled=dict.fromkeys(running, 1), prefill_tokens=0,
+                          decode_seqs=n, kv_tokens=plan.kv_tokens + j * n, preempted=[],
+                          duration_s=plan.durations[j - 1])
+        self._in_flight = following
+        return ends, following
 
     def step(self, now: float) -> StepResult | None:
         """Schedule and complete one step in virtual time."""

@@ -12,7 +12,7 @@ sidecar's parser).
 
 from __future__ import annotations
 
-from emulator.engine import Batch, Sequence, StepModel, StepResult
+from emulator.engine import Batch, Coast, Sequence, StepModel, StepResult
 from emulator.eos import EosModel
 from emulator.frontend import ApiFrontEnd
 from emulator.options import EmulatorOptions
@@ -88,6 +88,30 @@ class SimEngine:
             return result, None if following is None else end_s + following.duration_s
         self.batch = None
         return result, None
+
+    def coast_plan(self, end_s: float, until_s: float) -> Coast | None:
+        """The plain decode steps this engine can take at once from the step ending at
+        ``end_s`` (``StepModel.coast_plan``; changes nothing)."""
+        assert self.batch is not None
+        return self.model.coast_plan(self.batch, end_s, until_s)
+
+    def coast(self, plan: Coast, steps: int) -> tuple[list[float], float]:
+        """``advance()`` the first ``steps`` steps of ``plan`` at once. Returns their end
+        times (every sequence of ``plan.running`` emitted a token at each) and when the step
+        left in flight ends. The counters move as ``advance`` moves them step by step: no
+        prompt is counted (every sequence had its first token), no preemption, nothing
+        finishes."""
+        assert self.batch is not None
+        ends, following = self.model.coast_apply(self.batch, plan, steps)
+        n = len(plan.running)
+        self.steps += steps
+        self.generation_tokens_total += n * steps
+        front_end = self.front_end
+        if front_end.token_s:
+            for end in ends:
+                front_end.streamed(end, n)
+        self.batch = following
+        return ends, ends[-1] + following.duration_s
 
     def sample(self, at_s: float) -> BackendSample:
         """What a scrape sent at ``at_s`` reads (the sidecar stamps the send time)."""

@@ -21,12 +21,19 @@ clock with a heap of timed events, calling each class where its HTTP shell would
   (``core.cancel``), one in flight is aborted at its engine and ended with what streamed
   (``core.on_client_gone``).
 
+Coasting: while nothing is queued, a run of plain decode steps (every running sequence
+decodes, none finishes, nothing waits) changes nothing but its engine and the chunk times of
+its flights, so the steps of every engine up to the next other event are taken at once
+(``_coast_steps``, ``StepModel.coast``): the same records, step for step, as one event per
+step (``Simulation(coast=False)``; tests/unit/simulation/test_coast.py).
+
 What live runs have and this does not: network and CPU time (the sidecar adds ~2 ms at
 p50), chunk coalescing for slow readers, and engine faults.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -81,9 +88,12 @@ class SimulationResult:
 
 class Simulation:
     def __init__(self, config: Config, engines: list[SimEngine], clients: Clients, *,
-                 run_id: str, scenario: str, until_s: float, drain: bool = False) -> None:
+                 run_id: str, scenario: str, until_s: float, drain: bool = False,
+                 coast: bool = True) -> None:
         """``drain``: end as soon as every request has ended (a trace replay), not at
-        ``until_s`` (a scenario runs to its end, as a live run does)."""
+        ``until_s`` (a scenario runs to its end, as a live run does). ``coast``: take runs
+        of plain decode steps at once (``_step_end``); False: every step is an event of its
+        own, the reference the coasting is tested against."""
         names = [b.name for b in config.backends]
         if names != [e.name for e in engines]:
             raise ValueError(f"engines {[e.name for e in engines]} do not match the config's "
@@ -100,12 +110,17 @@ class Simulation:
         self.scenario = scenario
         self.until_s = until_s
         self.drain = drain
+        self._coast = coast
         self.poll_s = self.core.poll_period_s()  # derived from the engines unless configured
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
         self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
         self._holding = False  # tokens were held back from the core (see _flush)
         self._heap: list[tuple[float, int, int, Any]] = []
+        # The engines' step ends, beside the other events (one pending per busy engine): the
+        # order numbers are shared, so at equal times events still run in the order they
+        # were scheduled.
+        self._steps: list[tuple[float, int, SimEngine]] = []
         self._tenant_of_key: dict[str, tuple[str | None, str]] = {}  # key -> tenant, digest
         self._order = 0
         self._events = 0
@@ -127,24 +142,37 @@ class Simulation:
         times = [c.plan.scheduled_s for c in arrivals]
         k, n = 0, len(arrivals)
         self._push(0.0, _POLL, None)
-        heap = self._heap
+        heap, steps = self._heap, self._steps
         pop = heapq.heappop
         step_end, arrive = self._step_end, self._arrive
         events = 0
         while True:
-            if k < n and (not heap or times[k] <= heap[0][0]):
+            # The next event: a scheduled arrival (first at equal times), or the earlier of
+            # the next step end and the next other event.
+            step = steps[0] if steps and (not heap or steps[0][:2] < heap[0][:2]) else None
+            if k < n and times[k] <= (step[0] if step is not None
+                                      else heap[0][0] if heap else math.inf):
                 t = times[k]
                 if t >= until:
                     break
                 arrive(arrivals[k], t)
                 k += 1
+            elif step is not None:
+                t = step[0]
+                if t >= until:
+                    break
+                pop(steps)
+                # Nothing but steps happens before the next other event (or arrival): until
+                # then plain decode steps can be taken at once (_step_end).
+                horizon = heap[0][0] if heap else until
+                if k < n and times[k] < horizon:
+                    horizon = times[k]
+                events += step_end(step[2], t, step[1], horizon if horizon < until else until)
             elif heap:
                 t, _, kind, obj = pop(heap)
                 if t >= until:
                     break
-                if kind == _STEP:
-                    step_end(obj, t)
-                elif kind == _ARRIVE:
+                if kind == _ARRIVE:
                     arrive(obj, t)
                 elif kind == _POLL:
                     self._poll(t)
@@ -322,7 +350,11 @@ class Simulation:
     def _start(self, engine: SimEngine, now: float) -> None:
         end = engine.start_step(now)
         if end is not None:
-            self._push(end, _STEP, engine)
+            self._push_step(end, engine)
+
+    def _push_step(self, t: float, engine: SimEngine) -> None:
+        self._order += 1
+        heapq.heappush(self._steps, (t, self._order, engine))
 
     def _poll(self, now: float) -> None:
         core = self.core
@@ -361,11 +393,17 @@ class Simulation:
             if len(flight.times) > flight.reported:
                 self._flush_one(flight)
 
-    def _step_end(self, engine: SimEngine, now: float) -> None:
+    def _step_end(self, engine: SimEngine, now: float, order: int, horizon: float) -> int:
+        """A step of ``engine`` (its event's order number ``order``) ends at ``now``; no
+        event but the engines' steps comes before ``horizon``. Returns how many more steps
+        were taken with it (each counts as an event)."""
+        if self._coast and not self._scheduler.queued_requests:
+            more = self._coast_steps(engine, now, order, horizon)
+            if more is not None:
+                return more
         result, following = engine.advance(now)
         if following is not None:
-            self._order += 1
-            heapq.heappush(self._heap, (following, self._order, _STEP, engine))
+            self._push_step(following, engine)
         flights = self._flights
         if self._scheduler.queued_requests:
             self._flush()
@@ -387,6 +425,90 @@ class Simulation:
                     flight.times.append(now)
         if result.finished:
             self._finished(result.finished, now)
+        return 0
+
+    def _coast_steps(self, engine: SimEngine, now: float, order: int, horizon: float
+                     ) -> int | None:
+        """Coasting: while tokens are held (nothing queued), a step in which every running
+        sequence decodes and none finishes (a plain decode step, ``StepModel.coast_plan``)
+        changes nothing but its engine and its flights' chunk times. So the plain steps of
+        every engine that end before the first event that is not one (``horizon``, or an
+        engine's first step that is not plain) are taken at once, in one
+        ``SimEngine.coast`` each: the same states, times and records as one event each
+        (tests/unit/simulation/test_coast.py). Each engine's step left in flight is then
+        pushed with the order number it would have had. None: ``engine``'s step ending at
+        ``now`` is not plain, nothing done."""
+        plan = engine.coast_plan(now, horizon)
+        if plan is None:
+            return None
+        # How far everyone may go: not past an engine's first step that is not plain.
+        stop = plan.next_end(len(plan.ends))
+        limit = min(plan.ends[-1] if stop is None else stop, horizon)
+        pending = self._steps
+        if not pending or pending[0][0] >= limit:
+            # No other engine steps before then (the common case): this one coasts alone.
+            n_steps = bisect.bisect_left(plan.ends, limit)
+            if n_steps == 0:
+                return None
+            ends, following = engine.coast(plan, n_steps)
+            flights = self._flights
+            for seq in plan.running:
+                flight = flights.get(seq.request_id)
+                if flight is not None:
+                    flight.times.extend(ends)
+            self._holding = True
+            self._order += n_steps
+            heapq.heappush(pending, (following, self._order, engine))
+            return n_steps - 1
+        plans = [(now, order, engine, plan)]
+        for t, other_order, other in self._steps:
+            if t >= limit:
+                continue
+            other_plan = other.coast_plan(t, limit)
+            if other_plan is None:
+                limit = t
+                continue
+            stop = other_plan.next_end(len(other_plan.ends))
+            limit = min(limit, other_plan.ends[-1] if stop is None else stop)
+            plans.append((t, other_order, other, other_plan))
+        coasting = [(t, o, e, p, bisect.bisect_left(p.ends, limit, hi=len(p.ends)))
+                    for t, o, e, p in plans]
+        if coasting[0][4] == 0:
+            return None  # the step at `now` itself is not before the limit
+        coasting = [c for c in coasting if c[4]]
+        flights = self._flights
+        taken = 0
+        finals: dict[SimEngine, float] = {}
+        for _t, _o, coaster, coaster_plan, n_steps in coasting:
+            ends, following = coaster.coast(coaster_plan, n_steps)
+            finals[coaster] = following
+            taken += n_steps
+            for seq in coaster_plan.running:
+                flight = flights.get(seq.request_id)
+                if flight is not None:
+                    flight.times.extend(ends)
+        self._holding = True
+        # The order numbers: each step taken would have pushed the next as it ran, the
+        # engines' steps taken in the order of their ends (and order numbers at equal ends).
+        moved = {c[2] for c in coasting}
+        pending = [s for s in self._steps if s[2] not in moved]
+        if len(coasting) == 1:
+            self._order += taken
+            pending.append((finals[engine], self._order, engine))
+        else:
+            merge = [(t, o, i, 0) for i, (t, o, _e, _p, _n) in enumerate(coasting)]
+            heapq.heapify(merge)
+            while merge:
+                _t, _o, i, j = heapq.heappop(merge)
+                self._order += 1
+                _t0, _o0, coaster, coaster_plan, n_steps = coasting[i]
+                if j + 1 < n_steps:
+                    heapq.heappush(merge, (coaster_plan.ends[j + 1], self._order, i, j + 1))
+                else:
+                    pending.append((finals[coaster], self._order, coaster))
+        heapq.heapify(pending)
+        self._steps[:] = pending
+        return taken - 1
 
     def _finished(self, finished: list[Sequence], now: float) -> None:
         core = self.core
