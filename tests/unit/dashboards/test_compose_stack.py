@@ -30,6 +30,7 @@ COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 PROMETHEUS = REPO / "deploy" / "compose" / "prometheus.yml"
 SIDECAR = REPO / "deploy" / "compose" / "sidecar.yaml"
+HAPROXY = REPO / "deploy" / "compose" / "haproxy.cfg"
 GRAFANA = REPO / "deploy" / "grafana" / "provisioning"
 ENGINES = ("engine-0", "engine-1")
 LOCUST = Path(sys.executable).with_name("locust")
@@ -72,9 +73,13 @@ def _names(service_name: str, service: dict[str, Any]) -> set[str]:
 
 def _listen_port(service: dict[str, Any]) -> int:
     image = service.get("image", "")
-    for known, port in (("prom/prometheus", 9090), ("grafana/grafana", 3000)):
+    for known, port in (("prom/prometheus", 9090), ("grafana/grafana", 3000),
+                        ("redis:", 6379)):
         if image.startswith(known):
             return port
+    if image.startswith("haproxy:"):
+        (bind,) = re.findall(r"^\s*bind\s+\S*:(\d+)", HAPROXY.read_text(), re.M)
+        return int(bind)
     return int(_option(_argv(service), "--port"))
 
 
@@ -267,6 +272,22 @@ def test_locust_and_the_sidecar_agree() -> None:
     assert mounted[_option(sidecar, "--config")] == "./deploy/compose/sidecar.yaml"
     master = _option(_argv(services["locust-worker"]), "--master-host")
     assert master in services
+
+
+def test_the_gateway_fronts_the_sidecar_replicas_and_they_share_redis() -> None:
+    services = _services()
+    gateway = services["gateway"]
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in gateway["volumes"]}
+    assert mounted["/usr/local/etc/haproxy/haproxy.cfg"] == "./deploy/compose/haproxy.cfg"
+    (host, port), = re.findall(r"^\s*server-template\s+\S+\s+\S+\s+([\w-]+):(\d+)",
+                               HAPROXY.read_text(), re.M)
+    assert _listen_port(_resolve(host, "emulated")) == int(port)
+    assert host == "sidecar" and "replicas" in services["sidecar"]["deploy"]
+    assert "ports" not in services["sidecar"]  # replicas cannot share a host port
+    state = load_config(SIDECAR).state
+    assert state.backend == "redis" and state.url is not None
+    url = urlsplit(state.url)
+    assert _listen_port(_resolve(url.hostname or "", "emulated")) == url.port
 
 
 def test_every_scenario_tenant_has_its_key_in_the_compose_sidecar() -> None:
