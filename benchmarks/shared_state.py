@@ -55,10 +55,11 @@ def run(ctx: BenchContext) -> BenchResult:
     extra_p50 = shared_p50 - local_p50
     ratio = shared_cpu / local_cpu if local_cpu else float("inf")
     served = sum(o.requests for o in results[SHARED])
-    rows: list[tuple[str, ...]] = [(name, str(i + 1), f"{o.direct_p50_s * 1e3:.2f}", f"{o.sidecar_p50_s * 1e3:.2f}",
-             f"{o.added_p50_s * 1e3:.2f}", f"{o.added_p99_s * 1e3:.2f}",
-             f"{o.cpu_per_request_s * 1e6:.0f}", str(o.failures))
-            for name, runs in results.items() for i, o in enumerate(runs)]
+    rows: list[tuple[str, ...]] = [
+        (name, str(i + 1), f"{o.direct_p50_s * 1e3:.2f}", f"{o.sidecar_p50_s * 1e3:.2f}",
+         f"{o.added_p50_s * 1e3:.2f}", f"{o.added_p99_s * 1e3:.2f}",
+         f"{o.cpu_per_request_s * 1e6:.0f}", str(o.failures))
+        for name, runs in results.items() for i, o in enumerate(runs)]
     failures = sum(o.failures for runs in results.values() for o in runs)
     passed = (failures == 0 and extra_p50 <= TARGET_ADDED_P50_S and ratio <= TARGET_CPU_RATIO)
     return BenchResult(
