@@ -180,7 +180,7 @@ class SchedulingCore:
         )
         # This process's own buckets: every limit when it runs alone; its share of them
         # (use_local_limits) while the limits replicas share cannot be reached.
-        self.rate_limiter = TenantRateLimiter({}, table=self.limit_table)
+        self.rate_limiter = TenantRateLimiter(self.limit_table)
         # Charges owed to the shared limits (take_shared_charges): (request, token delta),
         # positive a charge, negative a refund.
         self._shared_charges: list[tuple[QueuedRequest, int]] = []
@@ -262,7 +262,7 @@ class SchedulingCore:
         """Replace this process's limiter by one whose every limit is ``scale`` of the
         configured (a replica's share while the shared limits are out of reach); buckets
         start full."""
-        self.rate_limiter = TenantRateLimiter({}, table=self.limit_table, scale=scale)
+        self.rate_limiter = TenantRateLimiter(self.limit_table, scale=scale)
 
     def take_shared_charges(self) -> list[tuple[QueuedRequest, int]]:
         """Settlements and refunds owed to the shared limits since the last call."""

@@ -200,31 +200,14 @@ class LimitTable:
 
 
 class TenantRateLimiter:
-    """Admission against every limit that applies to a request (``LimitTable``),
-    atomically: either all its buckets are charged or none is.
+    """Admission against every limit that applies to a request (its ``LimitTable``),
+    atomically: either all its buckets are charged or none is. ``scale`` multiplies every
+    limit (a replica's share of limits it cannot coordinate, sidecar.shared)."""
 
-    ``endpoint_limits``/``model_limits``: a tenant's own, by (tenant, endpoint or model);
-    ``endpoint_defaults``/``model_defaults``: every tenant's, by endpoint or model, for the
-    tenants without their own entry. ``scale`` multiplies every limit (a replica's share of
-    limits it cannot coordinate, sidecar.shared)."""
-
-    def __init__(
-        self,
-        limits: Mapping[str, RateLimits],
-        endpoint_limits: Mapping[tuple[str, str], RateLimits] | None = None,
-        tier_limits: Mapping[str, RateLimits] | None = None,
-        *,
-        endpoint_defaults: Mapping[str, RateLimits] | None = None,
-        model_limits: Mapping[tuple[str, str], RateLimits] | None = None,
-        model_defaults: Mapping[str, RateLimits] | None = None,
-        table: LimitTable | None = None,
-        scale: float = 1.0,
-    ) -> None:
-        self.table = table if table is not None else LimitTable(
-            limits, endpoint_limits, tier_limits, endpoint_defaults=endpoint_defaults,
-            model_limits=model_limits, model_defaults=model_defaults)
+    def __init__(self, table: LimitTable, *, scale: float = 1.0) -> None:
         if not scale > 0:
             raise ValueError("scale must be positive")
+        self.table = table
         self._scale = scale
         # Buckets are created on first use: 10,000 configured tenants cost nothing until
         # they send. A new bucket starts full, which is what a bucket created at startup

@@ -61,26 +61,36 @@ log = logging.getLogger("weighbridge.sidecar")
 MAX_PENDING_CHARGES = 100_000
 HEARTBEATS_TO_EXPIRE = 3
 
+# The bucket arithmetic of sidecar.ratelimit.TokenBucket, in Lua, on Redis's clock: `level`
+# reads a bucket refilled to `now` (a missing key is a full bucket), `store` writes it back
+# with an expiry at the moment it would be full again (what a missing key means).
+_BUCKET = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local function level(key, cap, rate)
+  local v = redis.call('HMGET', key, 'level', 'at')
+  if not v[1] then return cap end
+  local l, at = tonumber(v[1]), tonumber(v[2])
+  if now > at then l = math.min(cap, l + (now - at) * rate) end
+  return l
+end
+local function store(key, cap, rate, l)
+  redis.call('HSET', key, 'level', string.format('%.17g', l), 'at', string.format('%.17g', now))
+  redis.call('PEXPIRE', key, math.ceil((cap - l) / rate * 1000) + 1000)
+end
+"""
+
 # KEYS: the buckets; ARGV: capacity, rate per s, amount for each. Returns {1} (taken),
 # {0, index, wait_s} (the bucket at index is short for wait_s; nothing taken) or {-1, index}
 # (the amount exceeds that bucket's capacity: it can never fit).
-_ADMIT = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+_ADMIT = _BUCKET + """
 local levels = {}
 local wait, binding = 0, 0
 for i = 1, #KEYS do
   local cap, rate, amount = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
   if amount > cap * (1 + 1e-9) then return {-1, i} end
-  local level = cap
-  local v = redis.call('HMGET', KEYS[i], 'level', 'at')
-  if v[1] then
-    level = tonumber(v[1])
-    local at = tonumber(v[2])
-    if now > at then level = math.min(cap, level + (now - at) * rate) end
-  end
-  levels[i] = level
-  local missing = amount - level
+  levels[i] = level(KEYS[i], cap, rate)
+  local missing = amount - levels[i]
   if missing > 1e-9 * math.max(1, amount) then
     local w = missing / rate
     if w > wait then wait, binding = w, i end
@@ -89,33 +99,20 @@ end
 if wait > 0 then return {0, binding, tostring(wait)} end
 for i = 1, #KEYS do
   local cap, rate, amount = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
-  local level = levels[i] - amount
-  redis.call('HSET', KEYS[i], 'level', string.format('%.17g', level),
-             'at', string.format('%.17g', now))
-  redis.call('PEXPIRE', KEYS[i], math.ceil((cap - level) / rate * 1000) + 1000)
+  store(KEYS[i], cap, rate, levels[i] - amount)
 end
 return {1}
 """
 
 # KEYS: token buckets; ARGV: capacity, rate for each, then the delta (positive: a further
 # charge, which may go into debt; negative: a refund, never above capacity).
-_ADJUST = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+_ADJUST = _BUCKET + """
 local delta = tonumber(ARGV[2 * #KEYS + 1])
 for i = 1, #KEYS do
   local cap, rate = tonumber(ARGV[2*i-1]), tonumber(ARGV[2*i])
-  local level = cap
-  local v = redis.call('HMGET', KEYS[i], 'level', 'at')
-  if v[1] then
-    level = tonumber(v[1])
-    local at = tonumber(v[2])
-    if now > at then level = math.min(cap, level + (now - at) * rate) end
-  end
-  if delta > 0 then level = level - delta else level = math.min(cap, level - delta) end
-  redis.call('HSET', KEYS[i], 'level', string.format('%.17g', level),
-             'at', string.format('%.17g', now))
-  redis.call('PEXPIRE', KEYS[i], math.ceil((cap - level) / rate * 1000) + 1000)
+  local l = level(KEYS[i], cap, rate)
+  if delta > 0 then l = l - delta else l = math.min(cap, l - delta) end
+  store(KEYS[i], cap, rate, l)
 end
 return #KEYS
 """

@@ -3,13 +3,20 @@ refunds, and the capacity + rate x elapsed bound."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.ratelimit import MONTH_S, Admit, TenantRateLimiter, TokenBucket
+from sidecar.ratelimit import MONTH_S, Admit, LimitTable, TenantRateLimiter, TokenBucket
 from sidecar.rejection import RATE_LIMITED, Reject
 from weighbridge.config import RateLimits
+
+
+def limiter_of(*args: Any, **kwargs: Any) -> TenantRateLimiter:
+    """A limiter over ``LimitTable(*args, **kwargs)``."""
+    return TenantRateLimiter(LimitTable(*args, **kwargs))
 
 
 def test_bucket_refills_continuously_and_caps_at_capacity() -> None:
@@ -34,7 +41,7 @@ def test_bucket_debt_and_capped_refund() -> None:
 
 
 def test_admit_charges_every_bucket_atomically() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=10, tokens_per_minute=1000)})
+    limiter = limiter_of({"a": RateLimits(requests_per_minute=10, tokens_per_minute=1000)})
     assert limiter.admit("a", "/x", 600, 0.0) == Admit(600)
     rejected = limiter.admit("a", "/x", 600, 0.0)
     assert isinstance(rejected, Reject) and rejected.reason == RATE_LIMITED
@@ -45,7 +52,7 @@ def test_admit_charges_every_bucket_atomically() -> None:
 
 
 def test_retry_after_is_exact_for_the_binding_bucket() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=60, tokens_per_minute=6000)})
+    limiter = limiter_of({"a": RateLimits(requests_per_minute=60, tokens_per_minute=6000)})
     assert isinstance(limiter.admit("a", "/x", 6000, 0.0), Admit)
     rejected = limiter.admit("a", "/x", 3000, 0.0)
     assert isinstance(rejected, Reject)
@@ -56,14 +63,14 @@ def test_retry_after_is_exact_for_the_binding_bucket() -> None:
 
 
 def test_a_request_bigger_than_the_bucket_can_never_fit() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits(tokens_per_minute=1000)})
+    limiter = limiter_of({"a": RateLimits(tokens_per_minute=1000)})
     rejected = limiter.admit("a", "/x", 1001, 0.0)
     assert isinstance(rejected, Reject)
     assert rejected.retry_after_s is None and "never" in rejected.detail
 
 
 def test_settle_charges_underestimates_into_debt_and_refunds_overestimates() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits(tokens_per_minute=600)})
+    limiter = limiter_of({"a": RateLimits(tokens_per_minute=600)})
     limiter.admit("a", "/x", 100, 0.0)
     limiter.settle("a", "/x", estimated=100, actual=1000, now=0.0)
     level = limiter.snapshot(0.0)["tenants"]["a"]["tokens_per_minute"]["level"]
@@ -75,7 +82,7 @@ def test_settle_charges_underestimates_into_debt_and_refunds_overestimates() -> 
 
 
 def test_refund_returns_tokens_but_not_the_request() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=1, tokens_per_minute=100)})
+    limiter = limiter_of({"a": RateLimits(requests_per_minute=1, tokens_per_minute=100)})
     limiter.admit("a", "/x", 100, 0.0)
     limiter.refund("a", "/x", 100, 0.0)
     snap = limiter.snapshot(0.0)["tenants"]["a"]
@@ -84,14 +91,14 @@ def test_refund_returns_tokens_but_not_the_request() -> None:
 
 
 def test_long_windows_are_buckets_over_the_window() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits(tokens_per_month=3000)})
+    limiter = limiter_of({"a": RateLimits(tokens_per_month=3000)})
     assert isinstance(limiter.admit("a", "/x", 3000, 0.0), Admit)
     rejected = limiter.admit("a", "/x", 100, 0.0)
     assert rejected.retry_after_s == pytest.approx(100 * MONTH_S / 3000)
 
 
 def test_endpoint_limits_apply_on_top_of_tenant_limits() -> None:
-    limiter = TenantRateLimiter(
+    limiter = limiter_of(
         {"a": RateLimits(requests_per_minute=100)},
         {("a", "/embed"): RateLimits(requests_per_minute=1)},
     )
@@ -104,7 +111,7 @@ def test_endpoint_limits_apply_on_top_of_tenant_limits() -> None:
 
 
 def test_model_defaults_give_each_tenant_its_own_buckets_and_own_entries_replace_them() -> None:
-    limiter = TenantRateLimiter(
+    limiter = limiter_of(
         {"a": RateLimits(), "b": RateLimits(), "c": RateLimits()},
         model_limits={("c", "big"): RateLimits(requests_per_minute=3)},
         model_defaults={"big": RateLimits(requests_per_minute=1)},
@@ -123,7 +130,7 @@ def test_model_defaults_give_each_tenant_its_own_buckets_and_own_entries_replace
 
 
 def test_endpoint_defaults_apply_per_tenant_unless_it_has_its_own() -> None:
-    limiter = TenantRateLimiter(
+    limiter = limiter_of(
         {"a": RateLimits(), "b": RateLimits()},
         {("b", "/v1/embeddings"): RateLimits()},  # b's own entry: unlimited there
         endpoint_defaults={"/v1/embeddings": RateLimits(tokens_per_minute=100)},
@@ -135,7 +142,7 @@ def test_endpoint_defaults_apply_per_tenant_unless_it_has_its_own() -> None:
 
 
 def test_a_model_limit_refunds_and_settles_like_the_others() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits()},
+    limiter = limiter_of({"a": RateLimits()},
                                 model_defaults={"m": RateLimits(tokens_per_minute=1000)})
     admitted = limiter.admit("a", "/v1/completions", 600, 0.0, model="m")
     assert isinstance(admitted, Admit)
@@ -147,7 +154,7 @@ def test_a_model_limit_refunds_and_settles_like_the_others() -> None:
 
 
 def test_unlimited_tenants_always_pass() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits()})
+    limiter = limiter_of({"a": RateLimits()})
     for _ in range(1000):
         assert isinstance(limiter.admit("a", "/x", 10**9, 0.0), Admit)
     assert isinstance(limiter.admit("stranger", "/x", 1, 0.0), Admit)
@@ -169,7 +176,7 @@ EVENTS = st.lists(
 def test_never_admits_more_than_capacity_plus_rate_times_elapsed(events, tpm, rpm) -> None:
     """Over any window [t_a, t_b]: admitted <= capacity + rate * (t_b - t_a) + credits given
     back inside the window (refunds, over-estimates settled); debts only make it tighter."""
-    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=rpm, tokens_per_minute=tpm)})
+    limiter = limiter_of({"a": RateLimits(requests_per_minute=rpm, tokens_per_minute=tpm)})
     now = 0.0
     admitted: list[tuple[float, int]] = []
     credits: list[tuple[float, int]] = []
@@ -184,7 +191,7 @@ def test_never_admits_more_than_capacity_plus_rate_times_elapsed(events, tpm, rp
             elif result.retry_after_s is not None:
                 assert result.retry_after_s > 0
                 # exact: the same request fits once retry_after has passed (no other event)
-                probe = TenantRateLimiter(
+                probe = limiter_of(
                     {"a": RateLimits(requests_per_minute=rpm, tokens_per_minute=tpm)}
                 )
                 probe._scopes_by_key = _copy_scopes(limiter)
@@ -216,7 +223,7 @@ def _copy_scopes(limiter: TenantRateLimiter):
 
 
 def test_a_monthly_request_budget_beside_the_per_minute_one() -> None:
-    limiter = TenantRateLimiter({"a": RateLimits(requests_per_minute=100,
+    limiter = limiter_of({"a": RateLimits(requests_per_minute=100,
                                                  requests_per_month=3)})
     for _ in range(3):
         assert isinstance(limiter.admit("a", "/v1/completions", 10, 0.0), Admit)
@@ -229,7 +236,7 @@ def test_a_monthly_request_budget_beside_the_per_minute_one() -> None:
 
 
 def test_a_tiers_limit_binds_every_tenant_in_the_tier_together() -> None:
-    limiter = TenantRateLimiter(
+    limiter = limiter_of(
         {"a": RateLimits(), "b": RateLimits()},
         tier_limits={"interactive": RateLimits(tokens_per_minute=1000),
                      "standard": RateLimits()})
