@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -117,6 +118,9 @@ class Sidecar:
         self.metrics = self._metrics(None)
         self.tracing = tracing or RequestTracing.from_config(config.telemetry)
         self._waiters: dict[str, asyncio.Future[Dispatch]] = {}
+        # Request ids: this process's random prefix and a counter.
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._ids = itertools.count()
         self._dispatch_scheduled = False
         self.app = web.Application(client_max_size=config.max_body_bytes,
                                    middlewares=[self._errors])
@@ -425,9 +429,13 @@ class Sidecar:
                       trace: Trace) -> web.StreamResponse:
         tenant, identity = self._authenticate(request)
         try:
-            # A client dribbling its body must not hold a handler and a connection forever.
-            async with asyncio.timeout(self.config.client_timeout_ms / 1000):
+            if request.content.is_eof():  # the whole body came with the head: no wait
                 raw = await request.read()
+            else:
+                # A client dribbling its body must not hold a handler and a connection
+                # forever.
+                async with asyncio.timeout(self.config.client_timeout_ms / 1000):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.core.rejected_on_arrival("body_too_large", tenant,
                                           self.config.tenants[tenant].tier)
@@ -440,7 +448,7 @@ class Sidecar:
                            " ms to arrive", "invalid_request_error", close=True) from None
         body, tier, deadline_ms, prompt = self._parse(endpoint, tenant, raw, request)
         now = self.clock()
-        request_id = uuid.uuid4().hex
+        request_id = f"{self._id_prefix}{next(self._ids):x}"  # unique, without a uuid4 each
         # An embeddings request generates nothing: its cost and KV footprint are its input.
         max_tokens = 0 if endpoint == EMBEDDINGS else body.get(
             "max_tokens", body.get("max_completion_tokens"))
@@ -482,7 +490,7 @@ class Sidecar:
             # _serve ends the request (the ledger's single end) on every way out.
             end = self.clock()
             in_system.leave(result.tenant, result.tier, result.arrival_s, end)
-            self.metrics.duration.labels(result.tenant, result.tier).observe(
+            self.metrics.series(result.tenant, result.tier).duration.observe(
                 end - result.arrival_s)
 
     def _rejection(self, reject: Reject) -> ApiError:
@@ -510,11 +518,12 @@ class Sidecar:
         client_wants_usage = (isinstance(options, dict)
                               and bool(options.get("include_usage")))
         streamed = self.metrics.streamed(req.tenant, req.tier, req.prompt_tokens)
+        series = self.metrics.series(req.tenant, req.tier)
         for attempt in range(MAX_DISPATCH_ATTEMPTS):
             trace.queued(attempt + 1)
             dispatch = await self._await_dispatch(req)
             now = self.clock()
-            self.metrics.queue_wait.labels(req.tenant, req.tier).observe(now - req.arrival_s)
+            series.queue_wait.observe(now - req.arrival_s)
             trace.dispatched(dispatch.backend, dispatch.vllm_priority, dispatch.over_share)
             forwarded = dict(body)
             if dispatch.vllm_priority is None:
@@ -541,7 +550,7 @@ class Sidecar:
                 t = self.clock()
                 if first:
                     first = False
-                    self.metrics.ttft.labels(req.tenant, req.tier).observe(t - req.arrival_s)
+                    series.ttft.observe(t - req.arrival_s)
                     trace.first_token()
                 streamed.chunk(n)
                 self.core.on_tokens_streamed(req, n, t)
@@ -634,10 +643,11 @@ class Sidecar:
         self.wake()
 
     def _count_tokens(self, req: QueuedRequest, prompt: int, output: int) -> None:
+        series = self.metrics.series(req.tenant, req.tier)
         if prompt:
-            self.metrics.tokens.labels(req.tenant, req.tier, "prompt").inc(prompt)
+            series.prompt.inc(prompt)
         if output:
-            self.metrics.tokens.labels(req.tenant, req.tier, "output").inc(output)
+            series.output.inc(output)
 
     def _count_partial(self, req: QueuedRequest, trace: Trace) -> None:
         """Tokens a cut-off stream delivered: what passed through (one per content chunk)

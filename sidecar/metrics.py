@@ -288,6 +288,25 @@ class TimeInSystem:
                 for key, r in self._by_key.items()}
 
 
+class RequestSeries:
+    """One (tenant, tier)'s children of the per-request histograms and counters, looked up
+    once: ``labels()`` builds a key and takes a lock on every call, several times a request
+    (issue 17)."""
+
+    __slots__ = ("duration", "offered", "output", "prompt", "queue_wait", "streamed_output",
+                 "streamed_prompt", "ttft")
+
+    def __init__(self, metrics: SidecarMetrics, tenant: str, tier: str) -> None:
+        self.queue_wait = metrics.queue_wait.labels(tenant, tier)
+        self.ttft = metrics.ttft.labels(tenant, tier)
+        self.duration = metrics.duration.labels(tenant, tier)
+        self.offered = metrics.offered_tokens.labels(tenant, tier)
+        self.prompt = metrics.tokens.labels(tenant, tier, "prompt")
+        self.output = metrics.tokens.labels(tenant, tier, "output")
+        self.streamed_prompt = metrics.tokens_streamed.labels(tenant, tier, "prompt")
+        self.streamed_output = metrics.tokens_streamed.labels(tenant, tier, "output")
+
+
 class StreamedTokens:
     """One request's tokens counted into ``weighbridge_tokens_streamed_total`` as they pass:
     its prompt when the first token shows the prefill done, one output token per content
@@ -296,9 +315,9 @@ class StreamedTokens:
 
     __slots__ = ("_output", "_prompt", "_prompt_estimate", "output_counted", "prompt_counted")
 
-    def __init__(self, counter: Counter, tenant: str, tier: str, prompt_tokens: int) -> None:
-        self._prompt = counter.labels(tenant, tier, "prompt")
-        self._output = counter.labels(tenant, tier, "output")
+    def __init__(self, series: RequestSeries, prompt_tokens: int) -> None:
+        self._prompt = series.streamed_prompt
+        self._output = series.streamed_output
         self._prompt_estimate = prompt_tokens
         self.prompt_counted = 0
         self.output_counted = 0
@@ -351,6 +370,7 @@ class SidecarMetrics:
         self.offered_tokens = Counter("weighbridge_offered_tokens",
                                       "Prompt + expected output tokens of requests that "
                                       "reached the ingress checks.", labels, registry=r)
+        self._series: dict[tuple[str, str], RequestSeries] = {}
         # Initialised at 0 for each tenant's own tier (see CoreCollector.collect).
         for tenant, spec in core.config.tenants.items():
             self.offered_tokens.labels(tenant, spec.tier)
@@ -358,9 +378,16 @@ class SidecarMetrics:
                 self.tokens.labels(tenant, spec.tier, kind)
                 self.tokens_streamed.labels(tenant, spec.tier, kind)
 
+    def series(self, tenant: str, tier: str) -> RequestSeries:
+        """The (tenant, tier)'s series, made on first use (both are configured names)."""
+        series = self._series.get((tenant, tier))
+        if series is None:
+            series = self._series[(tenant, tier)] = RequestSeries(self, tenant, tier)
+        return series
+
     def offer(self, tenant: str, tier: str, tokens: int) -> None:
-        self.offered_tokens.labels(tenant, tier).inc(tokens)
+        self.series(tenant, tier).offered.inc(tokens)
         self.stability.offer(tokens)
 
     def streamed(self, tenant: str, tier: str, prompt_tokens: int) -> StreamedTokens:
-        return StreamedTokens(self.tokens_streamed, tenant, tier, prompt_tokens)
+        return StreamedTokens(self.series(tenant, tier), prompt_tokens)

@@ -10,6 +10,7 @@ may differ; SSE's framing is the blank line, which stays).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
@@ -18,7 +19,13 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from sidecar.upstream import Upstream, UpstreamConnectError, UpstreamError, UpstreamResponse
+from sidecar.upstream import (
+    HIGH_WATER,
+    Upstream,
+    UpstreamConnectError,
+    UpstreamError,
+    UpstreamResponse,
+)
 
 # Response headers that describe the backend's connection, not the content.
 _HOP_BY_HOP = frozenset({
@@ -182,38 +189,41 @@ async def _relay_stream(upstream: UpstreamResponse, request: web.Request,
                         clock: Callable[[], float]) -> tuple[web.StreamResponse, RelayOutcome]:
     """An SSE stream, relayed as its events arrive. A backend that breaks off ends the
     client's stream with an error event (``broken``); a client that goes away makes a write
-    fail (``client_gone``)."""
+    fail (``client_gone``).
+
+    The handler's task writes the first output (with the response head, in one write) and the
+    last (with the end of the chunked body); everything between goes from the backend's
+    socket to the client's in the connection's callback (:class:`_Relay`), without waking
+    the task per chunk."""
     response = web.StreamResponse(status=200, headers=headers)
     outcome = RelayOutcome(200, None, None, 0)
     complete = False
+    relay = _Relay(upstream, request, outcome, strip_usage_chunk, on_content, clock)
     try:
         await response.prepare(request)
-        buffer = b""
-        try:
-            async for data in upstream.pieces():
-                buffer += data
-                end = buffer.rfind(b"\n\n")
-                if end < 0:
-                    continue
-                # Every complete event of this read goes out in one write: one system call
-                # instead of one per event when the backend got ahead of us (the relay's
-                # dominant cost is the socket write, benchmarks/RESULTS.md).
-                events, buffer = buffer[: end + 2], buffer[end + 2:]
-                await _forward(events, response, outcome, strip_usage_chunk, on_content, clock)
-            if buffer.strip():
-                await _forward(buffer, response, outcome, strip_usage_chunk, on_content, clock)
-        except ConnectionResetError:
-            raise  # writing to the client failed: the client is gone, not the backend
-        except (UpstreamError, OSError) as e:
-            outcome.broken = True
-            outcome.error = f"{type(e).__name__}: {e}"
+        # Chunked for HTTP/1.1 clients; an HTTP/1.0 client's body ends with the connection.
+        relay.chunked = bool(getattr(request.writer, "chunked", True))
+        upstream.stream_to(relay)
+        while not relay.ended:
+            await relay.wait()
+            relay.check()
+            if not relay.direct and not relay.ended:
+                # The head goes with the first output; until it is out, outputs queue here.
+                while out := relay.take():
+                    await response.write(out)
+                    relay.check()
+                relay.direct = True  # no await since the queue was found empty
+            if relay.drain:
+                await request.writer.drain()
+                relay.drained()
+        relay.check()
+        tail = relay.take()
         if outcome.broken or (outcome.usage is None and not outcome.content_chunks):
             outcome.broken = True
             outcome.error = outcome.error or "backend ended the stream early"
-            await response.write(error_event(f"backend failed mid-stream: {outcome.error}"))
-            await response.write(_DONE + b"\n\n")
+            tail += error_event(f"backend failed mid-stream: {outcome.error}") + _DONE + b"\n\n"
         complete = not outcome.broken
-        await response.write_eof()
+        await response.write_eof(tail)  # the last output and the body's end in one write
     except ConnectionResetError:
         # A write to the client failed: it went away. Unless the backend had finished,
         # the caller closes the upstream, which aborts the request there. Returning (not
@@ -222,11 +232,139 @@ async def _relay_stream(upstream: UpstreamResponse, request: web.Request,
     return response, outcome
 
 
-async def _forward(events: bytes, response: web.StreamResponse, outcome: RelayOutcome,
-                   strip_usage_chunk: bool, on_content: Callable[[int], None] | None,
-                   clock: Callable[[], float]) -> None:
-    """Relay one read's complete SSE events (each ending in a blank line, but the last of a
-    stream may not) in one write, counting the content chunks among them."""
+class _Relay:
+    """The body's path from the backend's connection to the client's: SSE events cut at
+    their blank lines, counted, the usage chunk read (and dropped unless the client asked
+    for it), and written straight to the client's transport once the response head is out
+    (``direct``); before that, and for the last output, queued for the handler's task."""
+
+    __slots__ = ("_buffer", "_failure", "_pending", "_strip", "_transport",
+                 "_upstream", "_waiter", "chunked", "clock", "direct", "drain", "ended", "gone",
+                 "on_content", "outcome")
+
+    def __init__(self, upstream: UpstreamResponse, request: web.Request, outcome: RelayOutcome,
+                 strip_usage_chunk: bool, on_content: Callable[[int], None] | None,
+                 clock: Callable[[], float]) -> None:
+        self._upstream = upstream
+        self._transport = request.transport
+        self.chunked = True
+        self._strip = strip_usage_chunk
+        self.on_content = on_content
+        self.clock = clock
+        self.outcome = outcome
+        self._buffer = b""
+        self._pending: list[bytes] = []
+        self._waiter: asyncio.Future[None] | None = None
+        self._failure: BaseException | None = None
+        self.direct = False
+        self.drain = False
+        self.ended = False
+        self.gone = False
+
+    # -- the handler's task ------------------------------------------------------------------
+
+    async def wait(self) -> None:
+        if self._pending or self.ended or self.drain or self.gone or self._failure:
+            return
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+
+    def check(self) -> None:
+        """Raise what the callbacks found: the client gone, or an error of the shell's."""
+        if self._failure is not None:
+            raise self._failure
+        if self.gone:
+            raise ConnectionResetError("the client went away")
+
+    def take(self) -> bytes:
+        pending = self._pending
+        if not pending:
+            return b""
+        out = pending[0] if len(pending) == 1 else b"".join(pending)
+        pending.clear()
+        return out
+
+    def drained(self) -> None:
+        self.drain = False
+        self._upstream.resume()
+
+    # -- the backend connection's callbacks (sidecar.upstream.BodySink) ------------------------
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def data(self, data: bytes, last: bool) -> None:
+        try:
+            buffer = self._buffer + data if self._buffer else data
+            end = buffer.rfind(b"\n\n")
+            if end < 0:
+                self._buffer = buffer
+                return
+            # Every complete event of this read goes out in one write: one system call
+            # instead of one per event when the backend got ahead of us.
+            events, self._buffer = buffer[: end + 2], buffer[end + 2:]
+            out = _select(events, self.outcome, self._strip, self.on_content, self.clock)
+            if not out:
+                return
+            if self.direct and not last:
+                self._write(out)
+            else:
+                self._pending.append(out)
+                self._wake()
+        except BaseException as e:  # a bug of the shell's: the handler raises it
+            self._fail(e)
+
+    def end(self, error: BaseException | None) -> None:
+        try:
+            if error is not None:
+                self.outcome.broken = True
+                self.outcome.error = f"{type(error).__name__}: {error}"
+            elif self._buffer.strip():  # a last event without its blank line
+                out = _select(self._buffer, self.outcome, self._strip, self.on_content,
+                              self.clock)
+                if out:
+                    self._pending.append(out)
+            self._buffer = b""
+        except BaseException as e:
+            self._fail(e)
+        self.ended = True
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        self._failure = error
+        self.ended = True
+        self._upstream.close()
+        self._wake()
+
+    def _write(self, out: bytes) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            self.gone = True
+            self.ended = True
+            self._upstream.close()
+            self._wake()
+            return
+        transport.write(b"%x\r\n%b\r\n" % (len(out), out) if self.chunked else out)
+        if transport.get_write_buffer_size() > HIGH_WATER:
+            # The client reads slower than the backend writes: stop reading the backend
+            # until the handler's task has drained the client's buffer.
+            self._upstream.pause()
+            self.drain = True
+            self._wake()
+
+
+def _select(events: bytes, outcome: RelayOutcome, strip_usage_chunk: bool,
+            on_content: Callable[[int], None] | None, clock: Callable[[], float]) -> bytes:
+    """One read's complete SSE events (each ending in a blank line, but the last of a
+    stream may not), less a usage chunk to strip; the content chunks among them counted.
+    Only the framing is read: a content chunk is a ``data: {`` event once the first one
+    showed content (parsed until then), the usage chunk the one with ``"usage":{`` and no
+    choices (the only one parsed in full)."""
     content = 0
     kept: list[bytes] | None = None  # the events written, once one is dropped
     start = 0
@@ -256,6 +394,4 @@ async def _forward(events: bytes, response: web.StreamResponse, outcome: RelayOu
         outcome.content_chunks += content
         if on_content is not None:
             on_content(content)
-    out = events if kept is None else b"".join(kept)
-    if out:
-        await response.write(out)
+    return events if kept is None else b"".join(kept)

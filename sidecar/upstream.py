@@ -24,13 +24,23 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import cast
+from typing import Protocol, cast
 from urllib.parse import urlsplit
 
 # Buffered body bytes above which the backend's socket is not read until the relay caught
 # up (the client reads slower than the backend writes).
 HIGH_WATER = 1 << 16
 MAX_HEAD = 1 << 16  # status line and headers: more is not a backend we talk to
+
+
+class BodySink(Protocol):
+    """Where :meth:`UpstreamResponse.stream_to` delivers the body."""
+
+    def data(self, data: bytes, last: bool) -> None:
+        """Body bytes as they arrive; ``last``: the response is whole with these."""
+
+    def end(self, error: BaseException | None) -> None:
+        """The body ended (``error`` None) or broke off; nothing follows."""
 
 
 class UpstreamConnectError(Exception):
@@ -112,7 +122,8 @@ class UpstreamResponse:
     the client is gone)."""
 
     __slots__ = ("_body", "_buffer", "_conn", "_error", "_head", "_keep_alive", "_left",
-                 "_paused", "_size", "_state", "_waiter", "content_type", "headers", "status")
+                 "_paused", "_sink", "_size", "_state", "_waiter", "content_type", "headers",
+                 "status")
 
     def __init__(self, conn: _Connection) -> None:
         self._conn = conn
@@ -126,6 +137,7 @@ class UpstreamResponse:
         self._waiter: asyncio.Future[None] | None = None
         self._keep_alive = True
         self._paused = False
+        self._sink: BodySink | None = None
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self.content_type = ""
@@ -151,6 +163,9 @@ class UpstreamResponse:
         except UpstreamError as e:
             self._error = e
             self._conn.abort()
+        if self._sink is not None:
+            self._to_sink(self._sink)
+            return
         if self._body or self._state == _DONE:
             self._wake()
         if self._size > HIGH_WATER and not self._paused and self._conn.transport is not None:
@@ -166,7 +181,18 @@ class UpstreamResponse:
                 "the backend closed the connection before the response ended" + what
                 if self._state != _HEAD else
                 "the backend closed the connection before answering" + what)
+        if self._sink is not None:
+            self._to_sink(self._sink)
         self._wake()
+
+    def _to_sink(self, sink: BodySink) -> None:
+        """Hand the sink what arrived, and the end once it is known."""
+        done = self._state == _DONE
+        if self._body:
+            sink.data(self._drain(), done and self._error is None)
+        if done or self._error is not None:
+            self._sink = None
+            sink.end(self._error)
 
     def _parse_head(self, data: bytes) -> bytes:
         head = self._head + data
@@ -334,6 +360,23 @@ class UpstreamResponse:
             else:
                 await self._wait()
 
+    def stream_to(self, sink: BodySink) -> None:
+        """From now on the body goes to ``sink`` from the connection's callbacks, as it
+        arrives: no task wakes per read (the relay's per-chunk path)."""
+        self._sink = sink
+        self._to_sink(sink)
+
+    def pause(self) -> None:
+        """Stop reading the backend's socket (the client is slower)."""
+        if not self._paused and self._conn.transport is not None:
+            self._paused = True
+            self._conn.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self._paused and self._conn.transport is not None:
+            self._paused = False
+            self._conn.transport.resume_reading()
+
     async def read(self) -> bytes:
         parts = [piece async for piece in self.pieces()]
         return b"".join(parts)
@@ -360,6 +403,7 @@ class Upstream:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._targets: dict[str, tuple[str, int, str, bytes]] = {}
         self._closed = False
+        self._sweep: asyncio.TimerHandle | None = None
 
     def _target(self, url: str) -> tuple[str, int, str, bytes]:
         """(host, port, path, Host header line) of ``url``, parsed once per URL."""
@@ -382,6 +426,28 @@ class Upstream:
             return
         conn.idle_since = time.monotonic()
         self._idle.setdefault(conn.key, []).append(conn)
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(self.keepalive_s, self._expire)
+
+    def _expire(self) -> None:
+        """Close the connections idle for ``keepalive_s``: after a burst, the pool shrinks
+        back instead of holding its peak's connections open (one timer for the pool, not
+        one per connection)."""
+        self._sweep = None
+        now = time.monotonic()
+        for key, idle in list(self._idle.items()):
+            keep = [c for c in idle if not c.closed and now - c.idle_since < self.keepalive_s]
+            for conn in idle:
+                if conn not in keep:
+                    conn.abort()
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        if self._idle and not self._closed:
+            oldest = min(c.idle_since for idle in self._idle.values() for c in idle)
+            self._sweep = asyncio.get_running_loop().call_later(
+                max(0.01, oldest + self.keepalive_s - now), self._expire)
 
     def _get(self, key: tuple[str, int]) -> _Connection | None:
         idle = self._idle.get(key)
@@ -428,6 +494,9 @@ class Upstream:
 
     async def close(self) -> None:
         self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for conns in self._idle.values():
             for conn in conns:
                 conn.abort()

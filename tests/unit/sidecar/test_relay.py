@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import socket
 
 import orjson
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sidecar import proxy
 from sidecar.proxy import RelayOutcome, relay
 from sidecar.upstream import Upstream
 
@@ -38,16 +41,24 @@ def pieces_of(data: bytes, cuts: list[int]) -> list[bytes]:
     return [data[a:b] for a, b in itertools.pairwise(edges) if b > a]
 
 
-async def relayed(pieces: list[bytes], client_wants_usage: bool
+async def relayed(pieces: list[bytes], client_wants_usage: bool, *, pause_s: float = 0.0,
+                  break_off: bool = False, read_slowly: bool = False,
                   ) -> tuple[bytes, RelayOutcome, list[int]]:
     """The client's bytes, the relay's outcome and the counts ``on_content`` was called with,
-    for a backend that writes ``pieces`` one write each."""
+    for a backend that writes ``pieces`` one write each (``pause_s`` apart: separate reads at
+    the relay; ``break_off``: then drops the connection)."""
 
     async def backend(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
         for piece in pieces:
             await response.write(piece)
+            if pause_s:
+                await asyncio.sleep(pause_s)
+        if break_off:
+            assert request.transport is not None
+            request.transport.abort()
+            return response
         await response.write_eof()
         return response
 
@@ -57,6 +68,9 @@ async def relayed(pieces: list[bytes], client_wants_usage: bool
     counts: list[int] = []
 
     async def front(request: web.Request) -> web.StreamResponse:
+        if read_slowly:  # a small kernel buffer toward the client: its reading paces ours
+            sock = request.transport.get_extra_info("socket")  # type: ignore[union-attr]
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         pool = Upstream()
         try:
             response, outcome = await relay(
@@ -73,7 +87,13 @@ async def relayed(pieces: list[bytes], client_wants_usage: bool
     async with TestServer(upstream_app) as upstream, \
             TestClient(TestServer(front_app)) as client:
         answer = await client.post("/v1/completions", data=b"{}")
-        body = await answer.read()
+        if read_slowly:
+            body = b""
+            while piece := await answer.content.read(4096):
+                body += piece
+                await asyncio.sleep(0.001)
+        else:
+            body = await answer.read()
     return body, outcomes[0], counts
 
 
@@ -103,3 +123,39 @@ async def test_a_last_event_without_its_blank_line_is_relayed() -> None:
     body, outcome, _ = await relayed([ROLE + chunk("a") + DONE.rstrip(b"\n")], False)
     assert body == ROLE + chunk("a") + DONE.rstrip(b"\n")
     assert outcome.content_chunks == 1
+
+
+async def test_events_apart_are_relayed_as_they_come() -> None:
+    # Separate reads: after the first output (written with the head by the handler's task)
+    # each goes from the backend's connection straight to the client's.
+    events = [ROLE, chunk(""), chunk("a"), chunk("b"), chunk("c"), USAGE, DONE]
+    body, outcome, counts = await relayed(events, False, pause_s=0.005)
+    assert body == STREAM.replace(USAGE, b"")
+    assert counts == [1, 1, 1] and outcome.usage is not None and not outcome.broken
+
+
+async def test_a_backend_breaking_off_mid_stream_ends_it_with_an_error_event() -> None:
+    body, outcome, counts = await relayed([ROLE, chunk("a"), chunk("b")], False, pause_s=0.005,
+                                          break_off=True)
+    assert body.startswith(ROLE + chunk("a") + chunk("b") + b'data: {"error":')
+    assert body.endswith(DONE)
+    assert outcome.broken and counts == [1, 1]
+
+
+async def test_a_slow_client_gets_every_byte(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Far more than the transports buffer: the relay stops reading the backend until the
+    # client caught up, and loses nothing.
+    drained: list[int] = []
+    original = proxy._Relay.drained
+
+    def counted(relay: proxy._Relay) -> None:
+        drained.append(1)
+        original(relay)
+
+    monkeypatch.setattr(proxy._Relay, "drained", counted)
+    many = [chunk("x" * 1000) for _ in range(3000)]
+    body, outcome, _ = await relayed([ROLE, *many, USAGE, DONE], False,
+                                     read_slowly=True)
+    assert body == ROLE + b"".join(many) + DONE
+    assert outcome.content_chunks == 3000
+    assert drained  # the client's buffer filled up at least once

@@ -181,3 +181,24 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
     with pytest.raises(UpstreamConnectError):
         await pool.request("POST", "http://127.0.0.1:9/v1/completions", b"{}")
     await pool.close()
+
+
+async def test_idle_connections_are_closed_after_the_keepalive() -> None:
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(body=b"ok")
+
+    app = web.Application()
+    app.router.add_post("/", answer)
+    async with TestServer(app) as server:
+        pool = Upstream(keepalive_s=0.05)
+        try:
+            responses = await asyncio.gather(*(pool.request("POST", str(server.make_url("/")))
+                                               for _ in range(3)))
+            for response in responses:
+                assert await response.read() == b"ok"
+                response.release()
+            assert sum(len(idle) for idle in pool._idle.values()) == 3
+            await asyncio.sleep(0.2)
+            assert not pool._idle and pool._sweep is None
+        finally:
+            await pool.close()
