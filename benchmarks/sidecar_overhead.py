@@ -1,5 +1,6 @@
-"""Sidecar overhead: TTFT added by the sidecar at 200 streaming requests/s (target: p50 <= 2 ms,
-p99 <= 10 ms; aim 1 ms / 5 ms), and the sidecar's CPU time per request.
+"""Sidecar overhead: TTFT added by the sidecar at 200 streaming requests/s and its CPU time per
+request (issue 17's targets: added p50 <= 1 ms, p99 <= 4 ms, <= 400 µs of CPU per request of
+16-18 chunks), and the throughput one sidecar process can carry.
 
 Baseline in the same run, at the same time: two independent Poisson streams of 200 requests/s
 each, one through the sidecar (default policy ``drr``, one tenant, admission and metrics
@@ -34,6 +35,14 @@ engine shape: one worker, no database, no callbacks, the engine as a ``hosted_vl
 worker cannot carry 200 requests/s (it spends over 100 ms of CPU on each here), so its row and
 a row of our plain config beside it run at ``PEER_RATE``.
 
+**Throughput.** One sidecar process should carry 1,000 streaming requests/s of 16-token answers
+with its added p99 under 10 ms. On a 2-core machine the client and the engines need most of a
+core at that rate, so the benchmark reports the CPU-bound projection (one core's second over
+the measured CPU per request at 200 req/s) and measures the proxy alone (``passthrough``: at
+this rate the engine's waiting queue, not the sidecar, would close the default config's
+admission gate, which is sized for 200 req/s) at ``THROUGHPUT_RATE``, the highest rate run
+here.
+
 ``python -m benchmarks.sidecar_overhead [--quick] [--rate 200] [--seconds 20]``
 """
 
@@ -67,7 +76,14 @@ MODEL = "m"
 # refuses to start without, or with a weak one).
 KEY = "sk-bench-6f1d2c9a4e7b8d0c3a5f9e1b7d2c4a6e"
 RATE = 200.0
-TARGET_P50_S, TARGET_P99_S = 0.002, 0.010
+TARGET_P50_S, TARGET_P99_S = 0.001, 0.004
+TARGET_CPU_S = 400e-6  # per request of 16-18 chunks, at RATE
+TARGET_THROUGHPUT = 1000.0  # streaming req/s with added p99 under THROUGHPUT_P99_S
+THROUGHPUT_P99_S = 0.010
+# The highest rate measured here: the client and two engines share the 2 cores with the sidecar,
+# and at 400 req/s per stream the engines themselves fall behind (direct p50 1.5 s, 12:15 UTC).
+THROUGHPUT_RATE = 300.0
+THROUGHPUT_CONFIG = "passthrough"
 ENGINE = {"profile": "h100-llama3-8b", "max_num_seqs": 256, "max_num_batched_tokens": 8192,
           "num_kv_blocks": 8192, "block_size": 16, "max_model_len": 1024, "model_name": MODEL}
 BODY = orjson.dumps({"model": MODEL, "prompt": list(range(10, 42)), "max_tokens": 16,
@@ -261,7 +277,8 @@ def _ms(x: float) -> str:
 
 
 def verdict(o: Overhead) -> bool:
-    return o.failures == 0 and o.added_p50_s <= TARGET_P50_S and o.added_p99_s <= TARGET_P99_S
+    return (o.failures == 0 and o.added_p50_s <= TARGET_P50_S
+            and o.added_p99_s <= TARGET_P99_S and o.cpu_per_request_s <= TARGET_CPU_S)
 
 
 def run(ctx: BenchContext) -> BenchResult:
@@ -271,6 +288,11 @@ def run(ctx: BenchContext) -> BenchResult:
         ctx.log(f"{name}: {passes} passes of {seconds:.0f} s at {RATE:.0f} req/s through the "
                 f"sidecar and {RATE:.0f} req/s direct")
         runs.append((name, RATE, measure(RATE, seconds, passes, sidecar(overlay), log=ctx.log)))
+    ctx.log(f"{THROUGHPUT_CONFIG}: {passes} passes of {seconds:.0f} s at {THROUGHPUT_RATE:.0f} "
+            "req/s")
+    runs.append((THROUGHPUT_CONFIG, THROUGHPUT_RATE,
+                 measure(THROUGHPUT_RATE, seconds, passes, sidecar(CONFIGS[THROUGHPUT_CONFIG]),
+                         log=ctx.log)))
     notes = []
     if LITELLM.exists():
         for name, proxy in ((LITELLM_NAME, litellm), (PLAIN, sidecar(CONFIGS[PLAIN]))):
@@ -296,7 +318,18 @@ def run(ctx: BenchContext) -> BenchResult:
     summary = [f"TTFT added by the sidecar (`{VERDICT_ON}`) at {RATE:.0f} streaming req/s: "
                f"p50 **{_ms(o.added_p50_s)} ms**, p99 **{_ms(o.added_p99_s)} ms** (targets "
                f"{TARGET_P50_S * 1e3:.0f} / {TARGET_P99_S * 1e3:.0f} ms); sidecar CPU "
-               f"**{o.cpu_per_request_s * 1e6:.0f} µs per request**."]
+               f"**{o.cpu_per_request_s * 1e6:.0f} µs per request** (target "
+               f"{TARGET_CPU_S * 1e6:.0f} µs)."]
+    high = next(o for name, rate, o in runs if rate == THROUGHPUT_RATE)
+    projection = 1 / o.cpu_per_request_s if o.cpu_per_request_s else math.inf
+    summary.append(
+        f"Throughput: CPU-bound projection **{projection:,.0f} streaming req/s** on one core "
+        f"(1 s over {o.cpu_per_request_s * 1e6:.0f} µs; target {TARGET_THROUGHPUT:,.0f}); "
+        f"measured ({THROUGHPUT_CONFIG}) at {THROUGHPUT_RATE:.0f} req/s, the highest rate run "
+        f"on this 2-core machine: added p50 {_ms(high.added_p50_s)} ms, p99 "
+        f"{_ms(high.added_p99_s)} ms (target under "
+        f"{THROUGHPUT_P99_S * 1e3:.0f} ms), {high.cpu_per_request_s * 1e6:.0f} µs of CPU per "
+        f"request, {high.failures} failures.")
     if plain is not None:
         summary.append(f"The plain config (every admission knob derived) adds p50 "
                        f"**{_ms(plain.added_p50_s)} ms**, p99 **{_ms(plain.added_p99_s)} ms** "
@@ -322,7 +355,8 @@ def run(ctx: BenchContext) -> BenchResult:
                "added figure is the machine's. The client waited for a CPU "
                f"{o.client_wait_share:.0%} of the time in the verdict's run. CPU per request "
                "is the proxy's whole process group's.", *notes],
-        passed=verdict(o) and (plain is None or verdict(plain)),
+        passed=(verdict(o) and (plain is None or verdict(plain))
+                and projection >= TARGET_THROUGHPUT),
     )
 
 
