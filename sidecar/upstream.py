@@ -9,8 +9,9 @@ docs/sidecar-performance.md). Here a request is one ``write`` of preformatted by
 response's status line and headers are split once, and the body's chunked framing is undone
 in ``data_received``; the relay's task wakes once per read from the backend.
 
-Only what the relay needs: ``POST``/``GET`` with a body of known length, responses framed by
-``Content-Length``, chunked transfer coding or the end of the connection, no
+Only what the relay needs: ``http://`` and ``https://`` backends (TLS verified against the
+system's CAs, as aiohttp's default), ``POST``/``GET`` with a body of known length,
+responses framed by ``Content-Length``, chunked transfer coding or the end of the connection, no
 ``Expect: 100-continue``, no content coding asked for (no ``Accept-Encoding``: the backend
 answers in identity, which is what the relay passes on). A connection goes back to the pool
 only after a complete response the server did not mark ``Connection: close``; idle ones are
@@ -22,11 +23,15 @@ closing fails as if the backend had died).
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
+# (scheme, host, port): the connections of one backend.
+_Key = tuple[str, str, int]
+_DEFAULT_PORTS = {"http": 80, "https": 443}
 # Buffered body bytes above which the backend's socket is not read until the relay caught
 # up (the client reads slower than the backend writes).
 HIGH_WATER = 1 << 16
@@ -56,7 +61,7 @@ class UpstreamError(Exception):
 class _Connection(asyncio.Protocol):
     """One connection to a backend and the response being read on it."""
 
-    def __init__(self, pool: Upstream, key: tuple[str, int]) -> None:
+    def __init__(self, pool: Upstream, key: _Key) -> None:
         self.pool = pool
         self.key = key
         self.transport: asyncio.Transport | None = None
@@ -400,22 +405,27 @@ class Upstream:
     def __init__(self, keepalive_s: float = 4.0, connect_timeout_s: float = 5.0) -> None:
         self.keepalive_s = keepalive_s
         self.connect_timeout_s = connect_timeout_s
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
-        self._targets: dict[str, tuple[str, int, str, bytes]] = {}
+        self._idle: dict[_Key, list[_Connection]] = {}
+        self._targets: dict[str, tuple[_Key, str, bytes]] = {}
+        self._tls: ssl.SSLContext | None = None
         self._closed = False
         self._sweep: asyncio.TimerHandle | None = None
 
-    def _target(self, url: str) -> tuple[str, int, str, bytes]:
-        """(host, port, path, Host header line) of ``url``, parsed once per URL."""
+    def _target(self, url: str) -> tuple[_Key, str, bytes]:
+        """((scheme, host, port), path, Host header line) of ``url``, parsed once per URL."""
         target = self._targets.get(url)
         if target is None:
             parts = urlsplit(url)
-            if parts.scheme != "http" or parts.hostname is None:
-                raise UpstreamConnectError(f"unsupported backend URL {url!r} (http:// only)")
-            port = parts.port or 80
+            if parts.scheme not in _DEFAULT_PORTS or parts.hostname is None:
+                raise UpstreamConnectError(f"unsupported backend URL {url!r}")
+            default = _DEFAULT_PORTS[parts.scheme]
+            port = parts.port or default
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-            target = (parts.hostname, port, path, f"Host: {host}:{port}\r\n".encode())
+            if port != default:
+                host = f"{host}:{port}"
+            target = ((parts.scheme, parts.hostname, port), path,
+                      f"Host: {host}\r\n".encode("idna"))
             if len(self._targets) < 1024:
                 self._targets[url] = target
         return target
@@ -449,7 +459,7 @@ class Upstream:
             self._sweep = asyncio.get_running_loop().call_later(
                 max(0.01, oldest + self.keepalive_s - now), self._expire)
 
-    def _get(self, key: tuple[str, int]) -> _Connection | None:
+    def _get(self, key: _Key) -> _Connection | None:
         idle = self._idle.get(key)
         now = time.monotonic()
         while idle:
@@ -461,13 +471,19 @@ class Upstream:
             return conn
         return None
 
-    async def _connect(self, host: str, port: int) -> _Connection:
+    async def _connect(self, key: _Key) -> _Connection:
         loop = asyncio.get_running_loop()
-        key = (host, port)
+        scheme, host, port = key
+        tls = None
+        if scheme == "https":
+            if self._tls is None:
+                self._tls = ssl.create_default_context()
+            tls = self._tls
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Connection(self, key),
-                                                       host, port)
+                _, conn = await loop.create_connection(
+                    lambda: _Connection(self, key), host, port, ssl=tls,
+                    server_hostname=host if tls is not None else None)
         except TimeoutError as e:
             raise UpstreamConnectError(f"connect to {host}:{port} timed out") from e
         except OSError as e:
@@ -479,8 +495,8 @@ class Upstream:
         """Send the request; returns once the response's head is read. Raises
         :class:`UpstreamConnectError` before anything was sent, :class:`UpstreamError`
         after."""
-        host, port, path, host_line = self._target(url)
-        conn = self._get((host, port)) or await self._connect(host, port)
+        key, path, host_line = self._target(url)
+        conn = self._get(key) or await self._connect(key)
         extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
         head = (f"{method} {path} HTTP/1.1\r\n".encode() + host_line
                 + f"{extra}Content-Length: {len(body)}\r\n\r\n".encode("latin-1"))

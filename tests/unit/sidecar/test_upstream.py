@@ -52,7 +52,7 @@ class _Transport:
 
 
 def _response() -> tuple[_Connection, UpstreamResponse]:
-    conn = _Connection(Upstream(), ("h", 1))
+    conn = _Connection(Upstream(), ("http", "h", 1))
     conn.connection_made(_Transport())  # type: ignore[arg-type]
     return conn, conn.start(b"")
 
@@ -202,3 +202,15 @@ async def test_idle_connections_are_closed_after_the_keepalive() -> None:
             assert not pool._idle and pool._sweep is None
         finally:
             await pool.close()
+
+
+def test_backend_urls_name_their_connections_and_host() -> None:
+    pool = Upstream()
+    assert pool._target("http://127.0.0.1:8001/v1/completions") == (
+        ("http", "127.0.0.1", 8001), "/v1/completions", b"Host: 127.0.0.1:8001\r\n")
+    assert pool._target("https://vllm.example/v1/chat/completions?x=1") == (
+        ("https", "vllm.example", 443), "/v1/chat/completions?x=1", b"Host: vllm.example\r\n")
+    assert pool._target("http://[::1]:9000/metrics") == (
+        ("http", "::1", 9000), "/metrics", b"Host: [::1]:9000\r\n")
+    with pytest.raises(UpstreamConnectError):
+        pool._target("ftp://h/x")
