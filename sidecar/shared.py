@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 import uuid
@@ -60,6 +61,8 @@ log = logging.getLogger("weighbridge.sidecar")
 # Settlements kept for Redis while it is down; beyond, the oldest are dropped (counted).
 MAX_PENDING_CHARGES = 100_000
 HEARTBEATS_TO_EXPIRE = 3
+# How often service, estimates and settlements are exchanged (load: every sync_ms).
+SERVICE_SYNC_S = 0.03
 
 # The bucket arithmetic of sidecar.ratelimit.TokenBucket, in Lua, on Redis's clock: `level`
 # reads a bucket refilled to `now` (a missing key is a full bucket), `store` writes it back
@@ -345,13 +348,48 @@ class SharedState:
 
     async def _syncs(self) -> None:
         interval = self.config.sync_ms / 1000
-        while True:
+        # Load is what shares are judged on, and goes stale in milliseconds; service,
+        # estimates and settlements move slowly, and cost a pipeline of several commands.
+        every = max(1, round(SERVICE_SYNC_S / interval))
+        for tick in itertools.count(1):
             await asyncio.sleep(interval)
-            await self._sync()
+            if tick % every == 0:
+                await self._sync()
+            elif self.up and self.replicas > 1:
+                await self._exchange_load()
+
+    async def _exchange_load(self) -> None:
+        """This replica's load out, the others' back (alone, there is nothing to learn:
+        its load goes out with the next full sync, before another replica counts it)."""
+        try:
+            async with asyncio.timeout(max(self._timeout_s * 4, 0.05)):
+                foreign = await self._load(keys=self._load_keys(), args=self._load_args())
+        except (RedisError, OSError, TimeoutError) as e:
+            self._failed(e)
+            return
+        self._adopt_load(foreign)
+
+    def _load_keys(self) -> list[str]:
+        return [self._replicas_key, self._load_prefix + self.replica_id]
+
+    def _load_args(self) -> list[str | float]:
+        args: list[str | float] = [
+            self.replica_id, HEARTBEATS_TO_EXPIRE * self.config.heartbeat_ms,
+            self._load_prefix]
+        for (pool, tenant), (inflight, backlogged) in self.core.local_load().items():
+            args += [_field(pool, tenant), f"{inflight},{int(backlogged)}"]
+        return args
+
+    def _adopt_load(self, foreign: list[str]) -> None:
+        self.core.set_foreign_load({
+            (pool, tenant): (int(foreign[i + 1]), int(foreign[i + 2]) > 0)
+            for i in range(0, len(foreign), 3)
+            for pool, tenant in [_unfield(foreign[i])]})
 
     async def _sync(self) -> None:
-        """One exchange: charges owed, this replica's service, its estimates' observations;
-        back come the totals of the tenants queued here and the shared estimates."""
+        """One full exchange: charges owed, this replica's service, load and estimates'
+        observations; back come the totals of the tenants queued here, the others' load
+        and the shared estimates."""
         core = self.core
         for request, delta in core.take_shared_charges():
             self._pending.append(_Pending(request, delta))
@@ -365,11 +403,6 @@ class SharedState:
             # the others judge from its totals as they stand then.
             core.set_foreign_load({})
             return
-        load_args: list[str | float] = [
-            self.replica_id, HEARTBEATS_TO_EXPIRE * self.config.heartbeat_ms,
-            self._load_prefix]
-        for (pool, tenant), (inflight, backlogged) in core.local_load().items():
-            load_args += [_field(pool, tenant), f"{inflight},{int(backlogged)}"]
         wanted = sorted(set(booked) | set(core.queued_flows()))
         pending, self._pending = self._pending, []
         try:
@@ -381,9 +414,8 @@ class SharedState:
                         pipe.hincrbyfloat(self._served_key, _field(*key), turns)
                     if wanted:
                         pipe.hmget(self._served_key, [_field(*key) for key in wanted])
-                    await self._load(keys=[self._replicas_key,
-                                           self._load_prefix + self.replica_id],
-                                     args=load_args, client=pipe)
+                    await self._load(keys=self._load_keys(), args=self._load_args(),
+                                     client=pipe)
                     if observations:
                         args: list[str | float] = [core.estimator.alpha]
                         for tenant, endpoint, tokens in observations:
@@ -408,11 +440,7 @@ class SharedState:
                     foreign = now_total - last[1] - booked.get(key, 0.0)
                     if abs(foreign) > 1e-9:
                         core.charge_foreign(*key, foreign)
-        foreign = results.pop(0)
-        core.set_foreign_load({
-            (pool, tenant): (int(foreign[i + 1]), int(foreign[i + 2]) > 0)
-            for i in range(0, len(foreign), 3)
-            for pool, tenant in [_unfield(foreign[i])]})
+        self._adopt_load(results.pop(0))
         if observations:
             shared = results.pop(0)
             for i in range(0, len(shared), 2):

@@ -462,10 +462,11 @@ class SharedState(_Model):
     # One round trip on the admission path; a slower answer counts as Redis being down,
     # and the replica falls back to its share of the limits until it answers again.
     timeout_ms: PositiveFloat = 5.0
-    # How often each replica adds its served tokens, its load and its output observations to
-    # the shared counters and reads everyone's (never per streamed chunk). Shares across
-    # replicas are judged on what the others held at the last sync: two tenants, one behind
-    # one replica of three, got Jain 0.97 at 25 ms and 0.99 at 10 ms (docs/sidecar.md).
+    # How often each replica publishes its load (per tenant: in flight, backlogged) and reads
+    # the others' (never per streamed chunk; service, estimates and settlements go every
+    # 30 ms). Shares across replicas are judged on what the others held at the last
+    # exchange: two tenants, one behind one replica of three, got Jain about 0.97 at 25 ms
+    # and 0.98-1.00 at 10 ms (docs/sidecar.md).
     sync_ms: PositiveInt = 10
     # A replica registers every heartbeat_ms; one silent for 3 beats no longer counts
     # towards the N that fallback limits are divided by.
