@@ -460,7 +460,7 @@ class Sidecar:
                        max_tokens=max_tokens, stream=bool(body.get("stream", False)))
         checks_ns = time.time_ns()
         admitted = None
-        if self.shared is not None and self.core.catalog.backends_for(body.get("model") or None):
+        if self.shared is not None and self.core.serves(body.get("model")):
             # The limits every replica shares: one round trip (None while Redis is out of
             # reach: this replica's share of the limits decides, in the core).
             admitted = await self.shared.admit(

@@ -235,6 +235,11 @@ class SchedulingCore:
             self._pools[backends] = pool
         return pool
 
+    def serves(self, model: str | None) -> bool:
+        """Whether some backend may serve ``model`` (None or "": the default model); a
+        request for one that none serves is turned away (``MODEL_NOT_FOUND``) uncharged."""
+        return bool(self.catalog.backends_for(model or None))
+
     def pool_for(self, request_id: str) -> frozenset[str] | None:
         """The backends a queued or in-flight request may go to."""
         pool = self._pool_of.get(request_id)
