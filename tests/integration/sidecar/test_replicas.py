@@ -59,7 +59,7 @@ def fleet(processes: contextlib.ExitStack) -> Iterator[Fleet]:
         },
         "endpoints": {"/v1/completions": {"initial_output_estimate": 16}},
         "backends": [{"url": engine.url}],
-        "state": {"backend": "redis", "url": redis_server.url, "timeout_ms": 50,
+        "state": {"backend": "redis", "url": redis_server.url, "timeout_ms": 200,
                   "sync_ms": 50, "heartbeat_ms": 200},
     }
     replicas = [start_sidecar(processes, config) for _ in range(3)]
@@ -129,9 +129,14 @@ def test_redis_stopped_and_restarted_mid_run(fleet: Fleet) -> None:
         settled(url)  # each replica's ledger adds up
     wait_for(lambda: all(scrape(u).value("weighbridge_shared_state_up") == 1
                          for u in fleet.urls) or None, 10, what="Redis reachable again")
-    # Global again: 30 per minute across the three, not 30 (or 10) each.
+    # Global again: 30 per minute across the three, not 30 (or 10) each. A replica whose
+    # round trip times out during the burst falls back to its own 10 (by design, on a
+    # loaded machine): each such replica may admit up to 10 more (CI saw 34 once).
+    errors = [scrape(u).value("weighbridge_shared_state_errors_total") for u in fleet.urls]
     burst, _ = asyncio.run(hammer(fleet.urls, "sk-restart", 40, 1, completion(1)))
-    assert burst[200] == pytest.approx(30, abs=2), burst
+    fell_back = sum(scrape(u).value("weighbridge_shared_state_errors_total") > before
+                    for u, before in zip(fleet.urls, errors, strict=True))
+    assert 28 <= burst[200] <= 32 + 10 * fell_back, (burst, fell_back)
 
 
 def test_a_replica_killed_under_load_leaves_the_others_alone(fleet: Fleet) -> None:
