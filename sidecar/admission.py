@@ -153,6 +153,12 @@ DEFAULT_STEP_BUDGET = 2048  # vLLM's default --max-num-batched-tokens for servin
 DEFAULT_POLL_S = 0.1  # before a step time is measured
 POLL_STEPS = 8  # scrape about every 8 engine steps...
 POLL_BOUNDS_S = (0.05, 0.25)  # ...within these bounds
+# ... and at least this many scrape durations apart, up to POLL_COST_CAP_S: the engine's API
+# server renders /metrics on the event loop that streams tokens, so scrapes take at most
+# about 2% of its time. On real vLLM CPU under a flood (benchmarks/isolation.py) a 50 ms
+# period (8 steps of ~5 ms) cost the engine's output 0.81-0.86 of the ideal's; 250 ms, 0.94.
+POLL_SCRAPE_MULTIPLE = 50
+POLL_COST_CAP_S = 0.5  # a poll this long is still twice as fresh as metrics_stale_ms (1 s)
 
 
 def reserve_fraction(slots: int | None) -> float:
@@ -238,10 +244,13 @@ def derive_limits(admission: Admission, shape: EngineShape,
 
     if admission.metrics_poll_ms is not None:
         poll = admission.metrics_poll_ms / 1000
-    elif shape.step_s is not None:
-        poll = min(max(POLL_STEPS * shape.step_s, POLL_BOUNDS_S[0]), POLL_BOUNDS_S[1])
     else:
-        poll = DEFAULT_POLL_S
+        if shape.step_s is not None:
+            poll = min(max(POLL_STEPS * shape.step_s, POLL_BOUNDS_S[0]), POLL_BOUNDS_S[1])
+        else:
+            poll = DEFAULT_POLL_S
+        if shape.scrape_s is not None:
+            poll = max(poll, min(POLL_SCRAPE_MULTIPLE * shape.scrape_s, POLL_COST_CAP_S))
     return GateLimits(
         max_backend_waiting=waiting,
         min_decode_tokens_per_s=admission.min_decode_tokens_per_s,
@@ -403,7 +412,8 @@ class AdmissionGate:
             "foreign_waiting": self._foreign_waiting,
             "decode_tokens_per_s_per_seq": self._decode_per_seq,
             "learned": {"slots": self.shape.slots, "kv_blocks": self.shape.kv_blocks,
-                        "block_size": self.shape.block_size, "step_s": self.shape.step_s},
+                        "block_size": self.shape.block_size, "step_s": self.shape.step_s,
+                        "scrape_s": self.shape.scrape_s},
             "limits": {"max_backend_waiting": self.limits.max_backend_waiting,
                        "max_running": self.limits.max_running,
                        "headroom_slots": self.limits.headroom_slots,

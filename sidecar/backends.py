@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import aiohttp
 
@@ -168,7 +168,7 @@ class BackendPool:
                     raise ScrapeError(f"status {response.status}")
                 # UTF-8 as the exposition format says: no charset sniffing per scrape.
                 text = (await response.read()).decode()
-            sample = parse_vllm_metrics(text, sent)
+            sample = replace(parse_vllm_metrics(text, sent), scrape_s=self.clock() - sent)
         except (TimeoutError, aiohttp.ClientError, OSError, ScrapeError, UnicodeDecodeError) as e:
             # No call into the core: the last sample goes stale and the fallback cap applies.
             state.scrape_errors += 1

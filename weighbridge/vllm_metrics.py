@@ -52,6 +52,11 @@ class BackendSample:
     # None when the server does not export them.
     kv_blocks: int | None = None
     block_size: int | None = None
+    # How long the scrape took, request sent to body read, on the sidecar's clock; None
+    # where no one timed it. The engine's API server spends about this much serving one
+    # scrape, in time it does not spend streaming tokens (sidecar.admission: the poll
+    # period keeps scrapes to a small share of it).
+    scrape_s: float | None = None
 
 
 def _cache_labels(line: str, found: dict[str, int]) -> None:

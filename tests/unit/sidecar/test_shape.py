@@ -12,13 +12,16 @@ from hypothesis import strategies as st
 from sidecar.admission import (
     DEFAULT_POLL_S,
     DEFAULT_STEP_BUDGET,
+    POLL_BOUNDS_S,
+    POLL_COST_CAP_S,
+    POLL_SCRAPE_MULTIPLE,
     WAITING_UNKNOWN_SLOTS,
     AdmissionGate,
     GateLimits,
     MetricsSample,
     derive_limits,
 )
-from sidecar.shape import SATURATED_WAIT_STEPS, EngineShape, ShapeLearner
+from sidecar.shape import SATURATED_WAIT_STEPS, SCRAPE_WINDOW, EngineShape, ShapeLearner
 from weighbridge.config import Admission
 from weighbridge.vllm_metrics import parse_vllm_metrics
 
@@ -34,6 +37,7 @@ class Scrape:
     kv_blocks: int | None = None
     block_size: int | None = None
     kv_cache_usage: float | None = None
+    scrape_s: float | None = None
 
 
 def test_cache_config_info_gives_the_kv_cache() -> None:
@@ -195,6 +199,43 @@ def test_a_learned_engine_sizes_every_knob() -> None:
     assert limits.kv_blocks == 572 and limits.block_size == 32
     assert limits.kv_reserve_blocks == math.ceil(572 * 4 / 32)
     assert limits.poll_s == 0.16
+
+
+def test_the_scrape_duration_is_the_median_of_the_recent_ones() -> None:
+    learner = ShapeLearner()
+    assert learner.observe(Scrape(0.0, 0, 0), 0.1).scrape_s is None  # untimed
+    durations = [0.003] * (SCRAPE_WINDOW - 1) + [0.5]  # one scrape met a long step
+    for i, d in enumerate(durations):
+        shape = learner.observe(Scrape(1.0 + i, 0, 0, scrape_s=d), 0.1)
+    assert shape.scrape_s == 0.003
+    for i in range(SCRAPE_WINDOW):  # the engine's server got slower: the median follows
+        shape = learner.observe(Scrape(100.0 + i, 0, 0, scrape_s=0.008), 0.1)
+    assert shape.scrape_s == 0.008
+
+
+@given(step_s=st.one_of(st.none(), st.floats(1e-4, 1.0)),
+       scrape_s=st.one_of(st.none(), st.floats(0.0, 1.0)))
+def test_scrapes_take_a_small_share_of_the_engine_server(step_s: float | None,
+                                                         scrape_s: float | None) -> None:
+    """The poll period is the step-derived one, raised to POLL_SCRAPE_MULTIPLE scrape
+    durations (scrapes then take at most 1/50 of the engine server's time) up to
+    POLL_COST_CAP_S, and never lowered by a fast scrape."""
+    limits = derive_limits(Admission(), EngineShape(step_s=step_s, scrape_s=scrape_s))
+    poll = limits.poll_s
+    by_steps = derive_limits(Admission(), EngineShape(step_s=step_s)).poll_s
+    assert by_steps == (DEFAULT_POLL_S if step_s is None
+                        else min(max(8 * step_s, POLL_BOUNDS_S[0]), POLL_BOUNDS_S[1]))
+    assert poll >= by_steps
+    assert poll <= max(by_steps, POLL_COST_CAP_S)
+    if scrape_s is not None and POLL_SCRAPE_MULTIPLE * scrape_s <= POLL_COST_CAP_S:
+        assert poll >= POLL_SCRAPE_MULTIPLE * scrape_s
+    assert limits.metrics_stale_s >= poll  # never judged stale between two polls
+
+
+def test_a_configured_poll_period_is_kept_however_slow_the_scrapes() -> None:
+    shape = EngineShape(step_s=0.005, scrape_s=0.02)
+    assert derive_limits(Admission(metrics_poll_ms=50), shape).poll_s == 0.05
+    assert derive_limits(Admission(), shape).poll_s == POLL_COST_CAP_S
 
 
 def test_config_values_override_what_is_learned() -> None:
