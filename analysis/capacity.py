@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from analysis.frame import Run, load_run
-from analysis.stability import stability
+from weighbridge.analysis.frame import Run, load_run
+from weighbridge.analysis.stability import stability
 
 GIB = 2**30
 SECONDS_PER_DAY = 86_400

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.gate import resolve
+from weighbridge.analysis.gate import resolve
 
 TENANT_KEYS = ("requests", "ok", "rejected", "failed", "prompt_tokens", "output_tokens",
                "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "itl_p99_s", "decode_tps_p50")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.units import DASH
+from weighbridge.analysis.units import DASH
 
 
 def undefined(reason: str) -> str:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.timeline import FloatArray
+from weighbridge.analysis.timeline import FloatArray
 from weighbridge.statistics import jain_index
 
 

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis import explain
-from analysis.gate import Verdict
-from analysis.units import MILLISECONDS, PERCENT, TIMES, TOKENS_PER_S, number
+from weighbridge.analysis import explain
+from weighbridge.analysis.gate import Verdict
+from weighbridge.analysis.units import MILLISECONDS, PERCENT, TIMES, TOKENS_PER_S, number
 
 
 @dataclass(frozen=True, slots=True)

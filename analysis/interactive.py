@@ -23,7 +23,7 @@ from bokeh.palettes import Category10_10
 from bokeh.plotting import figure
 from bokeh.resources import Resources
 
-from analysis.series import Chart
+from weighbridge.analysis.series import Chart
 
 
 @dataclass(frozen=True)

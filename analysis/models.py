@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analysis.percentiles import Percentiles, by_group
-from analysis.tenants import FAILED, _level
+from weighbridge.analysis.percentiles import Percentiles, by_group
+from weighbridge.analysis.tenants import FAILED, _level
 
 UNNAMED = "(none)"  # the group of requests that named no model
 

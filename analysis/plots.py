@@ -11,7 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from analysis.series import Chart
+from weighbridge.analysis.series import Chart
 
 
 def _png(fig: Figure) -> bytes:

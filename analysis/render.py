@@ -16,13 +16,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table as RichTable
 
-from analysis.headline import Headline
-from analysis.series import Chart
-from analysis.tables import Table
-from analysis.units import DASH
+from weighbridge.analysis.headline import Headline
+from weighbridge.analysis.series import Chart
+from weighbridge.analysis.tables import Table
+from weighbridge.analysis.units import DASH
 
 if TYPE_CHECKING:  # bokeh is imported only when report.html is drawn
-    from analysis.interactive import Rendered
+    from weighbridge.analysis.interactive import Rendered
 
 # An undefined cell: the dash, then why in parentheses (analysis/explain.py).
 _WHY = re.compile(rf"^{DASH} \((?P<why>.*)\)$", re.S)

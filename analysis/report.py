@@ -12,21 +12,21 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from analysis.compare import compare, comparison_json
-from analysis.frame import load_run
-from analysis.gate import Check, Verdict, evaluate
-from analysis.headline import headline
-from analysis.lengths import length_histograms
-from analysis.render import to_html, to_markdown, to_terminal
-from analysis.series import charts
-from analysis.summary import (
+from weighbridge.analysis.compare import compare, comparison_json
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.gate import Check, Verdict, evaluate
+from weighbridge.analysis.headline import headline
+from weighbridge.analysis.lengths import length_histograms
+from weighbridge.analysis.render import to_html, to_markdown, to_terminal
+from weighbridge.analysis.series import charts
+from weighbridge.analysis.summary import (
     DEFAULT_BACKLOG_FRACTION,
     DEFAULT_WINDOW_S,
     Analysis,
     analyse,
     summary,
 )
-from analysis.tables import report_tables
+from weighbridge.analysis.tables import report_tables
 
 FORMATS = ("text", "md", "html", "json")
 SUMMARY_JSON = "summary.json"
@@ -110,7 +110,7 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
         drawn = charts(analysis, base_analysis) if {"md", "html"} & set(request.formats) \
             else []
         if "md" in request.formats:
-            from analysis import plots  # matplotlib: imported only when a format draws
+            from weighbridge.analysis import plots  # matplotlib: imported only when a format draws
 
             task = progress.add_task("plotting PNGs", total=len(drawn))
             images = []
@@ -124,7 +124,9 @@ def make_report(request: ReportRequest, console: Console) -> ReportResult:
             result.written.append(_write(out / REPORT_MD,
                                          to_markdown(title, head, tables, images)))
         if "html" in request.formats:
-            from analysis import interactive  # bokeh: likewise (a --check gate needs neither)
+            from weighbridge.analysis import (
+                interactive,  # bokeh: likewise (a --check gate needs neither)
+            )
 
             task = progress.add_task("plotting interactive charts", total=None)
             rendered = interactive.render(drawn)

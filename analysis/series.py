@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.summary import Analysis
-from analysis.timeline import FloatArray
+from weighbridge.analysis.summary import Analysis
+from weighbridge.analysis.timeline import FloatArray
 
 CDF_POINTS = 2000  # a CDF drawn from a million points looks the same from 2,000 quantiles
 LOG_SPAN = 50.0  # latencies spanning more than this factor get a log axis

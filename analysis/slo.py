@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.percentiles import Percentiles, by_group
+from weighbridge.analysis.percentiles import Percentiles, by_group
 from weighbridge.rundir import RunInfo, TierInfo
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.windows import served_tokens
+from weighbridge.analysis.windows import served_tokens
 from weighbridge.statistics import stability_ratio
 
 # Stable: served at least 95% of what was offered, i.e. offered/served at most 1/0.95.

@@ -12,15 +12,21 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from analysis.fairness import Fairness, fairness
-from analysis.frame import Run
-from analysis.isolation import Isolation, isolation
-from analysis.littles_law import LittlesLaw, per_tenant
-from analysis.models import ModelStats, model_stats
-from analysis.slo import TierStats, tier_stats
-from analysis.stability import Stability, stability
-from analysis.tenants import TenantStats, tenant_order, tenant_stats, tenant_tier, tenant_weight
-from analysis.windows import Windows, tenant_windows
+from weighbridge.analysis.fairness import Fairness, fairness
+from weighbridge.analysis.frame import Run
+from weighbridge.analysis.isolation import Isolation, isolation
+from weighbridge.analysis.littles_law import LittlesLaw, per_tenant
+from weighbridge.analysis.models import ModelStats, model_stats
+from weighbridge.analysis.slo import TierStats, tier_stats
+from weighbridge.analysis.stability import Stability, stability
+from weighbridge.analysis.tenants import (
+    TenantStats,
+    tenant_order,
+    tenant_stats,
+    tenant_tier,
+    tenant_weight,
+)
+from weighbridge.analysis.windows import Windows, tenant_windows
 
 DEFAULT_WINDOW_S = 10.0
 DEFAULT_BACKLOG_FRACTION = 0.9

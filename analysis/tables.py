@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis import explain
-from analysis.compare import Difference
-from analysis.headline import slo_target
-from analysis.units import (
+from weighbridge.analysis import explain
+from weighbridge.analysis.compare import Difference
+from weighbridge.analysis.headline import slo_target
+from weighbridge.analysis.units import (
     INDEX,
     MINUS,
     RATIO,

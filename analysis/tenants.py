@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from analysis.percentiles import Percentiles, by_group
+from weighbridge.analysis.percentiles import Percentiles, by_group
 from weighbridge.rundir import RunInfo
 
 FAILED = ("error", "timeout")  # the server's or the network's fault; cancelled is the client's

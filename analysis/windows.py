@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from analysis.timeline import FloatArray, covered, per_window, window_edges
+from weighbridge.analysis.timeline import FloatArray, covered, per_window, window_edges
 
 
 @dataclass(frozen=True)

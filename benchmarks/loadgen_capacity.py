@@ -34,8 +34,8 @@ import yaml
 
 from benchmarks import _system
 from benchmarks._core import REPO, BenchContext, Benchmark, BenchResult, Table
-from loadgen.lag import LAG_WARN_S
 from weighbridge.launch import emulator_process
+from weighbridge.loadgen.lag import LAG_WARN_S
 from weighbridge.rundir import read_records
 from weighbridge.statistics import percentile
 

@@ -1,8 +1,8 @@
 """What any sidecar can achieve against a noisy neighbour: the engine's own bound, in virtual time.
 
 Issue 3's acceptance 1 asks that a victim's p99 TTFT beside a flood be at most 1.5x its p99
-TTFT alone. This benchmark asks the step model itself (``emulator.engine.StepModel``, the same
-vLLM V1 scheduler model the emulator serves, with the ``h100-llama3-8b`` profile and the
+TTFT alone. This benchmark asks the step model itself (``weighbridge.emulator.engine.StepModel``,
+the same vLLM V1 scheduler model the emulator serves, with the ``h100-llama3-8b`` profile and the
 engine shape of ``tests/integration/sidecar/test_noisy_neighbour.py``) what an *ideal* sidecar
 would get: zero overhead, the victim's requests sent the instant they arrive at the front of
 the engine's priority queue, and the flood kept at exactly ``cap`` sequences in the engine,
@@ -28,8 +28,8 @@ import argparse
 import sys
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from emulator.engine import EngineConfig
-from emulator.profiles import get_profile
+from weighbridge.emulator.engine import EngineConfig
+from weighbridge.emulator.profiles import get_profile
 from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run
 
 ENGINE = EngineConfig(max_num_seqs=64, max_num_batched_tokens=512, num_kv_blocks=6000,

@@ -24,8 +24,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from rich.console import Console
 
-from analysis.report import ReportRequest, make_report
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from weighbridge.analysis.report import ReportRequest, make_report
 from weighbridge.records import RECORD_SCHEMA
 from weighbridge.rundir import PhaseInfo, RunInfo, TenantInfo, write_run_info
 

@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from sidecar.admission import GateLimits
-from sidecar.core import Dispatch, SchedulingCore
-from sidecar.queues import QueueLimits
-from sidecar.request import QueuedRequest
-from sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
 from weighbridge.config import parse_config
+from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.core import Dispatch, SchedulingCore
+from weighbridge.sidecar.queues import QueueLimits
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
 
 T = TypeVar("T")
 TARGET_US = 50.0

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.frame import load_run
-from analysis.summary import analyse, summary
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from loadgen.tenants import load_tenants
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.summary import analyse, summary
 from weighbridge.demo import Headline, headline
+from weighbridge.loadgen.tenants import load_tenants
 from weighbridge.loadrun import LoadRun
 from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.stack import DEFAULT_STACK, Loadgen, LocalStack, Ports, StackSpec, load_stack

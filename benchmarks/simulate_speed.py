@@ -5,8 +5,8 @@ The simulation is the real SchedulingCore in front of two StepModel engines in v
 (weighbridge/simulation/loop.py). Figures: simulated seconds per CPU second of the loop (the
 target is >= 200x real time; 1,000x is the aim), CPU per simulated request and per engine
 step, and for scale: the same engines' StepModel alone replaying the very sequences the run
-sent them one step at a time (``emulator.engine.simulate``). The simulation takes runs of
-plain decode steps at once (coasting, weighbridge/simulation/loop.py), so its engines cost
+sent them one step at a time (``weighbridge.emulator.engine.simulate``). The simulation takes runs
+of plain decode steps at once (coasting, weighbridge/simulation/loop.py), so its engines cost
 less than that replay; the sidecar's own code paths (the core, the meters, the records) are
 the rest.
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks._system import choose_pinning, load_average, pin_this_thread, thread_sched
-from emulator.engine import Sequence, StepModel, simulate
+from weighbridge.emulator.engine import Sequence, StepModel, simulate
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation, SimulationResult
 from weighbridge.simulation.run import Inputs, scenario_load, sidecar_for

@@ -39,8 +39,8 @@ import yaml
 
 from benchmarks import _prom, _results, _system
 from benchmarks._core import REPO, Benchmark, BenchResult, Table
-from loadgen.accounting import GENERATOR_PROBES, records_by_end
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
+from weighbridge.loadgen.accounting import GENERATOR_PROBES, records_by_end
 from weighbridge.records import RequestRecord, read_parquet
 
 MAX_GROWTH = 0.10

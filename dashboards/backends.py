@@ -9,9 +9,9 @@ deploy/compose/prometheus.yml does (with All selected, they show without it).
 
 from __future__ import annotations
 
-from dashboards.model import Dashboard, Panel, Query, Row, Threshold
-from dashboards.promql import by, quantile, rate
-from dashboards.variables import BACKEND_MATCH, STANDARD
+from weighbridge.dashboards.model import Dashboard, Panel, Query, Row, Threshold
+from weighbridge.dashboards.promql import by, quantile, rate
+from weighbridge.dashboards.variables import BACKEND_MATCH, STANDARD
 
 __all__ = ["BACKENDS"]
 

@@ -11,11 +11,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dashboards.backends import BACKENDS
-from dashboards.model import Dashboard
-from dashboards.queueing import QUEUEING
-from dashboards.tenants import TENANTS
-from dashboards.tiers import TIERS
+from weighbridge.dashboards.backends import BACKENDS
+from weighbridge.dashboards.model import Dashboard
+from weighbridge.dashboards.queueing import QUEUEING
+from weighbridge.dashboards.tenants import TENANTS
+from weighbridge.dashboards.tiers import TIERS
 
 __all__ = ["DASHBOARDS", "JSON_DIR", "file_name", "load", "render", "stale_files", "write"]
 

@@ -3,7 +3,7 @@ Grafana's rate window, with label matchers spliced in."""
 
 from __future__ import annotations
 
-from dashboards.variables import WINDOW
+from weighbridge.dashboards.variables import WINDOW
 
 __all__ = ["by", "quantile", "rate", "selector"]
 

@@ -8,9 +8,9 @@ held above 1, the backlog and every latency grow without bound.
 
 from __future__ import annotations
 
-from dashboards.model import Dashboard, Panel, Query, Row, Threshold
-from dashboards.promql import by
-from dashboards.variables import BACKEND_MATCH, STANDARD, TENANT_MATCH, TENANT_TIER
+from weighbridge.dashboards.model import Dashboard, Panel, Query, Row, Threshold
+from weighbridge.dashboards.promql import by
+from weighbridge.dashboards.variables import BACKEND_MATCH, STANDARD, TENANT_MATCH, TENANT_TIER
 
 __all__ = ["QUEUEING"]
 

@@ -8,9 +8,9 @@ user's view).
 
 from __future__ import annotations
 
-from dashboards.model import Dashboard, Panel, Query, Row, Threshold
-from dashboards.promql import by, quantile, rate, selector
-from dashboards.variables import STANDARD, TENANT_MATCH, TENANT_TIER, TIER_MATCH
+from weighbridge.dashboards.model import Dashboard, Panel, Query, Row, Threshold
+from weighbridge.dashboards.promql import by, quantile, rate, selector
+from weighbridge.dashboards.variables import STANDARD, TENANT_MATCH, TENANT_TIER, TIER_MATCH
 
 __all__ = ["TENANTS"]
 

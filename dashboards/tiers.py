@@ -7,9 +7,9 @@ interpolation.
 
 from __future__ import annotations
 
-from dashboards.model import Dashboard, Panel, Query, Row, Threshold
-from dashboards.promql import by, quantile, rate
-from dashboards.variables import E2E_SLO, STANDARD, TENANT_TIER, TIER_MATCH, TTFT_SLO
+from weighbridge.dashboards.model import Dashboard, Panel, Query, Row, Threshold
+from weighbridge.dashboards.promql import by, quantile, rate
+from weighbridge.dashboards.variables import E2E_SLO, STANDARD, TENANT_TIER, TIER_MATCH, TTFT_SLO
 
 __all__ = ["TIERS"]
 

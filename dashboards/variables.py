@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from dashboards.model import Custom, DatasourceVariable, LabelVariable, Variable
+from weighbridge.dashboards.model import Custom, DatasourceVariable, LabelVariable, Variable
 
 __all__ = [
     "BACKEND",

@@ -1,7 +1,7 @@
 """A vLLM-compatible engine emulator: a pure step model of continuous batching, chunked
 prefill, a finite KV cache and preemption, and an HTTP face with vLLM's API and metrics."""
 
-from emulator.engine import (
+from weighbridge.emulator.engine import (
     Batch,
     EngineConfig,
     Sequence,
@@ -10,7 +10,7 @@ from emulator.engine import (
     StepResult,
     simulate,
 )
-from emulator.profiles import PROFILES, StepTimeProfile, get_profile
+from weighbridge.emulator.profiles import PROFILES, StepTimeProfile, get_profile
 
 __all__ = [
     "PROFILES",

@@ -14,8 +14,8 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from emulator import text
-from emulator.tiny_model import HIDDEN_SIZE
+from weighbridge.emulator import text
+from weighbridge.emulator.tiny_model import HIDDEN_SIZE
 
 Endpoint = Literal["completions", "chat"]
 

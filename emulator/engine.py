@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
-from emulator.profiles import StepTimeProfile
+from weighbridge.emulator.profiles import StepTimeProfile
 
 SchedulingPolicy = Literal["fcfs", "priority"]
 FinishReason = Literal["stop", "length", "abort"]

@@ -10,7 +10,7 @@ virtual-time simulator ask it the same question.
 
 from __future__ import annotations
 
-from emulator.profiles import StepTimeProfile
+from weighbridge.emulator.profiles import StepTimeProfile
 
 
 class ApiFrontEnd:

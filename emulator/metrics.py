@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from emulator.engine import EngineConfig, Sequence, StepModel, StepResult
+from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, StepResult
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,

@@ -17,8 +17,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from emulator.engine import EngineConfig, kv_blocks_for_bytes
-from emulator.profiles import StepTimeProfile, get_profile
+from weighbridge.emulator.engine import EngineConfig, kv_blocks_for_bytes
+from weighbridge.emulator.profiles import StepTimeProfile, get_profile
 
 __all__ = ["DEFAULT_KV_BLOCKS", "MAX_LORA_RANKS", "EmulatorOptions", "LoraModule",
            "parse_lora_module"]

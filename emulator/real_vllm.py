@@ -20,7 +20,7 @@ Locations, overridable by environment variables:
   (default ``<repo>/.venv-vllm/bin/python``);
 - ``WEIGHBRIDGE_TINY_MODEL``: the model directory (default ``<repo>/.cache/tiny-llama``).
 
-Run ``python -m emulator.real_vllm`` to start a server by hand and keep it in the
+Run ``python -m weighbridge.emulator.real_vllm`` to start a server by hand and keep it in the
 foreground (Ctrl-C stops it).
 """
 
@@ -297,7 +297,7 @@ def _parse_env(items: list[str]) -> Mapping[str, str]:
 def main(argv: list[str] | None = None) -> int:
     d = RealVllmServer()
     p = argparse.ArgumentParser(
-        prog="python -m emulator.real_vllm",
+        prog="python -m weighbridge.emulator.real_vllm",
         description="Run the real vLLM CPU server with the tiny model in the foreground.",
     )
     p.add_argument("--port", type=int, default=0)

@@ -20,8 +20,8 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from emulator import text
-from emulator.api import (
+from weighbridge.emulator import text
+from weighbridge.emulator.api import (
     ApiError,
     Endpoint,
     GenerationRequest,
@@ -32,12 +32,12 @@ from emulator.api import (
     parse_embedding_request,
     parse_generation_request,
 )
-from emulator.engine import EngineConfig, Sequence, StepModel
-from emulator.eos import EosModel
-from emulator.frontend import ApiFrontEnd
-from emulator.metrics import EngineMetrics
-from emulator.options import LoraModule
-from emulator.profiles import StepTimeProfile
+from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel
+from weighbridge.emulator.eos import EosModel
+from weighbridge.emulator.frontend import ApiFrontEnd
+from weighbridge.emulator.metrics import EngineMetrics
+from weighbridge.emulator.options import LoraModule
+from weighbridge.emulator.profiles import StepTimeProfile
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 

@@ -3,7 +3,7 @@
 Run it inside the real-vLLM virtual environment (it imports torch, transformers and
 tokenizers, which the main environment does not have)::
 
-    .venv-vllm/bin/python -m emulator.tiny_model --out .cache/tiny-llama [--seed 0]
+    .venv-vllm/bin/python -m weighbridge.emulator.tiny_model --out .cache/tiny-llama [--seed 0]
 
 Everything is deterministic from ``--seed``: the training text for the tokenizer is
 generated from a seeded RNG, the byte-level BPE tokenizer is trained on it with
@@ -220,7 +220,7 @@ def build(out: Path, seed: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m emulator.tiny_model",
+        prog="python -m weighbridge.emulator.tiny_model",
         description="Build a tiny random-weight Llama model offline (run inside .venv-vllm).",
     )
     parser.add_argument("--out", type=Path, required=True, help="output model directory")

@@ -33,11 +33,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from exporters.histogram import WeightedHistogram
-from exporters.inflight import InFlightSet
-from exporters.littles_law import LEVELS, LittlesLawWindow
-from exporters.share import TokenShareWindow
-from exporters.stability import StabilityWindow
+from weighbridge.exporters.histogram import WeightedHistogram
+from weighbridge.exporters.inflight import InFlightSet
+from weighbridge.exporters.littles_law import LEVELS, LittlesLawWindow
+from weighbridge.exporters.share import TokenShareWindow
+from weighbridge.exporters.stability import StabilityWindow
 from weighbridge.records import STATUSES, RequestRecord
 from weighbridge.vllm_metrics import ScrapeError, parse_vllm_metrics
 

@@ -1,10 +1,12 @@
 """weighbridge's Locust load generator: multi-tenant LLM traffic measured per request.
 
-Pure parts (no I/O, seeded): :mod:`loadgen.lengths` (token-length distributions),
-:mod:`loadgen.arrivals` (arrival processes), :mod:`loadgen.tenants` (the tenants file),
-:mod:`loadgen.scenario` (phases, scenarios), :mod:`loadgen.plan` (schedules and request
-sizes), :mod:`loadgen.bodies` (request bodies), :mod:`loadgen.measure` (the streaming
-measurement), :mod:`loadgen.lag` (the generator's schedule lag). Shells:
-:mod:`loadgen.client` (geventhttpclient), :mod:`loadgen.driver` (greenlets),
-:mod:`loadgen.locust_plugin` (Locust). Run it with ``locust -f scenarios/`` (docs/loadgen.md).
+Pure parts (no I/O, seeded): :mod:`weighbridge.loadgen.lengths` (token-length distributions),
+:mod:`weighbridge.loadgen.arrivals` (arrival processes), :mod:`weighbridge.loadgen.tenants` (the
+tenants file), :mod:`weighbridge.loadgen.scenario` (phases, scenarios),
+:mod:`weighbridge.loadgen.plan` (schedules and request sizes), :mod:`weighbridge.loadgen.bodies`
+(request bodies), :mod:`weighbridge.loadgen.measure` (the streaming measurement),
+:mod:`weighbridge.loadgen.lag` (the generator's schedule lag). Shells:
+:mod:`weighbridge.loadgen.client` (geventhttpclient), :mod:`weighbridge.loadgen.driver` (greenlets),
+:mod:`weighbridge.loadgen.locust_plugin` (Locust). Run it with ``locust -f scenarios/``
+(docs/loadgen.md).
 """

@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from loadgen.plan import RequestPlan
-from loadgen.tenants import TenantSpec
+from weighbridge.loadgen.plan import RequestPlan
+from weighbridge.loadgen.tenants import TenantSpec
 
 __all__ = ["ChatFraming", "build_body", "prompt_text", "prompt_token_ids"]
 

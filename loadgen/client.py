@@ -17,7 +17,7 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPSocketPoolResponse
 from geventhttpclient.url import URL
 
-from loadgen.measure import StreamMeter
+from weighbridge.loadgen.measure import StreamMeter
 
 __all__ = ["HttpTarget"]
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 import gevent
 from gevent.pool import Group
 
-from loadgen.arrivals import Closed
-from loadgen.bodies import ChatFraming, build_body
-from loadgen.client import HttpTarget
-from loadgen.measure import StreamMeter
-from loadgen.plan import (
+from weighbridge.loadgen.arrivals import Closed
+from weighbridge.loadgen.bodies import ChatFraming, build_body
+from weighbridge.loadgen.client import HttpTarget
+from weighbridge.loadgen.measure import StreamMeter
+from weighbridge.loadgen.plan import (
     RequestPlan,
     closed_request_id,
     closed_users,
@@ -36,8 +36,8 @@ from loadgen.plan import (
     plan_request,
     share,
 )
-from loadgen.scenario import Workload
-from loadgen.tenants import TenantSpec
+from weighbridge.loadgen.scenario import Workload
+from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.records import RequestRecord
 
 __all__ = ["DriverStats", "RequestCancelled", "TrafficDriver"]

@@ -42,13 +42,13 @@ from locust import LoadTestShape, User, constant, events, task
 from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
-from loadgen.bodies import prompt_text
-from loadgen.client import HttpTarget
-from loadgen.driver import TrafficDriver
-from loadgen.lag import LagSummary, lag_warning
-from loadgen.plan import RequestPlan
-from loadgen.scenario import Scenario, ScenarioError, Workload, discover_scenarios
-from loadgen.tenants import TenantsError
+from weighbridge.loadgen.bodies import prompt_text
+from weighbridge.loadgen.client import HttpTarget
+from weighbridge.loadgen.driver import TrafficDriver
+from weighbridge.loadgen.lag import LagSummary, lag_warning
+from weighbridge.loadgen.plan import RequestPlan
+from weighbridge.loadgen.scenario import Scenario, ScenarioError, Workload, discover_scenarios
+from weighbridge.loadgen.tenants import TenantsError
 from weighbridge.records import RecordAppender, RequestRecord
 from weighbridge.rundir import (
     REQUESTS_PARQUET,
@@ -201,7 +201,7 @@ def _exporter_class(port: int | None) -> Any:
     if port == 0:
         return None
     try:
-        from exporters.loadgen import LoadgenExporter
+        from weighbridge.exporters.loadgen import LoadgenExporter
     except ImportError as exc:
         if port is None:  # only the default asked for it
             log.warning("per-tenant exporter off: exporters.loadgen is not importable (%s)",

@@ -28,8 +28,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from loadgen.plan import RequestPlan
 from weighbridge import headers as headers_
+from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord, Status
 from weighbridge.statistics import percentile
 

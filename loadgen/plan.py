@@ -13,9 +13,9 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from loadgen.arrivals import Closed
-from loadgen.scenario import Workload
-from loadgen.tenants import TenantSpec
+from weighbridge.loadgen.arrivals import Closed
+from weighbridge.loadgen.scenario import Workload
+from weighbridge.loadgen.tenants import TenantSpec
 
 __all__ = ["Due", "RequestPlan", "closed_users", "open_loop_schedule", "plan_request", "share"]
 

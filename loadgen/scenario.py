@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from loadgen.tenants import ENDPOINT_PATHS, TenantSpec, load_tenants
+from weighbridge.loadgen.tenants import ENDPOINT_PATHS, TenantSpec, load_tenants
 from weighbridge.rundir import PhaseInfo, TenantInfo
 
 __all__ = ["Phase", "PhaseSpan", "Scenario", "ScenarioError", "Workload", "discover_scenarios",

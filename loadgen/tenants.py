@@ -38,9 +38,9 @@ from pydantic import (
     model_validator,
 )
 
-from loadgen.arrivals import Arrival
-from loadgen.lengths import Lengths
 from weighbridge import headers as headers_
+from weighbridge.loadgen.arrivals import Arrival
+from weighbridge.loadgen.lengths import Lengths
 
 __all__ = ["ENDPOINT_PATHS", "TenantSpec", "TenantsError", "TenantsFile", "load_tenants"]
 

@@ -7,7 +7,7 @@ same number of requests, but the essays carry almost all of the tokens. Arrivals
 
 from pathlib import Path
 
-from loadgen.scenario import Phase, Scenario
+from weighbridge.loadgen.scenario import Phase, Scenario
 
 SCENARIO = Scenario(
     name="bimodal",

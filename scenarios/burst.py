@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from loadgen.scenario import Phase, Scenario
+from weighbridge.loadgen.scenario import Phase, Scenario
 
 SCENARIO = Scenario(
     name="burst",

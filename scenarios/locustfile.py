@@ -8,11 +8,11 @@ import sys
 from pathlib import Path
 
 try:
-    import loadgen  # noqa: F401
+    import weighbridge.loadgen  # noqa: F401
 except ImportError:  # run from a checkout without an up-to-date editable install
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loadgen.locust_plugin import install
+from weighbridge.loadgen.locust_plugin import install
 
 ScenarioUser, ScenarioShape = install(Path(__file__).resolve().parent,
                                       exclude=(Path(__file__),))

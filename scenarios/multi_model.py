@@ -11,7 +11,7 @@ the adapter) and model-b on one emulated engine each.
 
 from pathlib import Path
 
-from loadgen.scenario import Phase, Scenario
+from weighbridge.loadgen.scenario import Phase, Scenario
 
 SCENARIO = Scenario(
     name="multi_model",

@@ -7,7 +7,7 @@ with deploy/examples/noisy-neighbour-sidecar.yaml, whose keys match these tenant
 
 from pathlib import Path
 
-from loadgen.scenario import Phase, Scenario
+from weighbridge.loadgen.scenario import Phase, Scenario
 
 SCENARIO = Scenario(
     name="noisy_neighbour",

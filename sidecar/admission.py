@@ -54,7 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-from sidecar.shape import EngineShape, ShapeLearner
+from weighbridge.sidecar.shape import EngineShape, ShapeLearner
 
 if TYPE_CHECKING:
     from weighbridge.config import Admission
@@ -270,8 +270,8 @@ def derive_limits(admission: Admission, shape: EngineShape,
 
 class AdmissionGate:
     """One backend's gate (module doc). With ``derive``, the gate learns the engine's shape
-    from its scrapes (``sidecar.shape``) and its limits become ``derive(shape)`` after each
-    one; without, ``limits`` stay as given."""
+    from its scrapes (``weighbridge.sidecar.shape``) and its limits become ``derive(shape)`` after
+    each one; without, ``limits`` stay as given."""
 
     def __init__(self, limits: GateLimits,
                  derive: Callable[[EngineShape], GateLimits] | None = None) -> None:

@@ -24,21 +24,27 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
-from sidecar.backends import BackendPool
-from sidecar.core import Dispatch, SchedulingCore
-from sidecar.metrics import SidecarMetrics, StreamedTokens
-from sidecar.openapi import DEADLINE_MS, description_json
-from sidecar.prompt import PromptError, json_integer, prompt_tokens
-from sidecar.proxy import BACKEND_FAILED, BackendFailed, BackendUnavailable, RelayOutcome, relay
-from sidecar.rejection import MODEL_NOT_FOUND, Reject
-from sidecar.request import QueuedRequest
-from sidecar.shared import SharedState, SharedStateCollector
-from sidecar.stability import StabilityMeter
-from sidecar.tracing import NO_TRACE, RequestTracing, Trace
-from sidecar.upstream import Upstream
 from weighbridge import headers as headers_
 from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
+from weighbridge.sidecar.backends import BackendPool
+from weighbridge.sidecar.core import Dispatch, SchedulingCore
+from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
+from weighbridge.sidecar.openapi import DEADLINE_MS, description_json
+from weighbridge.sidecar.prompt import PromptError, json_integer, prompt_tokens
+from weighbridge.sidecar.proxy import (
+    BACKEND_FAILED,
+    BackendFailed,
+    BackendUnavailable,
+    RelayOutcome,
+    relay,
+)
+from weighbridge.sidecar.rejection import MODEL_NOT_FOUND, Reject
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.shared import SharedState, SharedStateCollector
+from weighbridge.sidecar.stability import StabilityMeter
+from weighbridge.sidecar.tracing import NO_TRACE, RequestTracing, Trace
+from weighbridge.sidecar.upstream import Upstream
 from weighbridge.vllm_metrics import BackendSample
 
 log = logging.getLogger("weighbridge.sidecar")

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 import aiohttp
 
-from sidecar.core import SchedulingCore
 from weighbridge.config import Backend, Config
+from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.vllm_metrics import BackendSample, ScrapeError, parse_vllm_metrics
 
 log = logging.getLogger("weighbridge.sidecar")

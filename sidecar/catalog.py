@@ -3,8 +3,8 @@
 A vLLM fleet serves several models, and LoRA adapters beside each base model; vLLM lists
 both in ``/v1/models``. A request may only go to a backend that serves its ``model``, so the
 backends that serve a model form its *pool* (``backends_for``); admission and fairness are
-judged per pool (``sidecar.core``). Models served by the same backends share one pool: a base
-model and its adapters on the same engines are one pool, not two.
+judged per pool (``weighbridge.sidecar.core``). Models served by the same backends share one pool: a
+base model and its adapters on the same engines are one pool, not two.
 
 What a backend serves is learned from its ``/v1/models`` (``learn``) or declared in the
 config (``Backend.models``, which is never overwritten). A backend whose list is not known

@@ -49,7 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sidecar.admission import (
+from weighbridge.sidecar.admission import (
     AdmissionGate,
     GateLimits,
     GateVerdict,
@@ -57,17 +57,17 @@ from sidecar.admission import (
     derive_limits,
     vllm_priority,
 )
-from sidecar.catalog import ModelCatalog
-from sidecar.estimator import OutputEstimator
-from sidecar.kv import KvFootprint
-from sidecar.ledger import Ledger, Outcome, Tally
-from sidecar.predictor import ThroughputMeter, WaitPredictor
-from sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter
-from sidecar.rejection import DEADLINE_UNMEETABLE, MODEL_NOT_FOUND, Reject
-from sidecar.request import QueuedRequest, RequestState
-from sidecar.router import Router
-from sidecar.scheduler import Scheduler
-from sidecar.shape import EngineShape
+from weighbridge.sidecar.catalog import ModelCatalog
+from weighbridge.sidecar.estimator import OutputEstimator
+from weighbridge.sidecar.kv import KvFootprint
+from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
+from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
+from weighbridge.sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter
+from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, MODEL_NOT_FOUND, Reject
+from weighbridge.sidecar.request import QueuedRequest, RequestState
+from weighbridge.sidecar.router import Router
+from weighbridge.sidecar.scheduler import Scheduler
+from weighbridge.sidecar.shape import EngineShape
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -151,7 +151,7 @@ class SchedulingCore:
     def __init__(self, config: Config, *, gate_limits: GateLimits | None = None) -> None:
         """``gate_limits`` fixes every backend's admission limits (tests); without it each
         backend's are derived from ``config.admission`` and the engine's learned shape
-        (``sidecar.admission.derive_limits``), and change as the shape is learned."""
+        (``weighbridge.sidecar.admission.derive_limits``), and change as the shape is learned."""
         self.config = config
         # Which backends serve which model (discovered from /v1/models, or declared); each
         # distinct set of backends is a pool with its own queues (sidecar.catalog).

@@ -8,7 +8,7 @@ docs/sidecar.md, "Admission defaults: learned from each engine"). Admission ther
 each in-flight request at the size it will reach: prompt + max(tokens generated so far,
 expected output), in blocks of the engine's ``block_size``. Keeping that sum under the cache
 means the engine never has to preempt for our load; keeping an over-share tenant's part
-under a lower watermark leaves room for the others (``sidecar.core.SchedulingCore``).
+under a lower watermark leaves room for the others (``weighbridge.sidecar.core.SchedulingCore``).
 
 Invariants (tests/unit/sidecar/test_kv.py): ``blocks()`` is the sum over in-flight requests
 of ceil(footprint tokens / block_size), and per tenant likewise; a request's footprint never

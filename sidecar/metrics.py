@@ -13,10 +13,10 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from sidecar.backends import BackendPool
-from sidecar.core import CoreStats, SchedulingCore
-from sidecar.ledger import Tally
-from sidecar.stability import StabilityMeter
+from weighbridge.sidecar.backends import BackendPool
+from weighbridge.sidecar.core import CoreStats, SchedulingCore
+from weighbridge.sidecar.ledger import Tally
+from weighbridge.sidecar.stability import StabilityMeter
 
 # From a few milliseconds (queue-free TTFT) to a minute (a flood's backlog).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5,

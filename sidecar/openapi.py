@@ -37,7 +37,7 @@ DEADLINE_MS = re.compile(
 
 @functools.cache
 def _file() -> dict[str, Any]:
-    text = resources.files("sidecar").joinpath("openapi.yaml").read_text(encoding="utf-8")
+    text = resources.files(__package__).joinpath("openapi.yaml").read_text(encoding="utf-8")
     loaded: dict[str, Any] = yaml.safe_load(text)
     return loaded
 

@@ -20,8 +20,8 @@ otherwise drag the estimate to zero and reject the next burst wholesale.
 
 from __future__ import annotations
 
-from sidecar.request import QueuedRequest
-from sidecar.scheduler import BacklogView, Scheduler
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.scheduler import BacklogView, Scheduler
 
 
 class ThroughputMeter:

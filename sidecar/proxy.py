@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from sidecar.upstream import (
+from weighbridge.sidecar.upstream import (
     HIGH_WATER,
     Upstream,
     UpstreamConnectError,

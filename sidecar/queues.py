@@ -11,8 +11,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
-from sidecar.rejection import QUEUE_FULL, Reject
-from sidecar.request import QueuedRequest
+from weighbridge.sidecar.rejection import QUEUE_FULL, Reject
+from weighbridge.sidecar.request import QueuedRequest
 
 _Entry = tuple[tuple[int, float, int, float, int], QueuedRequest]
 

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from sidecar.rejection import RATE_LIMITED, Reject
+from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
 
 MINUTE_S = 60.0
 DAY_S = 86_400.0

@@ -31,12 +31,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sidecar.drr import DeficitRoundRobin
-from sidecar.queues import QueueLimits, TenantQueue
-from sidecar.rejection import Reject
-from sidecar.request import CostModel, QueuedRequest, RequestState, request_cost
-from sidecar.tiers import TierSelector
 from weighbridge.config import Policy
+from weighbridge.sidecar.drr import DeficitRoundRobin
+from weighbridge.sidecar.queues import QueueLimits, TenantQueue
+from weighbridge.sidecar.rejection import Reject
+from weighbridge.sidecar.request import CostModel, QueuedRequest, RequestState, request_cost
+from weighbridge.sidecar.tiers import TierSelector
 
 if TYPE_CHECKING:
     from weighbridge.config import Config

@@ -4,7 +4,7 @@ Admission sized by hand only fits the engine it was sized for (the same fixed de
 too many slots for a KV-tight engine and too few for a large one: docs/sidecar.md,
 "Admission defaults: learned from each engine"). ``ShapeLearner``
 watches consecutive scrapes of one backend and keeps an ``EngineShape``; the admission gate
-derives every knob a config leaves unset from it (``sidecar.admission.derive_limits``).
+derives every knob a config leaves unset from it (``weighbridge.sidecar.admission.derive_limits``).
 
 What is learned, and from what
 ------------------------------

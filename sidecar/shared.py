@@ -7,13 +7,13 @@ shutdown; it reaches the scheduling core only through the core's public calls.
 
 What is shared, and how
 -----------------------
-* **Rate-limit buckets.** The buckets of ``sidecar.ratelimit`` (its ``LimitTable`` says which
-  apply to a request), one Redis hash each, by the same scope keys, refilled by Redis's own
-  clock so that replicas' clocks never meet. Check-and-take is one server-side script, one
-  round trip per request on the admission path (:meth:`admit`); settlements and refunds are
-  batched into the sync below, never one per streamed chunk. A bucket's key expires when it
-  would have refilled to full, which is what a missing key means, so idle tenants cost no
-  memory and day and month buckets outlive every replica.
+* **Rate-limit buckets.** The buckets of ``weighbridge.sidecar.ratelimit`` (its ``LimitTable``
+  says which apply to a request), one Redis hash each, by the same scope keys, refilled by
+  Redis's own clock so that replicas' clocks never meet. Check-and-take is one server-side
+  script, one round trip per request on the admission path (:meth:`admit`); settlements and
+  refunds are batched into the sync below, never one per streamed chunk. A bucket's key expires
+  when it would have refilled to full, which is what a missing key means, so idle tenants cost
+  no memory and day and month buckets outlive every replica.
 * **Service.** Every ``sync_ms`` each replica adds the DRR turns it charged per (pool, tier,
   tenant) to one hash and reads the totals of the tenants queued with it. What a total grew
   by beyond this replica's own part is other replicas' service, charged to the tenant's
@@ -48,11 +48,11 @@ import redis.asyncio as aioredis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
 
-from sidecar.core import SchedulingCore
-from sidecar.ratelimit import Admit, BucketSpec, ScopeKey
-from sidecar.rejection import RATE_LIMITED, Reject
-from sidecar.request import QueuedRequest
 from weighbridge.config import SharedState as SharedStateConfig
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.ratelimit import Admit, BucketSpec, ScopeKey
+from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
+from weighbridge.sidecar.request import QueuedRequest
 
 __all__ = ["MAX_PENDING_CHARGES", "SharedState", "SharedStateCollector", "bucket_key"]
 

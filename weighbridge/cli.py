@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from emulator.options import EmulatorOptions
+from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.settings_file import problems
 
 app = typer.Typer(
@@ -76,7 +76,7 @@ def emulator(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8001,
 ) -> None:
     """Serve a vLLM-compatible engine emulator (OpenAI API and vLLM's /metrics)."""
-    from emulator.server import EmulatorSettings, run_emulator
+    from weighbridge.emulator.server import EmulatorSettings, run_emulator
 
     try:
         step_profile = options.step_profile()
@@ -107,8 +107,8 @@ def sidecar(
     """Serve the fair-scheduling sidecar in front of vLLM backends (docs/sidecar.md)."""
     import logging
 
-    from sidecar.app import run_sidecar
     from weighbridge.config import ConfigError, load_config
+    from weighbridge.sidecar.app import run_sidecar
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -151,8 +151,8 @@ def report(
     """Fairness, tier SLOs, isolation, Little's Law and stability of a run (docs/analysis.md)."""
     from rich.console import Console
 
-    from analysis.gate import parse_check
-    from analysis.report import ReportRequest, make_report, parse_window
+    from weighbridge.analysis.gate import parse_check
+    from weighbridge.analysis.report import ReportRequest, make_report, parse_window
 
     try:
         request = ReportRequest(
@@ -206,7 +206,7 @@ def capacity(
     """GPUs for a daily token load, on average and at peak, and the KV-cache constraint."""
     import json
 
-    from analysis.capacity import capacity_inputs, plan, plan_lines
+    from weighbridge.analysis.capacity import capacity_inputs, plan, plan_lines
 
     if format not in ("text", "json"):
         raise typer.BadParameter(f"format: {format!r}; choose text or json")
@@ -324,9 +324,9 @@ def simulate(
 
     from rich.console import Console
 
-    from analysis.report import parse_window
-    from loadgen.scenario import ScenarioError
+    from weighbridge.analysis.report import parse_window
     from weighbridge.config import ConfigError
+    from weighbridge.loadgen.scenario import ScenarioError
     from weighbridge.simulation.batch import SUMMARY_JSON, BatchRequest, run_batch
     from weighbridge.simulation.figures import figures_table
     from weighbridge.simulation.run import Inputs
@@ -447,7 +447,7 @@ def dashboards_generate(
         "--check", help="Write nothing; exit 1 if a file differs from the definitions.")] = False,
 ) -> None:
     """Write the dashboards' JSON (what Grafana's provisioning and push read)."""
-    from dashboards.generate import JSON_DIR, stale_files, write
+    from weighbridge.dashboards.generate import JSON_DIR, stale_files, write
 
     directory = out or JSON_DIR
     if check:
@@ -474,8 +474,8 @@ def dashboards_push(
         "--dir", help="Directory of dashboard JSON files (default: dashboards/json).")] = None,
 ) -> None:
     """Upload the dashboards to Grafana over its HTTP API (overwriting by uid)."""
-    from dashboards.generate import JSON_DIR, load
-    from dashboards.push import PushError, connect, push
+    from weighbridge.dashboards.generate import JSON_DIR, load
+    from weighbridge.dashboards.push import PushError, connect, push
 
     directory = source or JSON_DIR
     files = sorted(directory.glob("*.json"))

@@ -29,9 +29,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from analysis.frame import load_run
-from analysis.report import SUMMARY_JSON, ReportRequest, make_report
-from analysis.summary import analyse, summary
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.report import SUMMARY_JSON, ReportRequest, make_report
+from weighbridge.analysis.summary import analyse, summary
 from weighbridge.launch import free_port, sigterm_as_interrupt
 from weighbridge.loadrun import LoadRun
 from weighbridge.stack import (

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.scenario import discover_scenarios
 from weighbridge.launch import log_tail
+from weighbridge.loadgen.scenario import discover_scenarios
 from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.rundir import REQUESTS_PARQUET
 

@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from emulator.options import EmulatorOptions
 from weighbridge.config import ConfigError, ModelName, parse_config
+from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.launch import (
     LaunchError,
     ServerProcess,

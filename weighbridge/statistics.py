@@ -2,8 +2,8 @@
 the stability ratio.
 
 Pure functions on plain numbers. The run analysis computes the same percentile over whole
-columns with numpy (``analysis.percentiles``: the same definition, vectorised, and tested to
-agree with this one).
+columns with numpy (``weighbridge.analysis.percentiles``: the same definition, vectorised, and
+tested to agree with this one).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from emulator.real_vllm import RealVllmServer
+from weighbridge.emulator.real_vllm import RealVllmServer
 
 # The engine shape both backends get. The CPU attention backend wants blocks of 32 tokens;
 # 64 blocks hold two maximal sequences.

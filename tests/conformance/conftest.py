@@ -12,7 +12,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from emulator.real_vllm import tiny_model_dir
 from tests.conformance.backends import (
     BLOCK_SIZE,
     MAX_MODEL_LEN,
@@ -22,6 +21,7 @@ from tests.conformance.backends import (
     Backend,
     real_vllm,
 )
+from weighbridge.emulator.real_vllm import tiny_model_dir
 from weighbridge.launch import emulator_process
 
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from emulator.api import EMBEDDING_SIZE
 from tests.conformance.backends import MAX_MODEL_LEN, Backend, assert_error_body, real_vllm
 from tests.support import metrics
+from weighbridge.emulator.api import EMBEDDING_SIZE
 
 POOLING = ("--runner", "pooling", "--convert", "embed")
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from emulator.real_vllm import tiny_model_dir
 from tests.conformance.backends import (
     BLOCK_SIZE,
     MAX_MODEL_LEN,
@@ -30,6 +29,7 @@ from tests.conformance.backends import (
     real_vllm,
 )
 from tests.support import metrics
+from weighbridge.emulator.real_vllm import tiny_model_dir
 from weighbridge.launch import emulator_process
 
 pytestmark = pytest.mark.integration

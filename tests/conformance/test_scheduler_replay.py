@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from emulator.real_vllm import REPO_ROOT, check_environment, vllm_python
+from weighbridge.emulator.real_vllm import REPO_ROOT, check_environment, vllm_python
 
 REPLAY = REPO_ROOT / "benchmarks" / "_vllm_scheduler_replay.py"
 

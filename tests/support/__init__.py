@@ -16,6 +16,6 @@
 - ``chaos``: conservation of a generator's outcomes in the ledger, RSS, slowdown;
 - ``records``: synthetic run directories for the analysis tests.
 
-Percentiles and Jain's index are the project's own: ``loadgen.measure.percentile`` and
-``exporters.share.jain_index``.
+Percentiles and Jain's index are the project's own: ``weighbridge.loadgen.measure.percentile`` and
+``weighbridge.exporters.share.jain_index``.
 """

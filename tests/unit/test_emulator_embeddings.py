@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from emulator import text
-from emulator.api import EMBEDDING_SIZE, ApiError, parse_embedding_request
-from emulator.profiles import get_profile
-from emulator.server import Emulator, EmulatorSettings
 from tests.support.metrics import parse as parse_metrics
+from weighbridge.emulator import text
+from weighbridge.emulator.api import EMBEDDING_SIZE, ApiError, parse_embedding_request
+from weighbridge.emulator.profiles import get_profile
+from weighbridge.emulator.server import Emulator, EmulatorSettings
 
 MODEL = "weighbridge-emulator"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from prometheus_client import generate_latest
 
-from emulator.engine import EngineConfig, StepModel, kv_blocks_for_bytes
-from emulator.metrics import EngineMetrics
-from emulator.profiles import get_profile
+from weighbridge.emulator.engine import EngineConfig, StepModel, kv_blocks_for_bytes
+from weighbridge.emulator.metrics import EngineMetrics
+from weighbridge.emulator.profiles import get_profile
 
 
 def test_bytes_make_whole_blocks() -> None:

@@ -17,13 +17,13 @@ from prometheus_client import generate_latest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from emulator.engine import EngineConfig, Sequence, StepModel, simulate
-from emulator.metrics import EngineMetrics
-from emulator.options import EmulatorOptions, LoraModule, parse_lora_module
-from emulator.profiles import StepTimeProfile, get_profile
-from emulator.server import Emulator, EmulatorSettings
 from tests.support.metrics import parse as parse_metrics
 from weighbridge.cli import app
+from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, simulate
+from weighbridge.emulator.metrics import EngineMetrics
+from weighbridge.emulator.options import EmulatorOptions, LoraModule, parse_lora_module
+from weighbridge.emulator.profiles import StepTimeProfile, get_profile
+from weighbridge.emulator.server import Emulator, EmulatorSettings
 from weighbridge.launch import emulator_process
 from weighbridge.stack import parse_stack
 

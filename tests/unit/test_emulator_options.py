@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from emulator.options import DEFAULT_KV_BLOCKS, EmulatorOptions
 from weighbridge.cli import app
+from weighbridge.emulator.options import DEFAULT_KV_BLOCKS, EmulatorOptions
 from weighbridge.stack import parse_stack
 
 

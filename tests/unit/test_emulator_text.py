@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator import text
-from emulator.api import ApiError, GenerationRequest, parse_generation_request
-from emulator.eos import EosModel
+from weighbridge.emulator import text
+from weighbridge.emulator.api import ApiError, GenerationRequest, parse_generation_request
+from weighbridge.emulator.eos import EosModel
 
 
 def test_tokenizer_rule() -> None:

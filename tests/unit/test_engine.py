@@ -9,8 +9,8 @@ import random
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.engine import EngineConfig, Sequence, SequenceStatus, StepModel, simulate
-from emulator.profiles import StepTimeProfile, get_profile
+from weighbridge.emulator.engine import EngineConfig, Sequence, SequenceStatus, StepModel, simulate
+from weighbridge.emulator.profiles import StepTimeProfile, get_profile
 
 FLAT = StepTimeProfile("flat", t_fixed=0.01, t_prefill_token=0.0, t_decode_seq=0.0,
                        t_kv_token=0.0)

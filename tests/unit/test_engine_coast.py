@@ -11,8 +11,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.engine import Batch, Coast, EngineConfig, Sequence, StepModel
-from emulator.profiles import get_profile
+from weighbridge.emulator.engine import Batch, Coast, EngineConfig, Sequence, StepModel
+from weighbridge.emulator.profiles import get_profile
 
 requests = st.lists(
     st.tuples(

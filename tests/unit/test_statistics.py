@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.percentiles import QUANTILES, Percentiles
+from weighbridge.analysis.percentiles import QUANTILES, Percentiles
 from weighbridge.statistics import jain_index, percentile, stability_ratio
 
 amounts = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)

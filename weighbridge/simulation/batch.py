@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from analysis.summary import json_safe
+from weighbridge.analysis.summary import json_safe
 from weighbridge.simulation.figures import FIGURES, auto_window_s, figures
 from weighbridge.simulation.ideal import ideal_for
 from weighbridge.simulation.run import Inputs, run_policy

@@ -1,9 +1,9 @@
 """The clients of a simulated run: who sends what and when, as the load generator would.
 
 Open-loop send times and each request's sizes come from the load generator's own functions
-(``loadgen.plan``: same seed, same request ids, same lengths as a live run); closed-loop
+(``weighbridge.loadgen.plan``: same seed, same request ids, same lengths as a live run); closed-loop
 users send their next request when the previous one ends plus a think time, as
-``loadgen.driver`` does; a trace replays recorded requests at their times.
+``weighbridge.loadgen.driver`` does; a trace replays recorded requests at their times.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import random
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from loadgen.arrivals import Closed
-from loadgen.plan import (
+from weighbridge.loadgen.arrivals import Closed
+from weighbridge.loadgen.plan import (
     RequestPlan,
     closed_request_id,
     closed_users,
@@ -21,8 +21,8 @@ from loadgen.plan import (
     open_request_id,
     plan_request,
 )
-from loadgen.scenario import Workload
-from loadgen.tenants import TenantSpec
+from weighbridge.loadgen.scenario import Workload
+from weighbridge.loadgen.tenants import TenantSpec
 
 __all__ = ["ClientRequest", "Clients", "ClosedUser", "TraceClients", "WorkloadClients"]
 
@@ -74,7 +74,8 @@ def _client(tenant: TenantSpec, plan: RequestPlan, user: ClosedUser | None = Non
 
 
 class WorkloadClients(Clients):
-    """A scenario's tenants, as ``loadgen.driver.TrafficDriver`` runs them in one process."""
+    """A scenario's tenants, as ``weighbridge.loadgen.driver.TrafficDriver`` runs them in one
+    process."""
 
     def __init__(self, workload: Workload, seed: int, until_s: float) -> None:
         self.workload = workload

@@ -1,8 +1,8 @@
 """One emulated engine in virtual time: the emulator's StepModel, its API front end, and the
 counters its ``/metrics`` would show.
 
-The step model is the live emulator's own class (``emulator.engine.StepModel``); only the
-clock differs. What a scrape returns is built from the model's state and the counters the
+The step model is the live emulator's own class (``weighbridge.emulator.engine.StepModel``); only
+the clock differs. What a scrape returns is built from the model's state and the counters the
 emulator's ``EngineMetrics`` keeps, as ``weighbridge.vllm_metrics.BackendSample``: rendering
 and parsing the Prometheus text on every poll (as live) costs ~1 ms per scrape and would dominate an
 hour-long run, so the equality of both paths is a test instead
@@ -12,10 +12,10 @@ sidecar's parser).
 
 from __future__ import annotations
 
-from emulator.engine import Batch, Coast, Sequence, StepModel, StepResult
-from emulator.eos import EosModel
-from emulator.frontend import ApiFrontEnd
-from emulator.options import EmulatorOptions
+from weighbridge.emulator.engine import Batch, Coast, Sequence, StepModel, StepResult
+from weighbridge.emulator.eos import EosModel
+from weighbridge.emulator.frontend import ApiFrontEnd
+from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.vllm_metrics import BackendSample
 
 __all__ = ["SimEngine"]

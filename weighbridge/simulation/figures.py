@@ -1,6 +1,6 @@
 """The figures ``weighbridge simulate`` prints and writes per policy, from a run directory.
 
-Computed by the report's own code (``analysis.summary``) and read out as the demo's
+Computed by the report's own code (``weighbridge.analysis.summary``) and read out as the demo's
 headline (``weighbridge.demo.headline``): victim p99 TTFT in the flood and the quiet phase,
 Jain's index, tier-1 SLO attainment, token throughput; plus rejections by reason and each
 tenant's p50/p99 TTFT.
@@ -15,8 +15,8 @@ from typing import Any
 from rich import box
 from rich.table import Table
 
-from analysis.frame import load_run
-from analysis.summary import analyse, summary
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.summary import analyse, summary
 from weighbridge.demo import headline
 
 __all__ = ["FIGURES", "auto_window_s", "figures", "figures_table"]

@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from emulator.engine import EngineConfig, Sequence, StepModel
-from emulator.profiles import StepTimeProfile
-from loadgen.arrivals import Closed
-from sidecar.admission import derive_limits
-from sidecar.shape import EngineShape
+from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel
+from weighbridge.emulator.profiles import StepTimeProfile
+from weighbridge.loadgen.arrivals import Closed
+from weighbridge.sidecar.admission import derive_limits
+from weighbridge.sidecar.shape import EngineShape
 from weighbridge.simulation.run import Inputs, find_scenario, sidecar_for
 from weighbridge.statistics import percentile
 

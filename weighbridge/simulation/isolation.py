@@ -39,13 +39,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
-from emulator.engine import StepResult
-from emulator.options import EmulatorOptions
-from loadgen.arrivals import Closed, Poisson
-from loadgen.lengths import Lengths
-from loadgen.scenario import PhaseSpan, Workload
-from loadgen.tenants import TenantSpec
 from weighbridge.config import Config, parse_config
+from weighbridge.emulator.engine import StepResult
+from weighbridge.emulator.options import EmulatorOptions
+from weighbridge.loadgen.arrivals import Closed, Poisson
+from weighbridge.loadgen.lengths import Lengths
+from weighbridge.loadgen.scenario import PhaseSpan, Workload
+from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.simulation.clients import WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run

@@ -1,15 +1,16 @@
 """The discrete-event loop: the sidecar's SchedulingCore in front of StepModel engines, in
 virtual time, with the clients of a load-generator run.
 
-Everything that decides is the live system's own code: ``sidecar.core.SchedulingCore`` (rate
-limits, early rejection, queues, tiers, DRR, admission gates, routing, accounting),
-``emulator.engine.StepModel`` (vLLM's scheduler and KV cache) and ``loadgen.measure.
-StreamMeter`` (what a client records). This module only replaces the sockets and the wall
-clock with a heap of timed events, calling each class where its HTTP shell would:
+Everything that decides is the live system's own code: ``weighbridge.sidecar.core.SchedulingCore``
+(rate limits, early rejection, queues, tiers, DRR, admission gates, routing, accounting),
+``weighbridge.emulator.engine.StepModel`` (vLLM's scheduler and KV cache) and
+``weighbridge.loadgen.measure.StreamMeter`` (what a client records). This module only replaces
+the sockets and the wall clock with a heap of timed events, calling each class where its HTTP
+shell would:
 
 * a client sends: ``core.arrive`` (a rejection is answered at once), then a dispatch pass;
-* a dispatch: the engine's API front end delays the request (``emulator.frontend``), then it
-  joins the engine's waiting queue; an idle engine starts a step at once;
+* a dispatch: the engine's API front end delays the request (``weighbridge.emulator.frontend``),
+  then it joins the engine's waiting queue; an idle engine starts a step at once;
 * a step ends: the engine schedules its next step before anything else runs (as the
   emulator's loop does), then every emitted token reaches the sidecar
   (``core.on_tokens_streamed``, one per chunk) and the client; finished requests are
@@ -42,15 +43,15 @@ from typing import Any
 
 import orjson
 
-from emulator.engine import Sequence
-from loadgen.measure import StreamMeter
-from sidecar.core import SchedulingCore
-from sidecar.rejection import Reject
-from sidecar.request import QueuedRequest, RequestState
 from weighbridge import headers as headers_
 from weighbridge.config import Config
+from weighbridge.emulator.engine import Sequence
 from weighbridge.keys import key_digest
+from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.records import RequestRecord
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.rejection import Reject
+from weighbridge.sidecar.request import QueuedRequest, RequestState
 from weighbridge.simulation.clients import ClientRequest, Clients
 from weighbridge.simulation.engines import SimEngine
 

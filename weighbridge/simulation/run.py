@@ -16,8 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from loadgen.scenario import Scenario, ScenarioError, Workload, discover_scenarios, load_scenario
 from weighbridge.config import Config, Policy, parse_config
+from weighbridge.loadgen.scenario import (
+    Scenario,
+    ScenarioError,
+    Workload,
+    discover_scenarios,
+    load_scenario,
+)
 from weighbridge.records import write_parquet
 from weighbridge.rundir import (
     REQUESTS_PARQUET,

@@ -3,7 +3,7 @@ that plots the chosen figures against it.
 
 KEY is a dotted path into the stack file (``engines.count``, ``engines.emulator.max_num_seqs``)
 or, when its first part is not a stack section, into the sidecar config
-(``admission.headroom_slots`` is ``sidecar.admission.headroom_slots``). Values are YAML
+(``admission.headroom_slots`` is ``weighbridge.sidecar.admission.headroom_slots``). Values are YAML
 scalars (``4``, ``0.5``, ``drr``, ``null``).
 """
 

@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from loadgen.plan import RequestPlan
-from loadgen.tenants import ENDPOINT_PATHS
 from weighbridge import headers as headers_
+from weighbridge.loadgen.plan import RequestPlan
+from weighbridge.loadgen.tenants import ENDPOINT_PATHS
 from weighbridge.records import ADDED_FIELDS, FIELD_NAMES
 from weighbridge.simulation.clients import ClientRequest
 

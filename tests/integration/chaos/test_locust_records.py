@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from loadgen.accounting import GENERATOR_PROBES, records_by_end
 from tests.support import locust as locust_run
 from tests.support.ledger import ledger, settled
 from tests.support.metrics import scrape
 from tests.support.stack import SMALL_ENGINE, start_sidecar
 from tests.support.wait import wait_for
 from weighbridge.launch import ServerProcess, emulator_process, free_port
+from weighbridge.loadgen.accounting import GENERATOR_PROBES, records_by_end
 from weighbridge.records import read_parquet
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]

@@ -16,9 +16,6 @@ from pathlib import Path
 
 import pytest
 
-from dashboards.generate import DASHBOARDS
-from dashboards.model import Query
-from dashboards.variables import E2E_SLO, TTFT_SLO, interpolate
 from tests.support import locust
 from tests.support.prometheus import (
     PrometheusApi,
@@ -26,6 +23,9 @@ from tests.support.prometheus import (
     prometheus_process,
     rule_files,
 )
+from weighbridge.dashboards.generate import DASHBOARDS
+from weighbridge.dashboards.model import Query
+from weighbridge.dashboards.variables import E2E_SLO, TTFT_SLO, interpolate
 from weighbridge.launch import emulator_process, free_port, sidecar_process
 
 pytestmark = pytest.mark.integration

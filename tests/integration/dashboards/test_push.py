@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from dashboards.generate import DASHBOARDS
 from weighbridge.cli import app
+from weighbridge.dashboards.generate import DASHBOARDS
 
 pytestmark = pytest.mark.integration
 

@@ -30,10 +30,10 @@ import gevent
 import orjson
 import pytest
 
-from loadgen.client import HttpTarget
-from loadgen.measure import StreamMeter
-from loadgen.plan import RequestPlan
 from weighbridge.launch import ServerProcess
+from weighbridge.loadgen.client import HttpTarget
+from weighbridge.loadgen.measure import StreamMeter
+from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.statistics import percentile
 
 pytestmark = pytest.mark.integration

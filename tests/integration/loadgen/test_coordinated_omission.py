@@ -11,12 +11,12 @@ import gevent
 import orjson
 import pytest
 
-from loadgen.client import HttpTarget
-from loadgen.driver import TrafficDriver
-from loadgen.plan import open_loop_schedule
-from loadgen.scenario import PhaseSpan, Workload
-from loadgen.tenants import parse_tenants
 from weighbridge.launch import ServerProcess
+from weighbridge.loadgen.client import HttpTarget
+from weighbridge.loadgen.driver import TrafficDriver
+from weighbridge.loadgen.plan import open_loop_schedule
+from weighbridge.loadgen.scenario import PhaseSpan, Workload
+from weighbridge.loadgen.tenants import parse_tenants
 from weighbridge.records import RequestRecord
 
 pytestmark = pytest.mark.integration

@@ -13,10 +13,10 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from loadgen.plan import plan_request
-from loadgen.scenario import discover_scenarios
 from tests.support import locust
 from weighbridge.launch import ServerProcess, free_port
+from weighbridge.loadgen.plan import plan_request
+from weighbridge.loadgen.scenario import discover_scenarios
 from weighbridge.records import RECORD_SCHEMA, read_parquet
 from weighbridge.rundir import read_run_info
 

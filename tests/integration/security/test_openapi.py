@@ -18,10 +18,10 @@ import httpx
 import pytest
 import yaml
 
-from sidecar.app import Sidecar
 from tests.support.stack import ADMIN_KEY, auth, completion, start_emulator, start_sidecar, tenant
 from tests.support.stub_backend import StubBackend
 from weighbridge.config import parse_config
+from weighbridge.sidecar.app import Sidecar
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

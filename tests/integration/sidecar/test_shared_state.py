@@ -15,14 +15,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.admission import GateLimits
-from sidecar.core import SchedulingCore
-from sidecar.ratelimit import Admit
-from sidecar.rejection import Reject
-from sidecar.request import QueuedRequest
-from sidecar.shared import SharedState
 from tests.support.redis import RedisServer
 from weighbridge.config import Config, parse_config
+from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.ratelimit import Admit
+from weighbridge.sidecar.rejection import Reject
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.shared import SharedState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

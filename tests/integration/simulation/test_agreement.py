@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.arrivals import Closed
+from weighbridge.loadgen.arrivals import Closed
 from weighbridge.loadrun import LoadRun
 from weighbridge.records import RequestRecord
 from weighbridge.rundir import read_records

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from analysis.capacity import (
+from tests.support.records import rec, write_run
+from weighbridge.analysis.capacity import (
     GIB,
     CapacityInputs,
     ModelMemory,
     capacity_inputs,
     plan,
 )
-from tests.support.records import rec, write_run
 
 
 def test_the_seed_worked_example() -> None:

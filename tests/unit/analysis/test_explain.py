@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis import explain
-from analysis.frame import load_run
-from analysis.headline import headline
-from analysis.render import to_html
-from analysis.summary import analyse, summary
-from analysis.tables import report_tables
 from tests.support.records import rec, write_run
+from weighbridge.analysis import explain
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.headline import headline
+from weighbridge.analysis.render import to_html
+from weighbridge.analysis.summary import analyse, summary
+from weighbridge.analysis.tables import report_tables
 
 
 def undefined_run(tmp_path: Path) -> dict:  # type: ignore[type-arg]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.fairness import fairness, share_ratio, tier_fairness
+from weighbridge.analysis.fairness import fairness, share_ratio, tier_fairness
 
 EDGES = np.array([0.0, 10.0, 20.0, 30.0])
 

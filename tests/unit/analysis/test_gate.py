@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.gate import Check, evaluate, parse_check, resolve
+from weighbridge.analysis.gate import Check, evaluate, parse_check, resolve
 
 SUMMARY = {"fairness": {"jain_index": 0.97, "max_min_share_ratio": None},
            "tiers": {"interactive": {"ttft_p99_s": 0.42}},

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from analysis.frame import load_run
-from analysis.gate import evaluate, parse_check
-from analysis.headline import headline, reading
-from analysis.summary import analyse, summary
 from tests.support.records import flood_run
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.gate import evaluate, parse_check
+from weighbridge.analysis.headline import headline, reading
+from weighbridge.analysis.summary import analyse, summary
 from weighbridge.cli import app
 
 

@@ -9,9 +9,9 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.frame import load_run
-from analysis.lengths import histogram, length_histograms
 from tests.support.records import rec, write_run
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.lengths import histogram, length_histograms
 
 
 def test_few_distinct_values_get_exact_bins() -> None:

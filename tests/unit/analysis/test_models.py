@@ -8,11 +8,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from analysis.frame import load_run
-from analysis.models import UNNAMED, model_stats
-from analysis.summary import analyse, summary
-from analysis.tables import MODELS, report_tables
 from tests.support.records import rec, write_run
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.models import UNNAMED, model_stats
+from weighbridge.analysis.summary import analyse, summary
+from weighbridge.analysis.tables import MODELS, report_tables
 from weighbridge.records import ADDED_FIELDS
 from weighbridge.rundir import REQUESTS_PARQUET
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.percentiles import Percentiles, by_group
+from weighbridge.analysis.percentiles import Percentiles, by_group
 
 
 def test_linear_interpolation_by_hand() -> None:

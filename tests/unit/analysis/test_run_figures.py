@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.frame import load_run
-from analysis.isolation import isolation, leakage
-from analysis.littles_law import littles_law
-from analysis.slo import tier_stats
-from analysis.stability import offered_tokens, stability
-from analysis.summary import analyse, summary
-from analysis.tenants import tenant_stats
-from analysis.windows import served_tokens, tenant_windows
 from tests.support.records import rec, write_run
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.isolation import isolation, leakage
+from weighbridge.analysis.littles_law import littles_law
+from weighbridge.analysis.slo import tier_stats
+from weighbridge.analysis.stability import offered_tokens, stability
+from weighbridge.analysis.summary import analyse, summary
+from weighbridge.analysis.tenants import tenant_stats
+from weighbridge.analysis.windows import served_tokens, tenant_windows
 
 
 def test_tenant_counts_tokens_and_latency(tmp_path: Path) -> None:

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from analysis.fairness import fairness
-from analysis.frame import load_run
-from analysis.interactive import render
-from analysis.plots import png
-from analysis.series import charts, share_and_entitlement
-from analysis.summary import analyse
-from analysis.windows import Windows
 from tests.support.records import flood_run, rec, write_run
+from weighbridge.analysis.fairness import fairness
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.interactive import render
+from weighbridge.analysis.plots import png
+from weighbridge.analysis.series import charts, share_and_entitlement
+from weighbridge.analysis.summary import analyse
+from weighbridge.analysis.windows import Windows
 
 
 def test_share_against_entitlement_by_hand(tmp_path: Path) -> None:

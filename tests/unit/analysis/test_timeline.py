@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis.timeline import (
+from weighbridge.analysis.timeline import (
     MIN_SPREAD_S,
     covered,
     cumulative,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.compare import (
+from weighbridge.analysis.compare import (
     FAIRNESS_KEYS,
     ISOLATION_KEYS,
     STABILITY_KEYS,
@@ -13,8 +13,8 @@ from analysis.compare import (
     TIER_KEYS,
     Difference,
 )
-from analysis.tables import comparison_table
-from analysis.units import (
+from weighbridge.analysis.tables import comparison_table
+from weighbridge.analysis.units import (
     INDEX,
     MILLISECONDS,
     PERCENT,

@@ -19,10 +19,10 @@ import pytest
 import typer.main
 import yaml
 
-from dashboards.generate import DASHBOARDS, JSON_DIR, file_name
 from tests.support.prometheus import check_config
 from weighbridge.cli import app
 from weighbridge.config import load_config
+from weighbridge.dashboards.generate import DASHBOARDS, JSON_DIR, file_name
 from weighbridge.keys import hash_api_key
 
 REPO = Path(__file__).resolve().parents[3]

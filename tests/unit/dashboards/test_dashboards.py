@@ -14,10 +14,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from dashboards.generate import DASHBOARDS, JSON_DIR, file_name, render, stale_files, write
-from dashboards.model import GRID_WIDTH, Dashboard, Panel, Query, Row
-from dashboards.variables import STANDARD, interpolate, references
 from weighbridge.cli import app
+from weighbridge.dashboards.generate import (
+    DASHBOARDS,
+    JSON_DIR,
+    file_name,
+    render,
+    stale_files,
+    write,
+)
+from weighbridge.dashboards.model import GRID_WIDTH, Dashboard, Panel, Query, Row
+from weighbridge.dashboards.variables import STANDARD, interpolate, references
 
 REPO = Path(__file__).resolve().parents[3]
 RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))

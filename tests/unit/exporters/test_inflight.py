@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporters.inflight import InFlight, InFlightSet
+from weighbridge.exporters.inflight import InFlight, InFlightSet
 
 
 def test_nearest_start_of_the_same_key() -> None:

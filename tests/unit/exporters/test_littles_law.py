@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporters.littles_law import LittlesLawWindow
+from weighbridge.exporters.littles_law import LittlesLawWindow
 
 
 @dataclass(frozen=True)

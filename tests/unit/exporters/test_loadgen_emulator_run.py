@@ -18,9 +18,9 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
-from exporters.loadgen import LoadgenExporter
 from tests.support import driver
 from tests.support.metrics import parse
+from weighbridge.exporters.loadgen import LoadgenExporter
 from weighbridge.launch import emulator_process, free_port
 from weighbridge.records import RequestRecord
 

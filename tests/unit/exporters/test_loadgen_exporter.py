@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import generate_latest
 
-from exporters.loadgen import LoadgenExporter
 from tests.support.metrics import Scrape, parse
+from weighbridge.exporters.loadgen import LoadgenExporter
 from weighbridge.records import STATUSES, RequestRecord
 
 RUN_START = 5000.0  # the run's t=0 on the exporter's clock

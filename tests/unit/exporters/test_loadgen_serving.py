@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from exporters.loadgen import LoadgenExporter
 from tests.support.metrics import parse
 from tests.support.wait import wait_for
+from weighbridge.exporters.loadgen import LoadgenExporter
 from weighbridge.launch import emulator_process, free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -48,7 +48,7 @@ GEVENT_CHILD = textwrap.dedent("""
     import httpx
     from gevent import monkey
 
-    from exporters.loadgen import LoadgenExporter
+    from weighbridge.exporters.loadgen import LoadgenExporter
 
     assert monkey.is_module_patched("threading") and monkey.is_module_patched("socket")
     port = int(sys.argv[1])

@@ -13,7 +13,6 @@ from typing import Any
 import yaml
 from prometheus_client import generate_latest
 
-from exporters.loadgen import LoadgenExporter
 from tests.support.metrics import parse
 from tests.unit.exporters.test_loadgen_exporter import (
     RUN_START,
@@ -21,6 +20,7 @@ from tests.unit.exporters.test_loadgen_exporter import (
     Sent,
     steady_two_tenants,
 )
+from weighbridge.exporters.loadgen import LoadgenExporter
 
 REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "deploy" / "prometheus" / "rules" / "loadgen.yml"

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporters.share import TokenShareWindow, entitled_shares
+from weighbridge.exporters.share import TokenShareWindow, entitled_shares
 
 amounts = st.floats(0, 1e9, allow_nan=False, allow_infinity=False)
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporters.stability import StabilityWindow
+from weighbridge.exporters.stability import StabilityWindow
 
 
 def test_offered_is_arrival_rate_times_mean_served_size() -> None:

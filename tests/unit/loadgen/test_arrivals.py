@@ -6,7 +6,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.arrivals import Burst, Closed, Gamma, OnOff, Poisson
+from weighbridge.loadgen.arrivals import Burst, Closed, Gamma, OnOff, Poisson
 
 
 def _sorted_within(times: list[float], start: float, end: float) -> bool:

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulator.text import count_chat_tokens, count_tokens
-from loadgen.bodies import ChatFraming, build_body, prompt_text, prompt_token_ids
-from loadgen.lag import LagSummary, lag_warning
-from loadgen.plan import plan_request
-from loadgen.tenants import TenantsError, parse_tenants
+from weighbridge.emulator.text import count_chat_tokens, count_tokens
+from weighbridge.loadgen.bodies import ChatFraming, build_body, prompt_text, prompt_token_ids
+from weighbridge.loadgen.lag import LagSummary, lag_warning
+from weighbridge.loadgen.plan import plan_request
+from weighbridge.loadgen.tenants import TenantsError, parse_tenants
 
 
 @given(st.integers(1, 20_000), st.integers(0, 2**32))

@@ -8,7 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
-from loadgen.lengths import Distribution, Lengths
+from weighbridge.loadgen.lengths import Distribution, Lengths
 
 ADAPTER = TypeAdapter(Distribution)
 
@@ -126,7 +126,7 @@ def test_empirical_reads_the_reports_lengths_json(tmp_path: Path) -> None:
 
     import pandas as pd
 
-    from analysis.lengths import length_histograms
+    from weighbridge.analysis.lengths import length_histograms
 
     rng = random.Random(3)
     outputs = [rng.choice((0, 16, 17, 400)) for _ in range(500)]

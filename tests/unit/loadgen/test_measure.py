@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.measure import StreamMeter
-from loadgen.plan import RequestPlan
+from weighbridge.loadgen.measure import StreamMeter
+from weighbridge.loadgen.plan import RequestPlan
 
 PLAN = RequestPlan(request_id="t-0", tenant="t", tier="standard", phase="p", user="t-u1",
                    endpoint="/v1/chat/completions", stream=True, prompt_tokens=20,

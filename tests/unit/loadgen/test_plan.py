@@ -6,9 +6,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loadgen.plan import closed_users, open_loop_schedule, plan_request, share
-from loadgen.scenario import PhaseSpan, Workload
-from loadgen.tenants import TenantSpec, parse_tenants
+from weighbridge.loadgen.plan import closed_users, open_loop_schedule, plan_request, share
+from weighbridge.loadgen.scenario import PhaseSpan, Workload
+from weighbridge.loadgen.tenants import TenantSpec, parse_tenants
 
 
 def _tenant(**fields: object) -> TenantSpec:

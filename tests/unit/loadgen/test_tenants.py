@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from loadgen.tenants import TenantsError, load_tenants, parse_tenants
+from weighbridge.loadgen.tenants import TenantsError, load_tenants, parse_tenants
 
 
 def _parse(data: object) -> object:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from sidecar.request import QueuedRequest
+from weighbridge.sidecar.request import QueuedRequest
 
 _ids = itertools.count()
 

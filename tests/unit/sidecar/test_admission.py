@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.admission import AdmissionGate, GateLimits, MetricsSample, vllm_priority
+from weighbridge.sidecar.admission import AdmissionGate, GateLimits, MetricsSample, vllm_priority
 
 LIMITS = GateLimits(
     max_backend_waiting=2,

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.catalog import ModelCatalog
+from weighbridge.sidecar.catalog import ModelCatalog
 
 BACKENDS = ["b1", "b2", "b3"]
 MODELS = ["llama", "llama-sql", "qwen", "mistral"]

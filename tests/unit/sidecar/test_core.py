@@ -11,12 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.admission import GateLimits, MetricsSample
-from sidecar.core import SchedulingCore
-from sidecar.ledger import LedgerError
-from sidecar.rejection import DEADLINE_UNMEETABLE, QUEUE_FULL, RATE_LIMITED, Reject
-from sidecar.request import QueuedRequest, RequestState
 from weighbridge.config import Config, parse_config
+from weighbridge.sidecar.admission import GateLimits, MetricsSample
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.ledger import LedgerError
+from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, QUEUE_FULL, RATE_LIMITED, Reject
+from weighbridge.sidecar.request import QueuedRequest, RequestState
 
 CHAT = "/v1/chat/completions"
 _ids = itertools.count()

@@ -8,11 +8,11 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.admission import GateLimits
-from sidecar.core import SchedulingCore
-from sidecar.rejection import MODEL_NOT_FOUND, Reject
-from sidecar.request import QueuedRequest
 from tests.unit.sidecar.test_core import arrive, make_config
+from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.rejection import MODEL_NOT_FOUND, Reject
+from weighbridge.sidecar.request import QueuedRequest
 
 # b1 serves llama and its adapter, b2 serves qwen.
 SERVED = {"b1": ["llama", "llama-sql"], "b2": ["qwen"]}

@@ -3,10 +3,10 @@ tenant's global share, their service charged to its credit, and the exchange's o
 
 from __future__ import annotations
 
-from sidecar.admission import GateLimits
-from sidecar.core import SchedulingCore
-from sidecar.request import QueuedRequest
 from tests.unit.sidecar.test_core import arrive, make_config
+from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.request import QueuedRequest
 
 POOL = "b1,b2"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.drr import DeficitRoundRobin
+from weighbridge.sidecar.drr import DeficitRoundRobin
 
 
 def drr_with(**quanta: float) -> DeficitRoundRobin:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.drr import DeficitRoundRobin
+from weighbridge.sidecar.drr import DeficitRoundRobin
 
 EPS = 1e-9
 WEIGHTS = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 4.0])

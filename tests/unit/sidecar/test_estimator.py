@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.estimator import DEFAULT_INITIAL_ESTIMATE, OutputEstimator
+from weighbridge.sidecar.estimator import DEFAULT_INITIAL_ESTIMATE, OutputEstimator
 
 
 def test_seeded_per_endpoint_then_learned_per_tenant() -> None:

@@ -12,9 +12,9 @@ import random
 
 import pytest
 
-from sidecar.estimator import OutputEstimator
-from sidecar.request import QueuedRequest
-from sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
+from weighbridge.sidecar.estimator import OutputEstimator
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
 from weighbridge.statistics import jain_index
 
 SHORT = (100, 20)

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from sidecar.app import Sidecar
 from weighbridge.config import parse_config
+from weighbridge.sidecar.app import Sidecar
 
 
 @dataclass

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar.app import Sidecar
 from tests.support.stack import auth, completion
 from weighbridge.config import parse_config
 from weighbridge.launch import free_port
+from weighbridge.sidecar.app import Sidecar
 
 KEY = "sk-http-errors"
 MAX_BODY_BYTES = 4096

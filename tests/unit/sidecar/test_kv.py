@@ -7,7 +7,7 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.kv import KvFootprint
+from weighbridge.sidecar.kv import KvFootprint
 
 
 def test_a_request_counts_at_its_largest() -> None:

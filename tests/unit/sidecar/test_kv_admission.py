@@ -7,10 +7,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar.admission import GateLimits, MetricsSample
-from sidecar.core import SchedulingCore
-from sidecar.request import QueuedRequest
 from tests.unit.sidecar.test_core import arrive, make_config
+from weighbridge.sidecar.admission import GateLimits, MetricsSample
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.vllm_metrics import BackendSample
 
 ONE = [{"url": "http://127.0.0.1:8001", "name": "b1"}]

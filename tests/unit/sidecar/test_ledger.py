@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.ledger import Ledger, LedgerError, Outcome
+from weighbridge.sidecar.ledger import Ledger, LedgerError, Outcome
 
 
 def test_every_request_ends_exactly_once_and_the_identity_holds() -> None:

@@ -11,7 +11,7 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.openapi import DEADLINE_MS, description
+from weighbridge.sidecar.openapi import DEADLINE_MS, description
 
 FILE = yaml.safe_load(
     (Path(__file__).resolve().parents[3] / "sidecar/openapi.yaml").read_text())

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.predictor import ThroughputMeter, WaitPredictor, tokens_ahead
-from sidecar.scheduler import BacklogView, EndpointSpec, Scheduler, TenantSpec
 from tests.unit.sidecar.builders import make_request
+from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor, tokens_ahead
+from weighbridge.sidecar.scheduler import BacklogView, EndpointSpec, Scheduler, TenantSpec
 
 
 def view(**kw) -> BacklogView:

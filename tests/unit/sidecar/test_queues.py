@@ -3,9 +3,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.queues import QueueLimits, TenantQueue
-from sidecar.rejection import QUEUE_FULL
 from tests.unit.sidecar.builders import make_request
+from weighbridge.sidecar.queues import QueueLimits, TenantQueue
+from weighbridge.sidecar.rejection import QUEUE_FULL
 
 
 def test_order_and_lazy_cancel() -> None:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.ratelimit import MONTH_S, Admit, LimitTable, TenantRateLimiter, TokenBucket
-from sidecar.rejection import RATE_LIMITED, Reject
 from weighbridge.config import RateLimits
+from weighbridge.sidecar.ratelimit import MONTH_S, Admit, LimitTable, TenantRateLimiter, TokenBucket
+from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
 
 
 def limiter_of(*args: Any, **kwargs: Any) -> TenantRateLimiter:

@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sidecar import proxy
-from sidecar.proxy import RelayOutcome, relay
-from sidecar.upstream import Upstream
+from weighbridge.sidecar import proxy
+from weighbridge.sidecar.proxy import RelayOutcome, relay
+from weighbridge.sidecar.upstream import Upstream
 
 
 def chunk(text: str) -> bytes:

@@ -10,11 +10,11 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from sidecar.app import Sidecar
 from tests.support.stack import auth
 from tests.support.stub_backend import StubBackend
 from tests.support.wait import await_for
 from weighbridge.config import parse_config
+from weighbridge.sidecar.app import Sidecar
 
 
 async def test_a_second_request_of_the_same_key_waits_behind_another_keys_first() -> None:

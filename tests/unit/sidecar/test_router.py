@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.router import Router
+from weighbridge.sidecar.router import Router
 
 
 def test_least_tokens_counts_prompt_until_first_token_then_remaining_output() -> None:

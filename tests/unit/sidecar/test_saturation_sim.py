@@ -23,12 +23,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from emulator.engine import EngineConfig, Sequence, StepModel, StepResult
-from emulator.profiles import get_profile
-from sidecar.admission import MetricsSample
-from sidecar.core import SchedulingCore
-from sidecar.request import QueuedRequest
 from weighbridge.config import parse_config
+from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, StepResult
+from weighbridge.emulator.profiles import get_profile
+from weighbridge.sidecar.admission import MetricsSample
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.request import QueuedRequest
 
 # The shapes of tests/integration/sidecar/test_scenarios.py's saturation run.
 ENGINE = EngineConfig(max_num_seqs=32, max_num_batched_tokens=2048, num_kv_blocks=3328,

@@ -8,11 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.queues import QueueLimits
-from sidecar.rejection import QUEUE_FULL
-from sidecar.request import RequestState
-from sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
 from tests.unit.sidecar.builders import make_request
+from weighbridge.sidecar.queues import QueueLimits
+from weighbridge.sidecar.rejection import QUEUE_FULL
+from weighbridge.sidecar.request import RequestState
+from weighbridge.sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
 
 TIERS = {"interactive": 1, "standard": 2, "batch": 3}
 CHAT = "/v1/chat/completions"

@@ -19,9 +19,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from sidecar.queues import QueueLimits
-from sidecar.request import QueuedRequest, RequestState
-from sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
+from weighbridge.sidecar.queues import QueueLimits
+from weighbridge.sidecar.request import QueuedRequest, RequestState
+from weighbridge.sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
 
 TIERS = {"gold": 1, "silver": 2}
 TENANTS = {

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.admission import (
+from weighbridge.config import Admission
+from weighbridge.sidecar.admission import (
     DEFAULT_POLL_S,
     DEFAULT_STEP_BUDGET,
     POLL_BOUNDS_S,
@@ -21,8 +22,7 @@ from sidecar.admission import (
     MetricsSample,
     derive_limits,
 )
-from sidecar.shape import SATURATED_WAIT_STEPS, SCRAPE_WINDOW, EngineShape, ShapeLearner
-from weighbridge.config import Admission
+from weighbridge.sidecar.shape import SATURATED_WAIT_STEPS, SCRAPE_WINDOW, EngineShape, ShapeLearner
 from weighbridge.vllm_metrics import parse_vllm_metrics
 
 

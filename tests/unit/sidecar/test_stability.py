@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from sidecar.stability import CounterRate, StabilityMeter
+from weighbridge.sidecar.stability import CounterRate, StabilityMeter
 
 
 @given(rate=st.floats(0, 1e6), step=st.floats(0.01, 2), n=st.integers(2, 200),

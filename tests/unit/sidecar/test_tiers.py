@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.tiers import TierSelector
+from weighbridge.sidecar.tiers import TierSelector
 
 RANKS = {"batch": 3, "interactive": 1, "standard": 2}
 

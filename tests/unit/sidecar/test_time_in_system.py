@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.metrics import TimeInSystem
+from weighbridge.sidecar.metrics import TimeInSystem
 
 stays = st.lists(st.tuples(st.sampled_from(["a", "b"]), st.floats(0, 1000),
                            st.floats(0, 100)), max_size=60)

@@ -18,10 +18,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sidecar import tracing as tracing_module
-from sidecar.app import Sidecar
-from sidecar.tracing import NO_TRACE, RequestTrace, RequestTracing, Trace, tracer_provider
 from weighbridge.config import ConfigError, Telemetry, parse_config
+from weighbridge.sidecar import tracing as tracing_module
+from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.tracing import (
+    NO_TRACE,
+    RequestTrace,
+    RequestTracing,
+    Trace,
+    tracer_provider,
+)
 
 KEY = "sk-trace-secret-key"
 LIMITED_KEY = "sk-limited-secret"

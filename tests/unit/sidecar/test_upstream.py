@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sidecar.upstream import (
+from weighbridge.sidecar.upstream import (
     Upstream,
     UpstreamConnectError,
     UpstreamError,

@@ -16,12 +16,12 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emulator.options import EmulatorOptions
-from loadgen.arrivals import Burst
-from loadgen.lengths import Lengths
-from loadgen.scenario import PhaseSpan, Workload
-from loadgen.tenants import TenantSpec
 from weighbridge.config import DEFAULT_TOKEN_QUANTUM, parse_config
+from weighbridge.emulator.options import EmulatorOptions
+from weighbridge.loadgen.arrivals import Burst
+from weighbridge.loadgen.lengths import Lengths
+from weighbridge.loadgen.scenario import PhaseSpan, Workload
+from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.simulation.clients import WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation

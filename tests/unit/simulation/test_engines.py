@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from emulator.metrics import EngineMetrics
-from emulator.options import EmulatorOptions
+from weighbridge.emulator.metrics import EngineMetrics
+from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.vllm_metrics import parse_vllm_metrics
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from emulator.options import EmulatorOptions
-from loadgen.arrivals import Poisson
-from loadgen.lengths import Lengths
-from loadgen.scenario import PhaseSpan, Workload
-from loadgen.tenants import TenantSpec
 from weighbridge import headers
 from weighbridge.config import parse_config
+from weighbridge.emulator.options import EmulatorOptions
+from weighbridge.loadgen.arrivals import Poisson
+from weighbridge.loadgen.lengths import Lengths
+from weighbridge.loadgen.scenario import PhaseSpan, Workload
+from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.simulation.clients import WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from analysis.frame import load_run
-from analysis.summary import analyse, summary
+from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.summary import analyse, summary
 from weighbridge.records import read_parquet
 from weighbridge.rundir import REQUESTS_PARQUET, read_run_info
 from weighbridge.simulation.run import Inputs, policy_stack, run_policy

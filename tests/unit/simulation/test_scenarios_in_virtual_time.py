@@ -17,11 +17,6 @@ from typing import Any
 
 import pytest
 
-from emulator.options import EmulatorOptions
-from loadgen.arrivals import Closed, Poisson
-from loadgen.lengths import Lengths
-from loadgen.scenario import PhaseSpan, Workload
-from loadgen.tenants import TenantSpec
 from tests.support.scenarios import (
     FAIR_CLIENTS,
     FAIR_END_S,
@@ -44,6 +39,11 @@ from tests.support.scenarios import (
     tier_config,
 )
 from weighbridge.config import parse_config
+from weighbridge.emulator.options import EmulatorOptions
+from weighbridge.loadgen.arrivals import Closed, Poisson
+from weighbridge.loadgen.lengths import Lengths
+from weighbridge.loadgen.scenario import PhaseSpan, Workload
+from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.records import RequestRecord
 from weighbridge.simulation.clients import WorkloadClients
 from weighbridge.simulation.engines import SimEngine

@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 import yaml
 
-from sidecar.admission import derive_limits
-from sidecar.shape import EngineShape
 from weighbridge import stack as stack_module
 from weighbridge.config import parse_config
 from weighbridge.demo import FAIRNESS_ADMISSION, baseline_stack
 from weighbridge.launch import LaunchError
 from weighbridge.resources import SCENARIOS_DIR
+from weighbridge.sidecar.admission import derive_limits
+from weighbridge.sidecar.shape import EngineShape
 from weighbridge.stack import (
     DEFAULT_STACK,
     LocalStack,
