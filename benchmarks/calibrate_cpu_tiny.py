@@ -388,7 +388,8 @@ def main(argv: list[str] | None = None) -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--url", help="base URL of a running server (vLLM or the emulator)")
     src.add_argument("--start", action="store_true",
-                     help="start real vLLM with the calibration settings (weighbridge.emulator.real_vllm)")
+                     help="start real vLLM with the calibration settings "
+                          "(weighbridge.emulator.real_vllm)")
     src.add_argument("--fit-only", type=Path, help="refit the raw data of a saved --out JSON")
     ap.add_argument("--model", default=None, help="model name (default: first of /v1/models)")
     ap.add_argument("--vocab", type=int, default=2048, help="token ids are drawn below this")
