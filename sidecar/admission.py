@@ -436,13 +436,21 @@ class AdmissionGate:
 
 def _decode_per_seq(previous: ScrapedMetrics | None, sample: ScrapedMetrics) -> float | None:
     """Generation tokens/s per running sequence between two scrapes, or None when it cannot
-    be known (first scrape, no counter, counter reset by an engine restart, nothing ran)."""
+    be known (first scrape, no counter, counter reset by an engine restart, nothing ran, or
+    nothing ran at one of the two scrapes). An interval that starts or ends with an idle
+    engine says nothing about decode speed: a lone request that arrived just before the
+    second scrape ran for part of it and spent that part in prefill, so its ~0 tokens read
+    as a collapsed decode and held the next request at an idle engine until the following
+    scrape (up to ~40 ms of queueing for a victim alone, in virtual time:
+    benchmarks/isolation_tradeoff.py's quiet arm through the sidecar)."""
     if (
         previous is None
         or previous.generation_tokens_total is None
         or sample.generation_tokens_total is None
         or sample.at_s <= previous.at_s
         or sample.generation_tokens_total < previous.generation_tokens_total
+        or previous.running <= 0
+        or sample.running <= 0
     ):
         return None
     running = (previous.running + sample.running) / 2  # tokens accrued across the interval

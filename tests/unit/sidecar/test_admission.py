@@ -117,6 +117,21 @@ def test_slow_decode_holds_and_the_first_scrape_does_not() -> None:
     assert gate.decode_tokens_per_s_per_seq is None
 
 
+def test_an_interval_from_an_idle_engine_says_nothing_about_decode_speed() -> None:
+    """A request that arrived at an idle engine just before a scrape ran for part of the
+    interval, in prefill: its ~0 tokens are not a slow decode."""
+    gate = AdmissionGate(LIMITS)
+    gate.observe(sample(0.0, running=0, gen=100))
+    gate.on_dispatched(0.04)
+    gate.observe(sample(0.05, running=1, gen=100))
+    assert gate.decode_tokens_per_s_per_seq is None
+    assert gate.verdict(0.06).mode == "open"
+    gate.observe(sample(0.10, running=1, gen=102))  # running at both ends: 40 tok/s
+    assert gate.decode_tokens_per_s_per_seq == pytest.approx(40.0)
+    gate.observe(sample(0.15, running=0, gen=103))  # ended in between: unknown again
+    assert gate.decode_tokens_per_s_per_seq is None
+
+
 def test_nothing_of_ours_in_flight_is_never_held_by_metrics() -> None:
     gate = AdmissionGate(LIMITS)
     gate.observe(sample(0.0, waiting=50, running=12, gen=0))
