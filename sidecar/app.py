@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import itertools
 import logging
 import math
@@ -664,6 +665,23 @@ class Sidecar:
         trace.usage(prompt, streamed)
 
 
+# The cyclic collector's first-generation threshold (Python's default: 700 allocations).
+GC_THRESHOLD0 = 20_000
+
+
+async def _settle_gc(_app: web.Application) -> None:
+    """Once started: the objects of the imports and the start (modules, the config, the
+    metric families) move to the collector's permanent generation, where no collection
+    traverses them again, and the first generation is collected less often. A request
+    leaves few cycles; before this, collections took ~9 % of the process's CPU at 200
+    streamed requests/s (perf). Only in the sidecar's own process: tests that build a
+    Sidecar keep their interpreter's settings."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_THRESHOLD0, gen1, gen2)
+
+
 def run_sidecar(config: Config, host: str, port: int) -> None:
     try:
         import uvloop
@@ -677,6 +695,7 @@ def run_sidecar(config: Config, host: str, port: int) -> None:
     # exposition and Prometheus stores them as gauges of their own.
     disable_created_metrics()
     sidecar = Sidecar(config)
+    sidecar.app.on_startup.append(_settle_gc)
     # handler_cancellation: a client that disconnects cancels its handler, which takes a
     # queued request out of the queue at once or aborts its backend request.
     # keepalive_timeout also bounds how long a new connection may take to send its headers:
