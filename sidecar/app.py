@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import itertools
 import logging
@@ -30,6 +31,7 @@ from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
+from weighbridge.sidecar.http1 import Front, FrontRequest, FrontSite, FrontStream
 from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
 from weighbridge.sidecar.openapi import DEADLINE_MS, description_json
 from weighbridge.sidecar.prompt import PromptError, json_integer, prompt_tokens
@@ -61,6 +63,10 @@ MAX_DISPATCH_ATTEMPTS = 3
 UPSTREAM_KEEPALIVE_S = 4.0
 # Errors that end a request as failed (a backend's fault), not rejected.
 _FAILURES = frozenset({BACKEND_FAILED, "backend_unavailable"})
+# A generation request arrives through aiohttp or through sidecar.http1's front; the front's
+# streamed answers are its own FrontStream.
+AnyRequest = web.Request | FrontRequest
+Answer = web.StreamResponse | FrontStream
 
 
 class ApiError(Exception):
@@ -94,7 +100,7 @@ def _bad_request(reason: str, message: str) -> ApiError:
     return ApiError(400, reason, message, "invalid_request_error")
 
 
-def _bearer(request: web.Request) -> str | None:
+def _bearer(request: AnyRequest) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     key = key.strip()
@@ -143,6 +149,14 @@ class Sidecar:
         r.add_get("/openapi.json", self.openapi)
         self._openapi = description_json(config.tiers)
         self.app.cleanup_ctx.append(self._lifecycle)
+
+    def front(self, aiohttp_server: Callable[[], asyncio.Protocol]) -> Front:
+        """The HTTP/1.1 front serving the generation endpoints (sidecar.http1), handing
+        everything else to ``aiohttp_server``, the app's own protocol factory."""
+        return Front({endpoint: functools.partial(self._proxy, endpoint)
+                      for endpoint in ("/v1/completions", "/v1/chat/completions", EMBEDDINGS)},
+                     self.answer_errors, aiohttp_server, max_body=self.config.max_body_bytes,
+                     keepalive_s=self.config.client_timeout_ms / 1000)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -215,6 +229,12 @@ class Sidecar:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        response = await self.answer_errors(request, handler)
+        assert isinstance(response, web.StreamResponse)  # FrontStream: the front's requests
+        return response
+
+    async def answer_errors(self, request: AnyRequest, handler: Callable) -> Answer:
+        """The error middleware, for aiohttp's requests and the front's alike."""
         try:
             return await handler(request)
         except ApiError as e:
@@ -320,15 +340,20 @@ class Sidecar:
     # -- the proxied endpoints --------------------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy("/v1/completions", request)
+        return await self._through_aiohttp("/v1/completions", request)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy("/v1/chat/completions", request)
+        return await self._through_aiohttp("/v1/chat/completions", request)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._proxy(EMBEDDINGS, request)
+        return await self._through_aiohttp(EMBEDDINGS, request)
 
-    def _authenticate(self, request: web.Request, count: bool = True) -> tuple[str, str]:
+    async def _through_aiohttp(self, endpoint: str, request: web.Request) -> web.StreamResponse:
+        response = await self._proxy(endpoint, request)
+        assert isinstance(response, web.StreamResponse)  # FrontStream: the front's requests
+        return response
+
+    def _authenticate(self, request: AnyRequest, count: bool = True) -> tuple[str, str]:
         """The tenant owning the bearer key and the key's digest (the caller's identity, which
         the client cannot choose, unlike the body's ``user``), or a 401. ``count``: the
         request is one the ledger counts (a generation request), so its rejection is an
@@ -344,7 +369,7 @@ class Sidecar:
         return tenant, digest
 
     def _parse(self, endpoint: str, tenant: str, raw: bytes,
-               request: web.Request) -> tuple[dict[str, Any], str, float | None, int]:
+               request: AnyRequest) -> tuple[dict[str, Any], str, float | None, int]:
         """Validate everything the sidecar relies on; the backend validates the rest."""
         own_tier = self.config.tenants[tenant].tier
 
@@ -412,7 +437,7 @@ class Sidecar:
             raise bad("invalid_prompt", str(e)) from None
         return body, tier, deadline_ms, prompt
 
-    async def _proxy(self, endpoint: str, request: web.Request) -> web.StreamResponse:
+    async def _proxy(self, endpoint: str, request: AnyRequest) -> Answer:
         trace = NO_TRACE if self.tracing is None else self.tracing.start(endpoint,
                                                                           request.headers)
         try:
@@ -432,8 +457,7 @@ class Sidecar:
         trace.end("completed", response.status)  # unless _finish ended it otherwise
         return response
 
-    async def _handle(self, endpoint: str, request: web.Request,
-                      trace: Trace) -> web.StreamResponse:
+    async def _handle(self, endpoint: str, request: AnyRequest, trace: Trace) -> Answer:
         tenant, identity = self._authenticate(request)
         try:
             if request.content.is_eof():  # the whole body came with the head: no wait
@@ -518,7 +542,7 @@ class Sidecar:
         return ApiError(status, reject.reason, message, type_, headers)
 
     async def _serve(self, req: QueuedRequest, body: dict[str, Any], endpoint: str,
-                     request: web.Request, trace: Trace) -> web.StreamResponse:
+                     request: AnyRequest, trace: Trace) -> Answer:
         # Embeddings never stream (vLLM ignores the field there).
         stream = endpoint != EMBEDDINGS and bool(body.get("stream", False))
         options = body.get("stream_options")
@@ -696,9 +720,43 @@ def run_sidecar(config: Config, host: str, port: int) -> None:
     disable_created_metrics()
     sidecar = Sidecar(config)
     sidecar.app.on_startup.append(_settle_gc)
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(_serve(sidecar, host, port))
+    # As aiohttp's run_app: SIGINT and SIGTERM end the serving task (GracefulExit), which
+    # closes the listener, lets answers in flight finish and runs the app's cleanup.
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(main)
+        rest = asyncio.all_tasks(loop)
+        for task in rest:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def _serve(sidecar: Sidecar, host: str, port: int) -> None:
+    keepalive_s = sidecar.config.client_timeout_ms / 1000
     # handler_cancellation: a client that disconnects cancels its handler, which takes a
-    # queued request out of the queue at once or aborts its backend request.
-    # keepalive_timeout also bounds how long a new connection may take to send its headers:
-    # aiohttp closes a connection still waiting for a complete request at that time.
-    web.run_app(sidecar.app, host=host, port=port, print=None, access_log=None,
-                handler_cancellation=True, keepalive_timeout=config.client_timeout_ms / 1000)
+    # queued request out of the queue at once or aborts its backend request (the front in
+    # sidecar.http1 does the same). keepalive_timeout also bounds how long a new connection
+    # may take to send its headers: a connection still waiting for a complete request is
+    # closed at that time.
+    runner = web.AppRunner(sidecar.app, handle_signals=True, access_log=None,
+                           handler_cancellation=True, keepalive_timeout=keepalive_s)
+    await runner.setup()
+    try:
+        # The generation endpoints are served by sidecar.http1's front; it hands every
+        # other request, with its connection, to aiohttp's protocol.
+        await FrontSite(runner, host, port, sidecar.front).start()
+        while True:
+            await asyncio.sleep(3600)
+    finally:
+        await runner.cleanup()

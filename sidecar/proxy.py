@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
+from weighbridge.sidecar.http1 import FrontRequest, FrontStream
 from weighbridge.sidecar.upstream import (
     HIGH_WATER,
     Upstream,
@@ -110,7 +111,7 @@ async def relay(
     upstream: Upstream,
     url: str,
     body: bytes,
-    request: web.Request,
+    request: web.Request | FrontRequest,
     extra_headers: Mapping[str, str],
     *,
     stream: bool,
@@ -118,7 +119,7 @@ async def relay(
     on_content: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     upstream_headers: Mapping[str, str] | None = None,
-) -> tuple[web.StreamResponse, RelayOutcome]:
+) -> tuple[web.StreamResponse | FrontStream, RelayOutcome]:
     """POST ``body`` to ``url`` and relay the answer to ``request``'s client.
 
     Raises :class:`BackendUnavailable` if the backend could not be reached (the caller may
@@ -183,10 +184,11 @@ async def _relay_whole(upstream: UpstreamResponse, headers: dict[str, str],
     return response, RelayOutcome(upstream.status, usage, clock() if usage else None, 0)
 
 
-async def _relay_stream(upstream: UpstreamResponse, request: web.Request,
+async def _relay_stream(upstream: UpstreamResponse, request: web.Request | FrontRequest,
                         headers: dict[str, str], strip_usage_chunk: bool,
                         on_content: Callable[[int], None] | None,
-                        clock: Callable[[], float]) -> tuple[web.StreamResponse, RelayOutcome]:
+                        clock: Callable[[], float]
+                        ) -> tuple[web.StreamResponse | FrontStream, RelayOutcome]:
     """An SSE stream, relayed as its events arrive. A backend that breaks off ends the
     client's stream with an error event (``broken``); a client that goes away makes a write
     fail (``client_gone``).
@@ -195,12 +197,16 @@ async def _relay_stream(upstream: UpstreamResponse, request: web.Request,
     last (with the end of the chunked body); everything between goes from the backend's
     socket to the client's in the connection's callback (:class:`_Relay`), without waking
     the task per chunk."""
-    response = web.StreamResponse(status=200, headers=headers)
+    response: web.StreamResponse | FrontStream
     outcome = RelayOutcome(200, None, None, 0)
     complete = False
     relay = _Relay(upstream, request, outcome, strip_usage_chunk, on_content, clock)
     try:
-        await response.prepare(request)
+        if isinstance(request, FrontRequest):
+            response = request.stream(200, headers)
+        else:
+            response = web.StreamResponse(status=200, headers=headers)
+            await response.prepare(request)
         # Chunked for HTTP/1.1 clients; an HTTP/1.0 client's body ends with the connection.
         relay.chunked = bool(getattr(request.writer, "chunked", True))
         upstream.stream_to(relay)
@@ -242,7 +248,8 @@ class _Relay:
                  "_upstream", "_waiter", "chunked", "clock", "direct", "drain", "ended", "gone",
                  "on_content", "outcome")
 
-    def __init__(self, upstream: UpstreamResponse, request: web.Request, outcome: RelayOutcome,
+    def __init__(self, upstream: UpstreamResponse, request: web.Request | FrontRequest,
+                 outcome: RelayOutcome,
                  strip_usage_chunk: bool, on_content: Callable[[int], None] | None,
                  clock: Callable[[], float]) -> None:
         self._upstream = upstream
