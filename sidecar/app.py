@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import itertools
 import logging
 import math
@@ -689,23 +688,6 @@ class Sidecar:
         trace.usage(prompt, streamed)
 
 
-# The cyclic collector's first-generation threshold (Python's default: 700 allocations).
-GC_THRESHOLD0 = 20_000
-
-
-async def _settle_gc(_app: web.Application) -> None:
-    """Once started: the objects of the imports and the start (modules, the config, the
-    metric families) move to the collector's permanent generation, where no collection
-    traverses them again, and the first generation is collected less often. A request
-    leaves few cycles; before this, collections took ~9 % of the process's CPU at 200
-    streamed requests/s (perf). Only in the sidecar's own process: tests that build a
-    Sidecar keep their interpreter's settings."""
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_THRESHOLD0, gen1, gen2)
-
-
 def run_sidecar(config: Config, host: str, port: int) -> None:
     try:
         import uvloop
@@ -719,7 +701,6 @@ def run_sidecar(config: Config, host: str, port: int) -> None:
     # exposition and Prometheus stores them as gauges of their own.
     disable_created_metrics()
     sidecar = Sidecar(config)
-    sidecar.app.on_startup.append(_settle_gc)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
     main = loop.create_task(_serve(sidecar, host, port))
