@@ -273,6 +273,20 @@ class UpstreamResponse:
         if state == _DONE:
             self._keep_alive = False  # bytes after the response: do not reuse
             return
+        if state == _CHUNK_SIZE and not self._buffer:
+            # The common read of a stream: exactly one whole chunk (an engine writes one
+            # event per step), taken without the state machine's round.
+            eol = data.find(b"\r\n", 0, 10)
+            line = data[:eol]
+            if eol > 0 and line.isalnum():  # hex digits only (no sign, space, "_", ";")
+                try:
+                    size = int(line, 16)
+                except ValueError:
+                    size = 0  # the state machine below names the error
+                end = eol + 2 + size
+                if size and len(data) == end + 2 and data.endswith(b"\r\n"):
+                    self._take(data[eol + 2:end])
+                    return
         buffer = self._buffer + data if self._buffer else data
         self._buffer = b""
         pos, n = 0, len(buffer)
