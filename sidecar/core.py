@@ -535,23 +535,28 @@ class SchedulingCore:
             eligible = self._paced(backend, scheduler)
             fair = self._globally_fair(pool, slots) if tenant_aware else None
             if fair is not None:
-                paced = eligible
-                eligible = fair if paced is None else (
-                    lambda tenant: fair(tenant) and paced(tenant))
+                eligible = fair if eligible is None else _both(eligible, fair)
             request = scheduler.next(now, eligible)
             if request is not None:
                 return self._dispatch(pool, request, backend, now, slots)
             self.holds[("", "prefill_budget" if fair is None else "global_share")] += 1
         if tenant_aware:
             candidates = {name for name, v in verdicts.items() if v.mode == "headroom"}
+            # The global share binds in headroom too: work-conserving headroom with no light
+            # tenant around is ordinary capacity, and without the rule a replica serving a
+            # tenant over its share across replicas took it all (3 replicas, 8 slots: the
+            # tenant sending through one replica got 0.60-0.66 of the engine).
+            fair = self._globally_fair(pool, slots) if candidates else None
             while candidates:
                 backend = self.router.pick(lambda name: name in candidates)
                 if backend is None:
                     break
                 candidates.discard(backend)
-                request = scheduler.next(
-                    now, self._headroom_eligible(pool, backend, verdicts[backend], slots,
-                                                 backend in kv_tight, now))
+                eligible = self._headroom_eligible(pool, backend, verdicts[backend], slots,
+                                                   backend in kv_tight, now)
+                if fair is not None:
+                    eligible = _both(eligible, fair)
+                request = scheduler.next(now, eligible)
                 if request is not None:
                     return self._dispatch(pool, request, backend, now, slots)
         for name, verdict in verdicts.items():
@@ -874,3 +879,8 @@ class SchedulingCore:
             "throughput_tokens_per_s": sum(rates) if rates else None,
             "ledger": self.ledger.snapshot(),
         }
+
+
+def _both(first: Callable[[str], bool], second: Callable[[str], bool]) -> Callable[[str], bool]:
+    """A tenant eligible under both rules."""
+    return lambda tenant: first(tenant) and second(tenant)

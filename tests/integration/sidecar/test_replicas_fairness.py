@@ -76,8 +76,9 @@ def test_a_tenant_s_share_is_judged_across_replicas(processes: contextlib.ExitSt
     share = tokens["one"] / sum(tokens.values())
     print(f"\noutput tokens in the window: {tokens}; Jain {index:.3f}")
     # Judging alone, each replica would give "one" about its replica's third of the engine
-    # (Jain 0.90). Measured with global shares: Jain 0.979-1.000 over 17 runs of
-    # 2026-12-02, "one" between 0.43 and 0.57 of the tokens. Issue 15 asks for 0.98; the
-    # bound here is the part that holds on a loaded machine: both within 0.4-0.6 (Jain
-    # >= 0.96), well clear of the third a replica alone would give.
-    assert 0.4 <= share <= 0.6, (tokens, index)
+    # (Jain 0.90). Issue 15 asks for Jain >= 0.98, i.e. each tenant within 0.43-0.57 of the
+    # tokens. Measured with global shares, the rule binding in headroom as well (2026-12-02,
+    # 12 runs beside other work, load ~1): Jain 0.995-1.000, "one" 0.46-0.50. Before the
+    # rule bound in headroom, a replica's work-conserving headroom let "one" take 0.60-0.66
+    # in a third of the runs.
+    assert index >= 0.98, (tokens, share)

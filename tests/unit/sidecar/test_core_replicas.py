@@ -71,3 +71,24 @@ def test_service_elsewhere_is_charged_to_the_tenant_s_credit_here() -> None:
     core.charge_foreign(POOL, "standard", "nobody", 1.0)  # never queued here: nothing
     core.charge_foreign("other-pool", "standard", "b", 1.0)  # not a pool here: nothing
     assert core.scheduler.deficit("standard", "b") == before - 3.0
+
+
+def test_the_global_share_binds_in_headroom_as_well() -> None:
+    """Work-conserving headroom with no light tenant is ordinary capacity; a tenant over its
+    share across replicas must not take it (3 replicas, 8 slots: the tenant sending through
+    one replica got 0.60-0.66 of the engine that way)."""
+    limits = GateLimits(max_inflight=4, headroom_slots=2, headroom_always=False)
+    core = SchedulingCore(make_config(), gate_limits=limits)
+    core.share_service()
+    for _ in range(10):
+        arrive(core, "a")
+    # b (weight 2) holds 10 elsewhere and waits there. It is starved once it holds less than
+    # two thirds of what the tier holds, 10 < (a + 10) * 2/3, i.e. from a = 6; a then holds
+    # at least its third and waits. The gates' open slots (2 + 2) are not the limit, and
+    # without the rule in headroom a went on to the cap of 8.
+    core.set_foreign_load({(POOL, "b"): (10, True)})
+    sent = list(core.dispatch_ready(0.0))
+    assert len(sent) == 6
+    # b no longer waits anywhere: a takes the rest of the headroom, up to the cap of 8.
+    core.set_foreign_load({(POOL, "b"): (10, False)})
+    assert len(list(core.dispatch_ready(0.1))) == 2
