@@ -6,9 +6,14 @@ one benchmark leaves the others' sections (and any hand-written text outside the
 
 from __future__ import annotations
 
+import datetime as dt
 import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks import _system
 from benchmarks._core import PACKAGE_DIR, Benchmark, BenchResult
 
 RESULTS_PATH = PACKAGE_DIR / "RESULTS.md"
@@ -54,3 +59,27 @@ def write_section(name: str, section: str, path: Path = RESULTS_PATH) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text)
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+@dataclass
+class StandaloneRun:
+    """A benchmark module run on its own (``python -m benchmarks.NAME ...``, not through
+    ``python -m benchmarks``): when it started and the load then, for its record. Create it
+    before the measurement, ``section`` or ``record`` after."""
+
+    command: Sequence[str]  # the command line as the record shows it
+    date: str = field(default_factory=_now)
+    load_before: str = field(default_factory=_system.load_average)
+
+    def section(self, bench: Benchmark, result: BenchResult) -> str:
+        machine = (f"{_system.machine_note()}; load average (1, 5, 15 min) "
+                   f"{self.load_before} before, {_system.load_average()} after")
+        return render(bench, result, date=self.date, command=shlex.join(self.command),
+                      machine=machine)
+
+    def record(self, bench: Benchmark, result: BenchResult) -> None:
+        write_section(bench.name, self.section(bench, result))

@@ -38,11 +38,9 @@ is reported beside them). Deterministic: same seed, same table.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import itertools
 import json
 import math
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -50,7 +48,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import get_args
 
-from benchmarks import _results, _system
+from benchmarks import _results
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.simulation.isolation import (
     ArmFigures,
@@ -192,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     points = matrix(args.slots, args.budget, args.kv, args.policy, args.victim, args.flood)
     started = time.perf_counter()
-    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = _system.load_average()
+    standalone = _results.StandaloneRun(["python", "-m", "benchmarks.isolation_matrix",
+                                         *(sys.argv[1:] if argv is None else argv)])
     results = run_matrix(points, window_s=args.window, seed=args.seed,
                          log=lambda line: print(line, file=sys.stderr, flush=True))
     result = bench_result(results, time.perf_counter() - started)
@@ -201,12 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     print(result.tables[0].markdown())
     print(f"\n{result.notes[-1]}")
     if args.record:
-        command = shlex.join(["python", "-m", "benchmarks.isolation_matrix",
-                              *(sys.argv[1:] if argv is None else argv)])
-        machine = (f"{_system.machine_note()}; load average (1, 5, 15 min) {load_before} "
-                   f"before, {_system.load_average()} after")
-        _results.write_section(BENCHMARK.name, _results.render(
-            BENCHMARK, result, date=date, command=command, machine=machine))
+        standalone.record(BENCHMARK, result)
     if args.json is not None:
         args.json.write_text(json.dumps(
             [{**asdict(r), "ratio_p50": r.ratio(50), "ratio_p90": r.ratio(90),

@@ -43,9 +43,7 @@ prefill tokens in the same step (a flood chunk). The parts sum to its TTFT (chec
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
-import shlex
 import statistics
 import sys
 import time
@@ -54,7 +52,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks import _results, _system
+from benchmarks import _results
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks.isolation import (
     ENGINE,
@@ -568,8 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true",
                         help="write the result into benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
-    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = _system.load_average()
+    standalone = _results.StandaloneRun(["python", "-m", "benchmarks.isolation_tradeoff",
+                                         *(sys.argv[1:] if argv is None else argv)])
     started = time.perf_counter()
     results = run_all(args.seeds, args.window, args.n,
                       log=lambda line: print(line, file=sys.stderr, flush=True))
@@ -578,12 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     for t in result.tables:
         print(t.markdown() + "\n")
     if args.record:
-        command = shlex.join(["python", "-m", "benchmarks.isolation_tradeoff",
-                              *(sys.argv[1:] if argv is None else argv)])
-        machine = (f"{_system.machine_note()}; load average (1, 5, 15 min) {load_before} "
-                   f"before, {_system.load_average()} after")
-        _results.write_section(BENCHMARK.name, _results.render(
-            BENCHMARK, result, date=date, command=command, machine=machine))
+        standalone.record(BENCHMARK, result)
     return 0
 
 

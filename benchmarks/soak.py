@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import datetime as dt
 import os
 import shlex
 import statistics
@@ -37,7 +36,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from benchmarks import _prom, _results, _system
+from benchmarks import _prom, _results
 from benchmarks._core import REPO, Benchmark, BenchResult, Table
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.loadgen.accounting import GENERATOR_PROBES, records_by_end
@@ -367,14 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     record = args.duration >= 600 if args.record is None else args.record
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="weighbridge-soak-"))
     work_dir.mkdir(parents=True, exist_ok=True)
-    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    load_before = _system.load_average()
+    standalone = _results.StandaloneRun([os.path.relpath(sys.executable, REPO), "-m",
+                                         "benchmarks.soak", *(argv or sys.argv[1:])])
     result = run(args.duration, args.warmup, args.window, args.sample, work_dir)
-    machine = (f"{_system.machine_note()}; load average (1, 5, 15 min) {load_before} before, "
-               f"{_system.load_average()} after")
-    exe = os.path.relpath(sys.executable, REPO)
-    command = shlex.join([exe, "-m", "benchmarks.soak", *(argv or sys.argv[1:])])
-    section = _results.render(SOAK, result, date=date, command=command, machine=machine)
+    section = standalone.section(SOAK, result)
     print(section)
     if record:
         _results.write_section(SOAK.name, section)
