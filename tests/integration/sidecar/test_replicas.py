@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import os
 import signal
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.support.ledger import settled
+from tests.support.ledger import Ledger, settled
 from tests.support.metrics import scrape
 from tests.support.redis import RedisServer
 from tests.support.stack import auth, completion, start_emulator, start_sidecar, tenant
@@ -69,6 +70,21 @@ def fleet(processes: contextlib.ExitStack) -> Iterator[Fleet]:
     yield fleet
 
 
+def figures(test: str, **values: object) -> None:
+    """The test's measured figures, one line for benchmarks/replicas.py to collect."""
+    print("\nFIGURES " + json.dumps({"test": test, **values}))
+
+
+def ledger_figures(ledgers: list[Ledger]) -> list[dict[str, int]]:
+    """Each replica's ledger (cumulative over the module's tests) and what does not add up
+    (``settled`` has asserted 0)."""
+    return [{"arrived": lg.arrived, "completed": lg.completed, "rejected": lg.rejected_total,
+             "cancelled": lg.cancelled, "failed": lg.failed,
+             "unbalanced": lg.arrived - (lg.completed + lg.rejected_total + lg.cancelled
+                                         + lg.failed + lg.queued + lg.dispatched)}
+            for lg in ledgers]
+
+
 async def hammer(urls: list[str], key: str, rate: float, duration_s: float,
                  body: dict[str, object]) -> tuple[Counter[int], float]:
     """``rate`` requests a second for ``duration_s``, round-robin over ``urls``; the statuses,
@@ -98,6 +114,10 @@ def test_requests_per_minute_hold_globally(fleet: Fleet) -> None:
     assert set(statuses) <= {200, 429}, statuses
     # The bucket's whole capacity at once, then its refill over the run: once, not per replica.
     allowed = RPM + RPM / 60 * elapsed
+    figures("requests_per_minute", limit_per_min=RPM, admitted=statuses[200],
+            window_s=round(elapsed, 3), allowed=round(allowed, 2),
+            error_pct=round((statuses[200] - allowed) / allowed * 100, 2),
+            statuses={str(k): v for k, v in statuses.items()})
     assert statuses[200] == pytest.approx(allowed, rel=0.02), (statuses, elapsed)
     for url in fleet.urls:
         settled(url)
@@ -108,6 +128,11 @@ def test_tokens_per_minute_hold_globally(fleet: Fleet) -> None:
     statuses, elapsed = asyncio.run(hammer(fleet.urls, "sk-tokens", 60, 5, body))
     assert set(statuses) <= {200, 429}, statuses
     allowed = (TPM + TPM / 60 * elapsed) / TOKENS_PER_REQUEST
+    figures("tokens_per_minute", limit_per_min=TPM, tokens_per_request=TOKENS_PER_REQUEST,
+            admitted=statuses[200], admitted_tokens=statuses[200] * TOKENS_PER_REQUEST,
+            window_s=round(elapsed, 3), allowed=round(allowed, 2),
+            error_pct=round((statuses[200] - allowed) / allowed * 100, 2),
+            statuses={str(k): v for k, v in statuses.items()})
     assert statuses[200] == pytest.approx(allowed, rel=0.02), (statuses, elapsed)
     for url in fleet.urls:
         settled(url)
@@ -124,9 +149,10 @@ def test_redis_stopped_and_restarted_mid_run(fleet: Fleet) -> None:
         return statuses
 
     statuses = asyncio.run(run())
+    five_xx = sum(v for k, v in statuses.items() if k >= 500)
+    restart_statuses = {str(k): v for k, v in statuses.items()}
     assert statuses == Counter({200: statuses[200]}), statuses  # no 5xx, nothing refused
-    for url in fleet.urls:
-        settled(url)  # each replica's ledger adds up
+    ledgers = [settled(url) for url in fleet.urls]  # each replica's ledger adds up
     wait_for(lambda: all(scrape(u).value("weighbridge_shared_state_up") == 1
                          for u in fleet.urls) or None, 10, what="Redis reachable again")
     # Global again: 30 per minute across the three, not 30 (or 10) each. A replica whose
@@ -136,6 +162,10 @@ def test_redis_stopped_and_restarted_mid_run(fleet: Fleet) -> None:
     burst, _ = asyncio.run(hammer(fleet.urls, "sk-restart", 40, 1, completion(1)))
     fell_back = sum(scrape(u).value("weighbridge_shared_state_errors_total") > before
                     for u, before in zip(fleet.urls, errors, strict=True))
+    figures("redis_restart", statuses=restart_statuses, five_xx=five_xx, sent=30 * 6,
+            ledgers=ledger_figures(ledgers), burst_limit=30, burst_admitted=burst[200],
+            burst_statuses={str(k): v for k, v in burst.items()}, fell_back=fell_back,
+            burst_bound=[28, 32 + 10 * fell_back])
     assert 28 <= burst[200] <= 32 + 10 * fell_back, (burst, fell_back)
 
 
@@ -168,8 +198,10 @@ def test_a_replica_killed_under_load_leaves_the_others_alone(fleet: Fleet) -> No
     statuses, cut = asyncio.run(run())
     assert statuses == Counter({200: statuses[200]}), statuses
     assert sum(v for k, v in cut.items() if not k.isdigit()) == 1, cut  # its client saw it go
-    for url in survivors:
-        settled(url)  # conservation holds for the survivors
+    ledgers = [settled(url) for url in survivors]  # conservation holds for the survivors
+    figures("replica_killed", survivor_statuses={str(k): v for k, v in statuses.items()},
+            survivor_failures=sum(v for k, v in statuses.items() if k != 200),
+            victim_client=dict(cut), survivor_ledgers=ledger_figures(ledgers))
     # Its registration expires after 3 heartbeats: the survivors count 2.
     wait_for(lambda: all(scrape(u).value("weighbridge_shared_state_replicas") == 2
                          for u in survivors) or None, 10, what="the dead replica to expire")
