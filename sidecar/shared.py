@@ -344,6 +344,13 @@ class SharedState:
         if replicas != self.replicas and not self.up:
             self.core.use_local_limits(1 / max(1, replicas))
         self.replicas = max(1, replicas)
+        if not self.up and self.errors:
+            # Back after an outage: the pool's connections from before it were closed by
+            # the server (a restart) and each would fail its next command once, marking the
+            # store down again; seen 1-2 replicas of 3 falling back to 1/N seconds after Redis
+            # was back. Drop them all; the next commands connect afresh.
+            with contextlib.suppress(RedisError, OSError):
+                await self._redis.connection_pool.disconnect()
         self._mark(True)
 
     async def _syncs(self) -> None:

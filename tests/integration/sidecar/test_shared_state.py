@@ -217,6 +217,9 @@ async def test_an_outage_falls_back_to_a_share_of_each_limit_and_recovers(
 async def _outage(server: RedisServer, one: SharedState) -> None:
     await one._beat()
     assert one.up and one.replicas == 2
+    # Several pooled connections, as a replica under load has.
+    warm = await asyncio.gather(*(one.admit("a", CHAT, "standard", None, 1) for _ in range(8)))
+    assert all(isinstance(r, Admit) for r in warm)
     server.stop()
     try:
         first = await send(one)  # the failed round trip marks the store down ...
@@ -230,3 +233,8 @@ async def _outage(server: RedisServer, one: SharedState) -> None:
     assert one.up
     # Shared again: the restarted Redis has fresh buckets (no persistence here).
     assert isinstance(await one.admit("a", CHAT, "standard", None, 10), Admit)
+    # No connection from before the outage is left to fail once and mark the store down
+    # again: a burst right after finds the store up throughout.
+    errors = one.errors
+    burst = await asyncio.gather(*(one.admit("a", CHAT, "standard", None, 1) for _ in range(8)))
+    assert all(isinstance(r, Admit) for r in burst) and one.up and one.errors == errors
