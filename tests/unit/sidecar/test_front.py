@@ -187,3 +187,19 @@ async def test_a_client_that_leaves_mid_stream_cancels_its_request(stack: Stack)
     # The backend's connection was dropped, which aborts the sequence there: the stream of
     # 900 tokens did not run to its end.
     assert stack.sidecar.core.stats(stack.sidecar.clock()).backends[0].inflight == 0
+
+
+async def test_pipelined_requests_are_answered_in_order(stack: Stack) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", stack.port)
+    try:
+        writer.write(post("/v1/completions", orjson.dumps(completion(2, stream=True)))
+                     + post("/v1/completions", orjson.dumps(completion(3)))
+                     + b"GET /healthz HTTP/1.1\r\nHost: sidecar\r\n\r\n")
+        status, _, payload = parse_head(await read_response(reader))
+        assert status == 200 and payload.endswith(b"data: [DONE]\n\n")
+        status, _, payload = parse_head(await read_response(reader))
+        assert status == 200 and orjson.loads(payload)["usage"]["completion_tokens"] == 3
+        status, _, payload = parse_head(await read_response(reader))
+        assert status == 200 and orjson.loads(payload) == {"status": "ok"}
+    finally:
+        writer.close()
