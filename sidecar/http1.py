@@ -3,10 +3,11 @@
 
 aiohttp's server costs ~30 µs of CPU per request on this machine beyond a bare protocol
 (its parser, ``web.Request``, the handler task's layers, ``StreamResponse``); at 200 streamed
-requests/s that was most of what stood between the sidecar and issue 17's 400 µs. This
-front takes the plainest, commonest request only: ``POST`` to one of the generation
-endpoints, HTTP/1.1, an ASCII head of well-formed header lines, a ``Content-Length`` body no
-larger than the configured limit, no ``Transfer-Encoding``, ``Expect`` or ``Upgrade``. Any
+requests/s that was most of what stood between the sidecar and its 400 µs target
+(docs/sidecar-performance.md). This front takes the plainest, commonest request only:
+``POST`` to one of the generation endpoints, HTTP/1.1, an ASCII head of well-formed header
+lines, a ``Content-Length`` body no larger than the configured limit, no
+``Transfer-Encoding``, ``Expect`` or ``Upgrade``. Any
 other request — every other path, a malformed or unusual head, a body too large — is handed
 with its connection to aiohttp's own protocol, bytes unread and all, so it is answered
 exactly as before (404, 405, 413, 400, ``/metrics``, ``/admin``...), and the connection

@@ -291,7 +291,7 @@ class TimeInSystem:
 class RequestSeries:
     """One (tenant, tier)'s children of the per-request histograms and counters, looked up
     once: ``labels()`` builds a key and takes a lock on every call, several times a request
-    (issue 17)."""
+    (docs/sidecar-performance.md)."""
 
     __slots__ = ("duration", "offered", "output", "prompt", "queue_wait", "streamed_output",
                  "streamed_prompt", "ttft")

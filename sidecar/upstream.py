@@ -4,7 +4,7 @@
 Why not aiohttp's client (which the sidecar still uses for scrapes, probes and model
 listings): per proxied request it builds a URL object, a request object, header multidicts,
 timers and a response object, and per body piece it wakes a stream reader through a future.
-That was about a fifth of the sidecar's CPU per streamed request (issue 17, profile in
+That was about a fifth of the sidecar's CPU per streamed request (the profile in
 docs/sidecar-performance.md). Here a request is one ``write`` of preformatted bytes, the
 response's status line and headers are split once, and the body's chunked framing is undone
 in ``data_received``; the relay's task wakes once per read from the backend.

@@ -103,8 +103,8 @@ def _sample_line(line: str, values: dict[str, float], cache: dict[str, int]) -> 
 # Each wanted name is looked up with str.find (C speed over the ~30 KB exposition) instead of
 # splitting its few hundred lines, then its family's lines are read from there to the next
 # comment line: the exposition format keeps a family's samples together after its HELP and
-# TYPE. About a tenth of the line-by-line scan's cost (issue 17: the sidecar scrapes each
-# backend several times a second).
+# TYPE. About a tenth of the line-by-line scan's cost (docs/sidecar-performance.md: the
+# sidecar scrapes each backend several times a second).
 _NAMES = (*_WANTED, _CACHE_INFO)
 
 
