@@ -164,8 +164,8 @@ class Sidecar:
                                          keepalive_timeout=UPSTREAM_KEEPALIVE_S)
         self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self.upstream = Upstream(keepalive_s=UPSTREAM_KEEPALIVE_S)
-        self.pool = BackendPool(self.config, self.core, self.session, self.wake, self.clock,
-                                on_sample=self._on_sample, upstream=self.upstream)
+        self.pool = BackendPool(self.config, self.core, self.session, self.upstream, self.wake,
+                                self.clock, on_sample=self._on_sample)
         self.metrics = self._metrics(self.pool)
         await self.pool.start()
         if self.shared is not None:

@@ -39,14 +39,13 @@ class BackendState:
 
 class BackendPool:
     def __init__(self, config: Config, core: SchedulingCore, session: aiohttp.ClientSession,
-                 on_change: Callable[[], None],
+                 upstream: Upstream, on_change: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic,
-                 on_sample: Callable[[str, BackendSample], None] | None = None,
-                 upstream: Upstream | None = None) -> None:
+                 on_sample: Callable[[str, BackendSample], None] | None = None) -> None:
         """``on_change``: something that may open a gate happened; ``on_sample``: a
-        successful scrape (besides the core, which always gets it); ``upstream``: the
-        relay's client, which then carries the metrics scrapes too (a third of aiohttp's
-        cost per scrape; probes and model lists stay on ``session``)."""
+        successful scrape (besides the core, which always gets it). The metrics scrapes go
+        through ``upstream``, the relay's own client (a third of aiohttp's cost per scrape);
+        probes and model lists through ``session``."""
         self.config = config
         self.core = core
         self.session = session
@@ -165,29 +164,12 @@ class BackendPool:
     async def _scrape(self, state: BackendState) -> None:
         poll = self.core.poll_period_s(state.config.name)
         sent = self.clock()  # dispatches after this instant are certainly not in the sample
-        if self.upstream is not None:
-            text = await self._scrape_upstream(state, self.upstream, poll)
-            if text is None:
-                return
-            try:
-                sample = replace(parse_vllm_metrics(text, sent), scrape_s=self.clock() - sent)
-            except ScrapeError as e:
-                state.scrape_errors += 1
-                log.debug("scrape of %s failed: %s", state.config.name, e)
-                return
-            self._sampled(state, sample)
+        text = await self._scrape_upstream(state, self.upstream, poll)
+        if text is None:
             return
         try:
-            async with self.session.get(
-                state.config.url + "/metrics", timeout=aiohttp.ClientTimeout(total=poll * 2)
-            ) as response:
-                if response.status != 200:
-                    raise ScrapeError(f"status {response.status}")
-                # UTF-8 as the exposition format says: no charset sniffing per scrape.
-                text = (await response.read()).decode()
             sample = replace(parse_vllm_metrics(text, sent), scrape_s=self.clock() - sent)
-        except (TimeoutError, aiohttp.ClientError, OSError, ScrapeError, UnicodeDecodeError) as e:
-            # No call into the core: the last sample goes stale and the fallback cap applies.
+        except ScrapeError as e:
             state.scrape_errors += 1
             log.debug("scrape of %s failed: %s", state.config.name, e)
             return
@@ -203,6 +185,7 @@ class BackendPool:
                 response = await upstream.request("GET", state.config.url + "/metrics")
                 if response.status != 200:
                     raise ScrapeError(f"status {response.status}")
+                # UTF-8 as the exposition format says: no charset sniffing per scrape.
                 text = (await response.read()).decode()
             response.release()
             return text
