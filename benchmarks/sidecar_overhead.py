@@ -35,6 +35,13 @@ engine shape: one worker, no database, no callbacks, the engine as a ``hosted_vl
 worker cannot carry 200 requests/s (it spends over 100 ms of CPU on each here), so its row and
 a row of our plain config beside it run at ``PEER_RATE``.
 
+**The floor.** When ``haproxy`` is on the PATH (Debian's package), HAProxy relays the same
+streams in front of the same engine shape at ``RATE``: a proxy in C doing the least a proxy
+does per streamed request (read the request, write it to the backend, read each chunk and
+write it to the client). Its CPU per request is what the kernel and one event loop cost on
+this machine for that traffic (loopback TCP writes that run the receiver's stack and wake it,
+``epoll``), which no relay in user space avoids; the sidecar's figure is read against it.
+
 **Throughput.** One sidecar process should carry 1,000 streaming requests/s of 16-token answers
 with its added p99 under 10 ms. On a 2-core machine the client and the engines need most of a
 core at that rate, so the benchmark reports the CPU-bound projection (one core's second over
@@ -53,6 +60,7 @@ import asyncio
 import math
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,7 +76,13 @@ import yaml
 
 from benchmarks import _system
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from weighbridge.launch import ServerProcess, emulator_process, free_port, sidecar_process
+from weighbridge.launch import (
+    ServerProcess,
+    emulator_process,
+    free_port,
+    haproxy_process,
+    sidecar_process,
+)
 from weighbridge.statistics import percentile
 
 MODEL = "m"
@@ -115,6 +129,7 @@ PEER_RATE = 2.0
 # LiteLLM's first requests pay for lazy imports and caches (seconds of CPU): both peer rows
 # are warmed for this long before the passes.
 PEER_WARMUP_S = 15.0
+HAPROXY_NAME = "HAProxy (C), the floor"
 
 
 def sidecar_config(engine_url: str, overlay: dict[str, object]) -> dict[str, object]:
@@ -127,6 +142,12 @@ Proxy = Callable[[str], ServerProcess]  # the engine's URL -> the proxy in front
 
 def sidecar(overlay: dict[str, object]) -> Proxy:
     return lambda url: sidecar_process(sidecar_config(url, overlay), name="overhead-sidecar")
+
+
+def haproxy(url: str) -> ServerProcess:
+    """HAProxy in front of ``url`` (the engine answers its health check on /health)."""
+    return haproxy_process([url], Path(tempfile.mkdtemp(prefix="weighbridge-haproxy-")),
+                           health_path="/health")
 
 
 def litellm(url: str) -> ServerProcess:
@@ -294,6 +315,15 @@ def run(ctx: BenchContext) -> BenchResult:
                  measure(THROUGHPUT_RATE, seconds, passes, sidecar(CONFIGS[THROUGHPUT_CONFIG]),
                          log=ctx.log)))
     notes = []
+    if shutil.which("haproxy"):
+        ctx.log(f"{HAPROXY_NAME}: {passes} passes of {seconds:.0f} s at {RATE:.0f} req/s")
+        runs.append((HAPROXY_NAME, RATE, measure(RATE, seconds, passes, haproxy, log=ctx.log)))
+        notes.append(f"{HAPROXY_NAME}: `{_haproxy_version()}` with launch.haproxy_config "
+                     "(HTTP mode, default threads, keep-alive to the engine), the least a "
+                     "proxy does per streamed request; measured like the sidecar rows.")
+    else:
+        notes.append(f"No {HAPROXY_NAME} row: `haproxy` is not on the PATH "
+                     "(Debian: apt-get install haproxy).")
     if LITELLM.exists():
         for name, proxy in ((LITELLM_NAME, litellm), (PLAIN, sidecar(CONFIGS[PLAIN]))):
             ctx.log(f"{name}: {passes} passes of {seconds:.0f} s at {PEER_RATE:.0f} req/s")
@@ -315,11 +345,19 @@ def run(ctx: BenchContext) -> BenchResult:
     results = {name: o for name, rate, o in runs if rate == RATE}
     o = results[VERDICT_ON]
     plain = results.get(PLAIN)
+    floor = results.get(HAPROXY_NAME)
     summary = [f"TTFT added by the sidecar (`{VERDICT_ON}`) at {RATE:.0f} streaming req/s: "
                f"p50 **{_ms(o.added_p50_s)} ms**, p99 **{_ms(o.added_p99_s)} ms** (targets "
                f"{TARGET_P50_S * 1e3:.0f} / {TARGET_P99_S * 1e3:.0f} ms); sidecar CPU "
                f"**{o.cpu_per_request_s * 1e6:.0f} µs per request** (target "
                f"{TARGET_CPU_S * 1e6:.0f} µs)."]
+    if floor is not None:
+        base = floor.cpu_per_request_s
+        ratios = ", ".join(f"{name} {results[name].cpu_per_request_s / base:.2f}x"
+                           for name in CONFIGS)
+        summary.append(f"The floor: HAProxy relays the same streams at "
+                       f"**{floor.cpu_per_request_s * 1e6:.0f} µs** of CPU per request on this "
+                       f"machine; the sidecar's CPU per request against it: {ratios}.")
     high = next(o for name, rate, o in runs if rate == THROUGHPUT_RATE)
     projection = 1 / o.cpu_per_request_s if o.cpu_per_request_s else math.inf
     summary.append(
@@ -360,6 +398,15 @@ def run(ctx: BenchContext) -> BenchResult:
     )
 
 
+def _haproxy_version() -> str:
+    try:
+        out = subprocess.run(["haproxy", "-v"], capture_output=True, text=True, timeout=30,
+                             check=True)
+        return out.stdout.splitlines()[0].split(" - ")[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "haproxy, version unknown"
+
+
 def _litellm_version() -> str:
     python = LITELLM.parent / "python"
     try:
@@ -381,12 +428,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=RATE)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--passes", type=int, default=4)
-    parser.add_argument("--config", choices=[*sorted(CONFIGS), "litellm"], default=VERDICT_ON,
-                        help="a sidecar config, or LiteLLM's proxy (needs make litellm)")
+    parser.add_argument("--config", choices=[*sorted(CONFIGS), "litellm", "haproxy"],
+                        default=VERDICT_ON,
+                        help="a sidecar config, LiteLLM's proxy (needs make litellm) or "
+                             "HAProxy (the floor; needs haproxy on the PATH)")
     args = parser.parse_args(argv)
     seconds, passes = (5.0, 2) if args.quick else (args.seconds, args.passes)
     peer = args.config == "litellm"
-    proxy = litellm if peer else sidecar(CONFIGS[args.config])
+    proxy = (litellm if peer else haproxy if args.config == "haproxy"
+             else sidecar(CONFIGS[args.config]))
     o = measure(args.rate, seconds, passes, proxy, body=TEXT_BODY if peer else BODY,
                 warmup_s=PEER_WARMUP_S if peer else 1.0)
     print(f"added TTFT p50 {_ms(o.added_p50_s)} ms, p99 {_ms(o.added_p99_s)} ms; sidecar CPU "

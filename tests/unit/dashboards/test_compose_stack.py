@@ -24,6 +24,7 @@ from weighbridge.cli import app
 from weighbridge.config import load_config
 from weighbridge.dashboards.generate import DASHBOARDS, JSON_DIR, file_name
 from weighbridge.keys import hash_api_key
+from weighbridge.launch import haproxy_config
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "docker-compose.yml"
@@ -288,6 +289,22 @@ def test_the_gateway_fronts_the_sidecar_replicas_and_they_share_redis() -> None:
     assert state.backend == "redis" and state.url is not None
     url = urlsplit(state.url)
     assert _listen_port(_resolve(url.hostname or "", "emulated")) == url.port
+
+
+def _haproxy_defaults(text: str) -> set[str]:
+    section = text.split("\ndefaults\n", 1)[1].split("\n\n", 1)[0]
+    return {line.strip() for line in section.splitlines()
+            if line.strip() and not line.strip().startswith("#")}
+
+
+def test_the_gateway_passes_stream_events_on_at_once_as_the_launched_front_does() -> None:
+    """The compose gateway's HAProxy defaults are the ones tests/integration/sidecar/
+    test_haproxy_front.py checks live through launch.haproxy_config: among them
+    ``option http-no-delay``, without which each SSE event was held back ~200 ms."""
+    compose = _haproxy_defaults(HAPROXY.read_text())
+    launched = _haproxy_defaults(haproxy_config(8000, ["http://127.0.0.1:8001"]))
+    assert "option http-no-delay" in compose
+    assert compose == launched
 
 
 def test_every_scenario_tenant_has_its_key_in_the_compose_sidecar() -> None:
