@@ -90,5 +90,9 @@ def _token_ids(values: list[Any]) -> list[int] | None:
     """``values`` as token ids, or None when they are not. A JSON integer beyond 64 bits
     arrives as a float from the parser and is out of every vocabulary anyway (the backend
     says so)."""
+    # The common prompt is plain integers already: one pass at C speed, no copy (a bool's
+    # type is bool, not int, so it takes the slow path and is refused there).
+    if all(type(value) is int for value in values):
+        return values
     ids = [json_integer(value) for value in values]
     return None if any(i is None for i in ids) else [i for i in ids if i is not None]

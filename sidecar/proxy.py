@@ -82,7 +82,9 @@ def _usage_of(obj: object) -> Usage | None:
 def _carries_content(event: bytes) -> bool:
     """Whether an SSE chunk carries generated content (text, reasoning or tool-call delta),
     as opposed to a role-only chunk, an empty delta or the usage chunk."""
-    if b'"choices":[]' in event:
+    # bytes.find, not `in`: CPython 3.11's bytes `in` first tries the operand as an integer,
+    # raising and clearing a TypeError every time (callgrind: ~1,800 instructions a test).
+    if event.find(b'"choices":[]') >= 0:
         return False
     try:
         obj = orjson.loads(event[len(b"data: "):])
@@ -380,8 +382,8 @@ def _select(events: bytes, outcome: RelayOutcome, strip_usage_chunk: bool,
         end = len(events) if end < 0 else end + 2
         event = events[start:end]
         drop = False
-        if event.startswith(b"data: {") and b'"usage":{' in event \
-                and b'"choices":[]' in event:
+        if event.startswith(b"data: {") and event.find(b'"usage":{') >= 0 \
+                and event.find(b'"choices":[]') >= 0:  # find: see _carries_content
             with contextlib.suppress(orjson.JSONDecodeError):
                 outcome.usage = _usage_of(orjson.loads(event[len(b"data: "):]))
             drop = strip_usage_chunk

@@ -120,6 +120,27 @@ class _Connection(asyncio.Protocol):
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
 
 
+def _whole_chunk(data: bytes) -> bytes | None:
+    """The data of ``data`` if it is exactly one whole non-empty chunk (size line, data,
+    CRLF), else None. The common read of a stream, as an engine writes one event per step:
+    taken without the state machine's round, which judges everything else (and names the
+    error of a malformed size)."""
+    eol = data.find(b"\r\n", 0, 10)
+    if eol <= 0:
+        return None
+    line = data[:eol]
+    if not line.isalnum():  # hex digits only (no sign, space, "_", ";")
+        return None
+    try:
+        size = int(line, 16)
+    except ValueError:
+        return None
+    end = eol + 2 + size
+    if size and len(data) == end + 2 and data.endswith(b"\r\n"):
+        return data[eol + 2:end]
+    return None
+
+
 class UpstreamResponse:
     """A backend's response: its head once :meth:`head` returned, then its body, whole
     (:meth:`read`) or as it arrives (:meth:`pieces`). End it with :meth:`release` (the body
@@ -157,6 +178,15 @@ class UpstreamResponse:
                 waiter.set_result(None)
 
     def _feed(self, data: bytes) -> None:
+        sink = self._sink
+        if sink is not None and self._state == _CHUNK_SIZE and not self._buffer \
+                and not self._body:
+            # The relay's common read: one whole chunk, straight to the sink (no body list,
+            # no drain; nothing can have paused reading while nothing was buffered).
+            piece = _whole_chunk(data)
+            if piece is not None:
+                sink.data(piece, False)
+                return
         try:
             if self._state == _HEAD:
                 data = self._parse_head(data)
@@ -274,19 +304,10 @@ class UpstreamResponse:
             self._keep_alive = False  # bytes after the response: do not reuse
             return
         if state == _CHUNK_SIZE and not self._buffer:
-            # The common read of a stream: exactly one whole chunk (an engine writes one
-            # event per step), taken without the state machine's round.
-            eol = data.find(b"\r\n", 0, 10)
-            line = data[:eol]
-            if eol > 0 and line.isalnum():  # hex digits only (no sign, space, "_", ";")
-                try:
-                    size = int(line, 16)
-                except ValueError:
-                    size = 0  # the state machine below names the error
-                end = eol + 2 + size
-                if size and len(data) == end + 2 and data.endswith(b"\r\n"):
-                    self._take(data[eol + 2:end])
-                    return
+            piece = _whole_chunk(data)
+            if piece is not None:
+                self._take(piece)
+                return
         buffer = self._buffer + data if self._buffer else data
         self._buffer = b""
         pos, n = 0, len(buffer)
