@@ -549,81 +549,84 @@ class Sidecar:
                               and bool(options.get("include_usage")))
         streamed = self.metrics.streamed(req.tenant, req.tier, req.prompt_tokens)
         series = self.metrics.series(req.tenant, req.tier)
-        for attempt in range(MAX_DISPATCH_ATTEMPTS):
-            trace.queued(attempt + 1)
-            dispatch = await self._await_dispatch(req)
-            now = self.clock()
-            series.queue_wait.observe(now - req.arrival_s)
-            trace.dispatched(dispatch.backend, dispatch.vllm_priority, dispatch.over_share)
-            forwarded = dict(body)
-            if dispatch.vllm_priority is None:
-                forwarded.pop("priority", None)
-            else:
-                forwarded["priority"] = dispatch.vllm_priority
-            if stream:
-                # Always ask for usage: it settles rate limits and deficits with real counts.
-                forwarded["stream_options"] = {**(options if isinstance(options, dict)
-                                                  else {}), "include_usage": True}
-            headers = {
-                headers_.TENANT: req.tenant,
-                headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
-                headers_.BACKEND: dispatch.backend,
-            }
-            assert self.pool is not None and self.upstream is not None
-            first = True
-            url = self.pool.url(dispatch.backend, endpoint)
-            upstream_headers: dict[str, str] = {}
-            trace.backend_call(dispatch.backend, url, upstream_headers)
+        try:
+            for attempt in range(MAX_DISPATCH_ATTEMPTS):
+                trace.queued(attempt + 1)
+                dispatch = await self._await_dispatch(req)
+                now = self.clock()
+                series.queue_wait.observe(now - req.arrival_s)
+                trace.dispatched(dispatch.backend, dispatch.vllm_priority, dispatch.over_share)
+                forwarded = dict(body)
+                if dispatch.vllm_priority is None:
+                    forwarded.pop("priority", None)
+                else:
+                    forwarded["priority"] = dispatch.vllm_priority
+                if stream:
+                    # Always ask for usage: it settles rate limits and deficits with real counts.
+                    forwarded["stream_options"] = {**(options if isinstance(options, dict)
+                                                      else {}), "include_usage": True}
+                headers = {
+                    headers_.TENANT: req.tenant,
+                    headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
+                    headers_.BACKEND: dispatch.backend,
+                }
+                assert self.pool is not None and self.upstream is not None
+                first = True
+                url = self.pool.url(dispatch.backend, endpoint)
+                upstream_headers: dict[str, str] = {}
+                trace.backend_call(dispatch.backend, url, upstream_headers)
 
-            def on_content(n: int, req: QueuedRequest = req) -> None:
-                nonlocal first
-                t = self.clock()
-                if first:
-                    first = False
-                    series.ttft.observe(t - req.arrival_s)
-                    trace.first_token()
-                streamed.chunk(n)
-                self.core.on_tokens_streamed(req, n, t)
+                def on_content(n: int, req: QueuedRequest = req) -> None:
+                    nonlocal first
+                    t = self.clock()
+                    if first:
+                        first = False
+                        series.ttft.observe(t - req.arrival_s)
+                        trace.first_token()
+                    streamed.chunk(n)
+                    self.core.on_tokens_streamed(req, n, t)
 
-            try:
-                response, outcome = await relay(
-                    self.upstream, url, orjson.dumps(forwarded), request, headers,
-                    stream=stream, strip_usage_chunk=not client_wants_usage,
-                    on_content=on_content, clock=self.clock, upstream_headers=upstream_headers)
-            except BackendUnavailable as e:
-                # The request never reached the backend: back to its place in the queue.
-                trace.backend_done(None, str(e))
-                self.pool.mark_failed(dispatch.backend, str(e))
-                self.core.dispatch_failed(req, self.clock())
-                self.wake()
-                continue
-            except BackendFailed as e:
-                trace.backend_done(None, str(e))
-                self.pool.mark_failed(dispatch.backend, str(e))
-                self.core.on_failed(req, 0, 0, self.clock())
-                self.wake()
-                raise ApiError(502, BACKEND_FAILED, f"the backend failed before answering: {e}",
-                               "server_error", headers) from None
-            except (asyncio.CancelledError, ConnectionError):
-                # The client went away mid-stream; leaving the relay closed the upstream
-                # connection, which aborts the request at the backend.
-                self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens,
-                                         self.clock())
-                self._count_partial(req, trace)
-                self.wake()
-                raise
-            except BaseException:
-                self.core.on_failed(req, req.prompt_tokens, req.streamed_output_tokens,
-                                    self.clock())
-                self.wake()
-                raise
-            self._finish(req, dispatch, outcome, stream, streamed, trace)
-            return response
-        self.core.on_failed(req, 0, 0, self.clock())
-        self.wake()
-        raise ApiError(502, "backend_unavailable",
-                       f"no backend could be reached in {MAX_DISPATCH_ATTEMPTS} attempts",
-                       "server_error", {headers_.TENANT: req.tenant})
+                try:
+                    response, outcome = await relay(
+                        self.upstream, url, orjson.dumps(forwarded), request, headers,
+                        stream=stream, strip_usage_chunk=not client_wants_usage,
+                        on_content=on_content, clock=self.clock, upstream_headers=upstream_headers)
+                except BackendUnavailable as e:
+                    # The request never reached the backend: back to its place in the queue.
+                    trace.backend_done(None, str(e))
+                    self.pool.mark_failed(dispatch.backend, str(e))
+                    self.core.dispatch_failed(req, self.clock())
+                    self.wake()
+                    continue
+                except BackendFailed as e:
+                    trace.backend_done(None, str(e))
+                    self.pool.mark_failed(dispatch.backend, str(e))
+                    self.core.on_failed(req, 0, 0, self.clock())
+                    self.wake()
+                    raise ApiError(502, BACKEND_FAILED, f"the backend failed before answering: {e}",
+                                   "server_error", headers) from None
+                except (asyncio.CancelledError, ConnectionError):
+                    # The client went away mid-stream; leaving the relay closed the upstream
+                    # connection, which aborts the request at the backend.
+                    self.core.on_client_gone(req, req.prompt_tokens, req.streamed_output_tokens,
+                                             self.clock())
+                    self._count_partial(req, trace)
+                    self.wake()
+                    raise
+                except BaseException:
+                    self.core.on_failed(req, req.prompt_tokens, req.streamed_output_tokens,
+                                        self.clock())
+                    self.wake()
+                    raise
+                self._finish(req, dispatch, outcome, stream, streamed, trace)
+                return response
+            self.core.on_failed(req, 0, 0, self.clock())
+            self.wake()
+            raise ApiError(502, "backend_unavailable",
+                           f"no backend could be reached in {MAX_DISPATCH_ATTEMPTS} attempts",
+                           "server_error", {headers_.TENANT: req.tenant})
+        finally:
+            streamed.close()  # every way out: its last chunks folded into the counter
 
     async def _await_dispatch(self, req: QueuedRequest) -> Dispatch:
         waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()

@@ -40,6 +40,20 @@ While a request is in flight::
   probe succeeds. Scrapes: ``core.on_backend_metrics(name, sample)`` (any object with
   ``ScrapedMetrics``' fields, e.g. ``scrape.BackendSample``); a failed
   scrape needs no call (the last sample goes stale and the fallback cap applies).
+
+Streamed tokens
+---------------
+``on_tokens_streamed`` comes once per chunk relayed, so it is the core's hottest call. After a
+request's first token it only counts (``streamed_output_tokens`` is always current) and
+notes the request; the tokens are *folded* into the DRR charge, the router's outstanding
+tokens, the KV footprint and the throughput meter (at the time the last of them passed) by
+the next call that reads any of those: every decision (``arrive``, ``next_dispatch``,
+``cancel``, ...), every view (``stats``, ``snapshot``, the ``scheduler`` and ``meter``
+properties) and the request's own end. So no decision sees a different state than
+token-by-token folding gives, while a stream's tokens between two decisions cost one fold
+instead of one each: 14 % of the sidecar's instructions per streamed request of 16 chunks
+(docs/sidecar-performance.md). ``router`` and ``kv`` are plain attributes: code reading them
+directly (tests) reads them after a decision or a view.
 """
 
 from __future__ import annotations
@@ -152,6 +166,9 @@ class SchedulingCore:
         """``gate_limits`` fixes every backend's admission limits (tests); without it each
         backend's are derived from ``config.admission`` and the engine's learned shape
         (``weighbridge.sidecar.admission.derive_limits``), and change as the shape is learned."""
+        # In-flight requests with streamed output not yet folded in (module doc); first,
+        # as the properties that fold are read while the rest is built.
+        self._unfolded: dict[str, QueuedRequest] = {}
         self.config = config
         # Which backends serve which model (discovered from /v1/models, or declared); each
         # distinct set of backends is a pool with its own queues (sidecar.catalog).
@@ -197,8 +214,8 @@ class SchedulingCore:
             self.gates = {b.name: AdmissionGate(derive(EngineShape()), derive)
                           for b in config.backends}
         # What our in-flight requests will hold in each backend's KV cache at their largest.
-        self.kv = {name: KvFootprint(gate.limits.block_size) for name, gate in self.gates.items()}
-        self.router = Router([b.name for b in config.backends], config.routing)
+        self._kv = {name: KvFootprint(gate.limits.block_size) for name, gate in self.gates.items()}
+        self._router = Router([b.name for b in config.backends], config.routing)
         self.ledger = Ledger()
         self._priority_backends = {b.name for b in config.backends if b.priority_scheduling}
         self._tier_priority = {name: t.vllm_priority for name, t in config.tiers.items()}
@@ -214,14 +231,28 @@ class SchedulingCore:
     # ------------------------------------------------------------------ pools
 
     @property
+    def kv(self) -> dict[str, KvFootprint]:
+        """What the in-flight requests will hold in each backend's KV cache at their
+        largest."""
+        self._fold_streamed()
+        return self._kv
+
+    @property
+    def router(self) -> Router:
+        self._fold_streamed()
+        return self._router
+
+    @property
     def scheduler(self) -> Scheduler:
         """The queues of the pool of every backend: the only pool of a fleet serving one set
         of models (or before any backend has said what it serves)."""
+        self._fold_streamed()
         return self._default_pool.scheduler
 
     @property
     def meter(self) -> ThroughputMeter:
         """The throughput measured in the pool of every backend (``scheduler``'s)."""
+        self._fold_streamed()
         return self._default_pool.meter
 
     def _pool(self, backends: frozenset[str]) -> _Pool:
@@ -271,6 +302,7 @@ class SchedulingCore:
 
     def take_shared_charges(self) -> list[tuple[QueuedRequest, int]]:
         """Settlements and refunds owed to the shared limits since the last call."""
+        self._fold_streamed()
         taken, self._shared_charges = self._shared_charges, []
         return taken
 
@@ -287,6 +319,7 @@ class SchedulingCore:
 
     def take_booked(self) -> dict[tuple[str, str, str], float]:
         """DRR turns charged per (pool, tier, tenant) since the last call."""
+        self._fold_streamed()
         return {(self.pool_id(pool.backends), tier, tenant): turns
                 for pool in self._pools.values()
                 for (tier, tenant), turns in pool.scheduler.take_booked().items()}
@@ -294,6 +327,7 @@ class SchedulingCore:
     def local_load(self) -> dict[tuple[str, str], tuple[int, bool]]:
         """(pool, tenant) -> (requests in flight, any queued) here: what other replicas
         need for ``set_foreign_load``."""
+        self._fold_streamed()
         out: dict[tuple[str, str], tuple[int, bool]] = {}
         for pool in self._pools.values():
             pid = self.pool_id(pool.backends)
@@ -305,6 +339,7 @@ class SchedulingCore:
         """Every other replica's load, summed: (pool, tenant) -> (in flight, backlogged on
         any of them). Replaces the previous; dispatch judges shares with it
         (``_globally_fair``)."""
+        self._fold_streamed()
         by_pool: dict[str, dict[str, tuple[int, bool]]] = {}
         for (pid, tenant), value in load.items():
             by_pool.setdefault(pid, {})[tenant] = value
@@ -314,11 +349,13 @@ class SchedulingCore:
     def queued_flows(self) -> list[tuple[str, str, str]]:
         """(pool, tier, tenant) of every tenant queue with requests waiting here: whose
         service elsewhere this replica needs to know to order its queues."""
+        self._fold_streamed()
         return [(self.pool_id(pool.backends), tier, tenant) for pool in self._pools.values()
                 for tier, tenant in pool.scheduler.queued_flows()]
 
     def charge_foreign(self, pool: str, tier: str, tenant: str, turns: float) -> None:
         """Service other replicas gave ``tenant`` on ``pool``'s backends, charged here."""
+        self._fold_streamed()
         for candidate in self._pools.values():
             if self.pool_id(candidate.backends) == pool:
                 candidate.scheduler.charge_foreign(tier, tenant, turns)
@@ -360,6 +397,7 @@ class SchedulingCore:
         all three is queued and returned. ``admitted``: the verdict of the limits several
         replicas share (sidecar.shared), already taken for this request's estimate
         (``shared_estimate``); None: this process's own limiter decides."""
+        self._fold_streamed()
         if tenant not in self.config.tenants:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
@@ -440,6 +478,7 @@ class SchedulingCore:
     def cancel(self, request_id: str, now: float) -> bool:
         """The client of a *queued* request went away: it leaves at once. False if it is not
         queued (then it is in flight: abort upstream and call ``on_client_gone``)."""
+        self._fold_streamed()
         pool = self._pool_of.get(request_id)
         request = None if pool is None else pool.scheduler.cancel(request_id)
         if request is None:
@@ -454,16 +493,18 @@ class SchedulingCore:
     def share_slots(self, now: float, backends: frozenset[str] | None = None) -> int:
         """In-flight slots that weighted shares are computed over: the healthy backends'
         caps without their headroom (of a pool's backends; by default, all)."""
+        self._fold_streamed()
         return sum(
             gate.share_slots(now)
             for name, gate in self.gates.items()
-            if self.router.is_healthy(name) and (backends is None or name in backends)
+            if self._router.is_healthy(name) and (backends is None or name in backends)
         )
 
     def next_dispatch(self, now: float) -> Dispatch | None:
         """One dispatch decision (request and backend together), or None: nothing queued, or
         no backend may take anything now (counted in ``holds``). Pools with requests
         queued take turns, so one pool's backlog never delays another's dispatch."""
+        self._fold_streamed()
         pools = [pool for pool in self._pools.values() if pool.scheduler.queued_requests]
         if not pools:
             return None
@@ -481,7 +522,7 @@ class SchedulingCore:
         scheduler = pool.scheduler
         members = pool.backends
         if not scheduler.holds_requests:  # passthrough: no gate, any healthy backend
-            backend = self.router.pick(members.__contains__)
+            backend = self._router.pick(members.__contains__)
             if backend is None:
                 self.holds[("", "no_healthy_backend")] += 1
                 return None
@@ -494,13 +535,13 @@ class SchedulingCore:
         kv_tight: set[str] = set()  # backends at their KV watermark: under-share tenants only
         slots = 0
         for name, gate in self.gates.items():
-            if name not in members or not self.router.is_healthy(name):
+            if name not in members or not self._router.is_healthy(name):
                 continue
             verdict = gate.verdict(now)
             limits = gate.limits
             backlog = limits.max_backend_prefill_tokens
             if (backlog is not None and verdict.mode != "closed" and gate.inflight > 0
-                    and self.router.prefill_tokens(name) >= backlog):
+                    and self._router.prefill_tokens(name) >= backlog):
                 # Enough prompts already wait to be prefilled there.
                 verdict = GateVerdict("closed", "prefill_backlog", verdict.share_slots)
             if tenant_aware and verdict.reason == "decode_slow":
@@ -512,7 +553,7 @@ class SchedulingCore:
                 verdict = GateVerdict("headroom", "decode_slow", verdict.share_slots)
             watermark = limits.kv_watermark
             if tenant_aware and watermark is not None and verdict.mode != "closed":
-                footprint = self.kv[name]
+                footprint = self._kv[name]
                 footprint.set_block_size(limits.block_size)
                 if footprint.blocks() >= watermark:
                     # Only tenants under their share of the watermark may add more: an
@@ -529,7 +570,7 @@ class SchedulingCore:
         # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
         # capacity for them.
         usable = ("open",) if tenant_aware else ("open", "headroom")
-        backend = self.router.pick(
+        backend = self._router.pick(
             lambda name: name in verdicts and verdicts[name].mode in usable)
         if backend is not None:
             eligible = self._paced(backend, scheduler)
@@ -548,7 +589,7 @@ class SchedulingCore:
             # tenant sending through one replica got 0.60-0.66 of the engine).
             fair = self._globally_fair(pool, slots) if candidates else None
             while candidates:
-                backend = self.router.pick(lambda name: name in candidates)
+                backend = self._router.pick(lambda name: name in candidates)
                 if backend is None:
                     break
                 candidates.discard(backend)
@@ -646,7 +687,7 @@ class SchedulingCore:
         else:
             reserved_for = None
         paced = self._paced(backend, scheduler)
-        footprint = self.kv[backend]
+        footprint = self._kv[backend]
         watermark = self.gates[backend].limits.kv_watermark or 0
         # Above the KV watermark the reserve is for light tenants (not backlogged upstream:
         # this request is their only one queued, or they were light lately), each up to its
@@ -683,11 +724,11 @@ class SchedulingCore:
     ) -> Dispatch:
         request.backend = backend
         self.gates[backend].on_dispatched(now)
-        self.router.on_dispatched(
+        self._router.on_dispatched(
             request.id, backend, request.prompt_tokens, request.estimated_output_tokens
         )
         self.ledger.dispatch(request.id)
-        self.kv[backend].add(request.id, request.tenant, request.prompt_tokens,
+        self._kv[backend].add(request.id, request.tenant, request.prompt_tokens,
                              request.estimated_output_tokens)
         self._reported[request.id] = 0
         self._prefilling[request.tenant] += request.prompt_tokens
@@ -709,6 +750,7 @@ class SchedulingCore:
         """The backend never received the request (connection refused, reset before the
         request was written): it goes back to its place in the queue, its charges refunded.
         Mark the backend unhealthy first if it is down, or the retry may pick it again."""
+        self._fold_streamed()
         if request.state is not RequestState.DISPATCHED:
             raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
         self._release_backend(request, now)
@@ -723,11 +765,19 @@ class SchedulingCore:
     def on_tokens_streamed(self, request: QueuedRequest, tokens: int, now: float) -> None:
         if request.state is not RequestState.DISPATCHED:
             return
+        if tokens > 0 and request.id in self._prefilled:
+            # Past its first token: counted now, folded in at the next decision (module
+            # doc, "Streamed tokens").
+            request.streamed_output_tokens += tokens
+            request.unfolded_tokens += tokens
+            request.unfolded_s = now
+            self._unfolded[request.id] = request
+            return
         pool = self._pool_of[request.id]
         pool.scheduler.on_tokens_streamed(request, tokens)
-        self.router.on_tokens(request.id, tokens)
+        self._router.on_tokens(request.id, tokens)
         assert request.backend is not None
-        self.kv[request.backend].on_tokens(request.id, tokens)
+        self._kv[request.backend].on_tokens(request.id, tokens)
         served = max(0, tokens)
         if request.id not in self._prefilled:
             self._prefilled.add(request.id)  # the first token says the prompt was served
@@ -737,6 +787,29 @@ class SchedulingCore:
             self.gates[request.backend].on_first_token(now)
         self._reported[request.id] += served
         self._observe_served(pool, served, now)
+
+    def _fold_streamed(self) -> None:
+        """Fold every in-flight request's unfolded output into the scheduler's charge, the
+        router's outstanding tokens, the KV footprint and the throughput meter (at the time
+        its last token passed): what ``on_tokens_streamed`` would have done token by token."""
+        unfolded = self._unfolded
+        if not unfolded:
+            return
+        for request in unfolded.values():
+            self._fold(request)
+        unfolded.clear()
+
+    def _fold(self, request: QueuedRequest) -> None:
+        tokens, request.unfolded_tokens = request.unfolded_tokens, 0
+        if not tokens or request.state is not RequestState.DISPATCHED:
+            return
+        pool = self._pool_of[request.id]
+        pool.scheduler.charge_streamed(request)
+        self._router.on_tokens(request.id, tokens)
+        assert request.backend is not None
+        self._kv[request.backend].on_tokens(request.id, tokens)
+        self._reported[request.id] += tokens
+        self._observe_served(pool, tokens, request.unfolded_s)
 
     def on_completed(
         self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
@@ -773,6 +846,8 @@ class SchedulingCore:
             self._refund(request, now)
             return
         self.ledger.end(request.id, outcome)  # raises on a second end, before any change
+        if self._unfolded.pop(request.id, None) is not None:
+            self._fold(request)  # its state as if folded token by token, then settled
         pool = self._pool_of.pop(request.id)
         pool.scheduler.on_finished(request, prompt_tokens, output_tokens)
         actual = prompt_tokens + output_tokens
@@ -784,8 +859,8 @@ class SchedulingCore:
         assert request.backend is not None
         prefilled = request.id in self._prefilled
         self.gates[request.backend].on_finished(now, awaiting_first_token=not prefilled)
-        self.router.on_finished(request.id)
-        self.kv[request.backend].remove(request.id)
+        self._router.on_finished(request.id)
+        self._kv[request.backend].remove(request.id)
         if prefilled:
             self._prefilled.discard(request.id)
         else:
@@ -806,8 +881,9 @@ class SchedulingCore:
     # ------------------------------------------------------------------ backends
 
     def on_backend_metrics(self, backend: str, sample: ScrapedMetrics) -> None:
+        self._fold_streamed()
         self.gates[backend].observe(sample)
-        self.router.observe_kv(backend, sample.kv_cache_usage)
+        self._router.observe_kv(backend, sample.kv_cache_usage)
 
     def poll_period_s(self, backend: str | None = None) -> float:
         """How often to scrape ``backend`` (derived from its step time unless configured);
@@ -817,10 +893,10 @@ class SchedulingCore:
         return min(gate.limits.poll_s for gate in self.gates.values())
 
     def mark_backend_unhealthy(self, backend: str) -> None:
-        self.router.mark_unhealthy(backend)
+        self._router.mark_unhealthy(backend)
 
     def mark_backend_healthy(self, backend: str) -> None:
-        self.router.mark_healthy(backend)
+        self._router.mark_healthy(backend)
 
     # ------------------------------------------------------------------ admin
 
@@ -832,7 +908,8 @@ class SchedulingCore:
 
     def stats(self, now: float) -> CoreStats:
         """Per tenant, summed over the pools (one pool: its own figures)."""
-        router = self.router
+        self._fold_streamed()
+        router = self._router
         schedulers = [pool.scheduler for pool in self._pools.values()]
         tenants = tuple(
             TenantStats(name, spec.tier, spec.weight,
@@ -856,7 +933,8 @@ class SchedulingCore:
 
     def snapshot(self, now: float, max_tenants: int | None = 100) -> dict[str, Any]:
         """Everything /admin/state shows, as plain dicts."""
-        routing = self.router.snapshot()
+        self._fold_streamed()
+        routing = self._router.snapshot()
         models = self.catalog.models()
         rates = [rate for pool in self._pools.values()
                  if (rate := pool.meter.tokens_per_s) is not None]
@@ -873,7 +951,7 @@ class SchedulingCore:
             "rate_limits": self.rate_limiter.snapshot(now),
             "backends": {
                 name: {**routing[name], "gate": gate.snapshot(now),
-                       "kv_footprint_blocks": self.kv[name].blocks()}
+                       "kv_footprint_blocks": self._kv[name].blocks()}
                 for name, gate in self.gates.items()
             },
             "throughput_tokens_per_s": sum(rates) if rates else None,

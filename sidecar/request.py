@@ -54,6 +54,10 @@ class QueuedRequest:
     cost: int = 0  # DRR charge at dispatch, in the endpoint's unit (tokens or 1)
     charged: int = 0  # charged so far: cost plus streamed tokens beyond the estimate
     streamed_output_tokens: int = 0
+    # Streamed output not yet folded into the core's charges and estimates (SchedulingCore,
+    # "Streamed tokens"), and when the last of it passed.
+    unfolded_tokens: int = 0
+    unfolded_s: float = 0.0
     state: RequestState = RequestState.NEW
     dispatched_s: float | None = None
     backend: str | None = None

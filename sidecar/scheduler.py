@@ -364,7 +364,13 @@ class Scheduler:
         if request.state is not RequestState.DISPATCHED or tokens <= 0:
             return
         request.streamed_output_tokens += tokens
-        if not self._charge_streamed or self.endpoint(request.endpoint).cost != "tokens":
+        self.charge_streamed(request)
+
+    def charge_streamed(self, request: QueuedRequest) -> None:
+        """Charge what ``request.streamed_output_tokens`` says beyond what was charged (the
+        charging half of ``on_tokens_streamed``, for a count already kept)."""
+        if request.state is not RequestState.DISPATCHED or not self._charge_streamed \
+                or self.endpoint(request.endpoint).cost != "tokens":
             return
         excess = request.prompt_tokens + request.streamed_output_tokens - request.charged
         if excess > 0:
