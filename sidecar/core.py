@@ -846,8 +846,9 @@ class SchedulingCore:
             self._refund(request, now)
             return
         self.ledger.end(request.id, outcome)  # raises on a second end, before any change
-        if self._unfolded.pop(request.id, None) is not None:
-            self._fold(request)  # its state as if folded token by token, then settled
+        # Every stream's tokens first, not only this one's: the end changes the scheduler's
+        # state (a tenant going idle forfeits its credit) that a later charge would meet.
+        self._fold_streamed()
         pool = self._pool_of.pop(request.id)
         pool.scheduler.on_finished(request, prompt_tokens, output_tokens)
         actual = prompt_tokens + output_tokens
