@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from weighbridge.config import Config, parse_config
 from weighbridge.sidecar.admission import GateLimits, MetricsSample
-from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.ledger import LedgerError
 from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, QUEUE_FULL, RATE_LIMITED, Reject
 from weighbridge.sidecar.request import QueuedRequest, RequestState
@@ -347,6 +347,24 @@ def test_unknown_tenant_is_refused_before_counting() -> None:
     balanced(core)
 
 
+def arrive_or_dispatch(core: SchedulingCore, kind: str, tenant: str, prompt_tokens: int,
+                       now: float, queued: list[QueuedRequest], inflight: list[QueuedRequest],
+                       request_id: str | None = None) -> list[Dispatch]:
+    """The random event sequences' "arrive" (queued if accepted) and "dispatch" (every
+    dispatch possible, moved from ``queued`` to ``inflight``, and returned)."""
+    if kind == "arrive":
+        ids = {} if request_id is None else {"request_id": request_id}
+        result = arrive(core, tenant, now, prompt_tokens=prompt_tokens, user="u", **ids)
+        if isinstance(result, QueuedRequest):
+            queued.append(result)
+        return []
+    dispatches = list(core.dispatch_ready(now))
+    for d in dispatches:
+        queued.remove(d.request)
+        inflight.append(d.request)
+    return dispatches
+
+
 OPS = st.lists(
     st.one_of(
         st.tuples(
@@ -375,14 +393,8 @@ def test_every_request_ends_exactly_once_under_any_event_sequence(policy, ops) -
     inflight: list[QueuedRequest] = []
     for kind, who, value in ops:
         now += 0.01
-        if kind == "arrive":
-            result = arrive(core, who, now, prompt_tokens=value, user="u")
-            if isinstance(result, QueuedRequest):
-                queued.append(result)
-        elif kind == "dispatch":
-            for d in core.dispatch_ready(now):
-                queued.remove(d.request)
-                inflight.append(d.request)
+        if kind in ("arrive", "dispatch"):
+            for d in arrive_or_dispatch(core, kind, who, value, now, queued, inflight):
                 if policy not in ("passthrough",):
                     assert core.gates[d.backend].inflight <= 3
         elif kind == "stream" and inflight:
@@ -553,15 +565,8 @@ def test_streamed_tokens_folded_late_give_the_decisions_of_folding_each_chunk(po
     for k, (kind, who, value) in enumerate(ops):
         now += 0.01
         for core, inflight, queued in zip(cores, flights, queues, strict=True):
-            if kind == "arrive":
-                result = arrive(core, who, now, prompt_tokens=value, user="u",
-                                request_id=f"r{k}")
-                if isinstance(result, QueuedRequest):
-                    queued.append(result)
-            elif kind == "dispatch":
-                for d in core.dispatch_ready(now):
-                    queued.remove(d.request)
-                    inflight.append(d.request)
+            if kind in ("arrive", "dispatch"):
+                arrive_or_dispatch(core, kind, who, value, now, queued, inflight, f"r{k}")
             elif kind == "stream" and inflight:
                 core.on_tokens_streamed(inflight[0], value, now)
                 first_token.add(inflight[0].id)
