@@ -48,12 +48,12 @@ request's first token it only counts (``streamed_output_tokens`` is always curre
 notes the request; the tokens are *folded* into the DRR charge, the router's outstanding
 tokens, the KV footprint and the throughput meter (at the time the last of them passed) by
 the next call that reads any of those: every decision (``arrive``, ``next_dispatch``,
-``cancel``, ...), every view (``stats``, ``snapshot``, the ``scheduler`` and ``meter``
-properties) and the request's own end. So no decision sees a different state than
-token-by-token folding gives, while a stream's tokens between two decisions cost one fold
-instead of one each: 14 % of the sidecar's instructions per streamed request of 16 chunks
-(docs/sidecar-performance.md). ``router`` and ``kv`` are plain attributes: code reading them
-directly (tests) reads them after a decision or a view.
+``cancel``, ...), every view (``stats``, ``snapshot``, the ``scheduler``, ``meter``,
+``router`` and ``kv`` properties) and every request's end (all streams, since an end changes
+what a later charge would meet). So no decision sees a different state than token-by-token
+folding gives, while a stream's tokens between two decisions cost one fold instead of one
+each: 14 % of the sidecar's instructions per streamed request of 16 chunks
+(docs/sidecar-performance.md). Inside the core, ``_router`` and ``_kv`` are read after a fold.
 """
 
 from __future__ import annotations

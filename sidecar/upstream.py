@@ -182,7 +182,8 @@ class UpstreamResponse:
         if sink is not None and self._state == _CHUNK_SIZE and not self._buffer \
                 and not self._body:
             # The relay's common read: one whole chunk, straight to the sink (no body list,
-            # no drain; nothing can have paused reading while nothing was buffered).
+            # no drain: with nothing buffered, only the relay itself can have paused reading,
+            # and it resumes it).
             piece = _whole_chunk(data)
             if piece is not None:
                 sink.data(piece, False)
