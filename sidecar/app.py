@@ -40,6 +40,7 @@ from weighbridge.sidecar.proxy import (
     BackendUnavailable,
     RelayOutcome,
     relay,
+    tokens_in_chunks,
 )
 from weighbridge.sidecar.rejection import MODEL_NOT_FOUND, Reject
 from weighbridge.sidecar.request import QueuedRequest
@@ -50,6 +51,10 @@ from weighbridge.sidecar.upstream import Upstream
 from weighbridge.vllm_metrics import BackendSample
 
 log = logging.getLogger("weighbridge.sidecar")
+
+# The body's integer fields the sidecar reads, as vLLM types them (int64); the last only on
+# generation endpoints.
+_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "priority", "stream_interval")
 
 # vLLM's request models bound their integers to int64 (priority explicitly; the others by
 # the engine): so does the sidecar, for the fields it reads.
@@ -120,6 +125,7 @@ class Sidecar:
         self.config = config
         self.clock = clock
         self.core = SchedulingCore(config)
+        self._backend_interval = {b.name: b.stream_interval for b in config.backends}
         self.pool: BackendPool | None = None
         self.session: aiohttp.ClientSession | None = None  # scrapes, probes, model lists
         self.upstream: Upstream | None = None  # the relayed requests (sidecar.upstream)
@@ -401,7 +407,9 @@ class Sidecar:
                 raise bad("invalid_deadline",
                           f"{headers_.DEADLINE_MS} must be a positive decimal number of ms")
             deadline_ms = float(raw_deadline)
-        for field in ("max_tokens", "max_completion_tokens", "priority"):
+        # vLLM's embeddings take no stream_interval (nor read it).
+        fields = _INTEGER_FIELDS if endpoint != EMBEDDINGS else _INTEGER_FIELDS[:-1]
+        for field in fields:
             value = body.get(field)
             if value is None:
                 continue
@@ -420,6 +428,10 @@ class Sidecar:
                 raise bad("invalid_max_tokens", "max_tokens must be at least 1")
             if limit is not None and max_tokens > limit:
                 raise bad("max_tokens_too_large", f"max_tokens may be at most {limit}")
+        if endpoint != EMBEDDINGS and body.get("stream_interval") is not None \
+                and body["stream_interval"] < 1:
+            # Live charging counts a streamed chunk's tokens by it (vLLM refuses it too).
+            raise bad("invalid_stream_interval", "stream_interval must be at least 1")
         if body.get("stream") is not None and not isinstance(body["stream"], bool):
             raise bad("invalid_stream", "stream must be a boolean")
         user = body.get("user")
@@ -549,6 +561,7 @@ class Sidecar:
                               and bool(options.get("include_usage")))
         streamed = self.metrics.streamed(req.tenant, req.tier, req.prompt_tokens)
         series = self.metrics.series(req.tenant, req.tier)
+        tier_interval = self.config.tiers[req.tier].stream_interval or 1
         try:
             for attempt in range(MAX_DISPATCH_ATTEMPTS):
                 trace.queued(attempt + 1)
@@ -565,6 +578,14 @@ class Sidecar:
                     # Always ask for usage: it settles rate limits and deficits with real counts.
                     forwarded["stream_options"] = {**(options if isinstance(options, dict)
                                                       else {}), "include_usage": True}
+                    if tier_interval > (body.get("stream_interval") or 1):
+                        forwarded["stream_interval"] = tier_interval
+                    # What each chunk carries, as the engine will send them (it takes the
+                    # larger of the request's and its own).
+                    interval = max(forwarded.get("stream_interval") or 1,
+                                   self._backend_interval[dispatch.backend])
+                else:
+                    interval = 1  # a whole answer: its usage is counted at once
                 headers = {
                     headers_.TENANT: req.tenant,
                     headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
@@ -576,15 +597,23 @@ class Sidecar:
                 upstream_headers: dict[str, str] = {}
                 trace.backend_call(dispatch.backend, url, upstream_headers)
 
-                def on_content(n: int, req: QueuedRequest = req) -> None:
-                    nonlocal first
+                chunks = 0
+
+                def on_content(n: int, req: QueuedRequest = req, interval: int = interval) -> None:
+                    nonlocal first, chunks
                     t = self.clock()
                     if first:
                         first = False
                         series.ttft.observe(t - req.arrival_s)
                         trace.first_token()
-                    streamed.chunk(n)
-                    self.core.on_tokens_streamed(req, n, t)
+                    if interval == 1:
+                        tokens = n
+                    else:
+                        tokens = (tokens_in_chunks(chunks + n, interval)
+                                  - tokens_in_chunks(chunks, interval))
+                        chunks += n
+                    streamed.tokens(tokens)
+                    self.core.on_tokens_streamed(req, tokens, t)
 
                 try:
                     response, outcome = await relay(

@@ -309,11 +309,12 @@ class RequestSeries:
 
 class StreamedTokens:
     """One request's tokens counted into ``weighbridge_tokens_streamed_total`` as they pass:
-    its prompt when the first token shows the prefill done, one output token per content
-    chunk, then topped up to the backend's ``usage`` at the end (a chunk may carry more than
-    one token; a counter cannot be lowered, so an over-estimated text prompt stays).
+    its prompt when the first token shows the prefill done, the output tokens each content
+    chunk surely carries (``proxy.tokens_in_chunks``: one each unless the engine streams
+    several per chunk), then topped up to the backend's ``usage`` at the end (a counter
+    cannot be lowered, so an over-estimated text prompt stays).
 
-    Output chunks are added to a plain count and folded into the counter whenever the
+    Output tokens are added to a plain count and folded into the counter whenever the
     registry is collected (``_FoldStreamed``) and at :meth:`close`: a Prometheus ``inc`` per
     chunk (a lock and five calls) was 3.5 % of the sidecar's instructions per streamed
     request, and nothing reads the counter but a collection."""
@@ -331,15 +332,16 @@ class StreamedTokens:
         self.prompt_counted = 0
         self.output_counted = 0
 
-    def chunk(self, chunks: int = 1) -> None:
-        """``chunks`` content chunks relayed (one token each until the usage settles)."""
+    def tokens(self, tokens: int = 1) -> None:
+        """Output tokens relayed (what the content chunks surely carried; the usage settles
+        the rest)."""
         if not self.output_counted:
             if not self.prompt_counted and self._prompt_estimate:
                 self._prompt.inc(self._prompt_estimate)
                 self.prompt_counted = self._prompt_estimate
             self._live.add(self)
-        self._pending += chunks
-        self.output_counted += chunks
+        self._pending += tokens
+        self.output_counted += tokens
 
     def fold(self) -> None:
         """Put the chunks counted since the last fold into the counter."""

@@ -65,6 +65,23 @@ class RelayOutcome:
     client_gone: bool = False  # the client went away mid-stream (the upstream was closed)
 
 
+def tokens_in_chunks(chunks: int, interval: int) -> int:
+    """The output tokens known to have reached the client after ``chunks`` content chunks of
+    a stream the engine sends every ``interval`` tokens (vLLM's ``stream_interval``: the
+    first token at once, then a chunk whenever ``interval`` tokens are unsent, and the rest
+    when it finishes).
+
+    A lower bound, exact but for the latest chunk: the first carries one token, every chunk
+    between it and the latest carries ``interval``, and the latest at least one (it may be
+    the last, with fewer). So a counter fed by it never needs lowering when the usage
+    settles the stream, and a stream cut off is charged no more than it surely delivered.
+    With ``interval`` 1 it is one token per chunk. (Speculative decoding or a slow reader
+    can put more tokens in a chunk than this counts; the usage settles those.)"""
+    if chunks <= 1:
+        return max(chunks, 0)
+    return interval * (chunks - 2) + 2
+
+
 def _usage_of(obj: object) -> Usage | None:
     if not isinstance(obj, dict):
         return None

@@ -218,6 +218,11 @@ class Tier(_Model):
     # what a better tier may carry, so tenants cannot all move up to it (priority
     # inflation) and starve the tiers below.
     limits: RateLimits = Field(default_factory=RateLimits)
+    # Stream this tier's answers in chunks of at least this many tokens: sent as the request's
+    # `stream_interval` (vLLM's, which it raises the engine's --stream-interval to), unless
+    # the client asked for more. Fewer, larger chunks cost the engine's front end and the
+    # sidecar less host CPU per token; None leaves each token its own chunk.
+    stream_interval: PositiveInt | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -295,6 +300,9 @@ class Backend(_Model):
     url: BaseUrl
     name: Name  # defaults to the URL's host:port; used in headers and metric labels
     priority_scheduling: bool = False  # the backend runs vLLM --scheduling-policy priority
+    # The backend's vLLM --stream-interval: after the first, each streamed chunk carries this
+    # many tokens (the last one the rest), which live charging counts between usages.
+    stream_interval: PositiveInt = 1
     # The model names it serves (base models and adapters), when they should not be learned
     # from its /v1/models; None: learned (sidecar.catalog).
     models: list[ModelName] | None = Field(default=None, min_length=1)
