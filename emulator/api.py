@@ -12,7 +12,9 @@ import time
 import uuid
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import Field, TypeAdapter, ValidationError
 
 from weighbridge.emulator import text
 from weighbridge.emulator.tiny_model import HIDDEN_SIZE
@@ -52,6 +54,49 @@ class GenerationRequest:
     continuous_usage: bool
     user: str | None
     lora: str | None = None  # the LoRA adapter that serves it
+    # Tokens per streamed chunk the request asks for; the server's --stream-interval may
+    # raise it (vLLM takes the larger).
+    stream_interval: int | None = None
+
+
+T = TypeVar("T")
+
+# vLLM's type of the field on both endpoints (vllm/entrypoints/openai/completion/protocol.py
+# and chat_completion/protocol.py), validated by pydantic in lax mode as vLLM's FastAPI does:
+# true is 1, 4.0 and "8" are integers, false is 0 and so below the bound.
+_STREAM_INTERVAL: TypeAdapter[int | None] = TypeAdapter(Annotated[int, Field(ge=1)] | None)
+
+# vLLM's stand-in for a rejected value in its message is cut at this many characters.
+_MAX_ERROR_INPUT_CHARS = 200
+
+
+def _validated(body: dict[str, Any], name: str, adapter: TypeAdapter[T]) -> T:
+    """``body[name]`` as vLLM's request model validates it; else vLLM's 400 for a request
+    body that fails validation (FastAPI's error, as vLLM renders it in
+    vllm/entrypoints/serve/exception_handling/handlers/validation.py)."""
+    try:
+        return adapter.validate_python(body.get(name))
+    except ValidationError as e:
+        errors = e.errors(include_url=False)
+    loc = f"body.{name}"
+    # vLLM prints each error's dict with ``loc`` joined into one dotted string and ``input``
+    # summarised, the keys in pydantic's order.
+    rendered = [str({**error, "loc": ".".join([loc, *map(str, error["loc"])]),
+                     "input": _error_input(error["input"])}) for error in errors]
+    label = "error" if len(errors) == 1 else "errors"
+    message = f"{len(errors)} validation {label}:\n" + "\n".join(f"  {r}" for r in rendered)
+    raise ApiError(400, message, "Bad Request", param=loc)
+
+
+def _error_input(value: Any) -> str:
+    """A rejected JSON value as vLLM's message shows it: a container by its size, anything
+    else as text, cut short."""
+    if isinstance(value, list | dict):
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = value if isinstance(value, str) else str(value)
+    if len(text) > _MAX_ERROR_INPUT_CHARS:
+        return text[:_MAX_ERROR_INPUT_CHARS] + "...[truncated]"
+    return text
 
 
 def _int_field(body: dict[str, Any], name: str, default: int | None) -> int | None:
@@ -156,6 +201,9 @@ def parse_generation_request(
     vocab_size: int,
     adapters: Collection[str] = (),
 ) -> GenerationRequest:
+    # vLLM's pydantic model rejects a field of the wrong type before the model is looked up.
+    stream_interval = (_validated(body, "stream_interval", _STREAM_INTERVAL)
+                       if isinstance(body, dict) else None)
     lora = _check_model(body, served_model, adapters)
     n = _int_field(body, "n", 1)
     if n != 1:
@@ -200,6 +248,7 @@ def parse_generation_request(
         continuous_usage=_bool_field(stream_options, "continuous_usage_stats", False),
         user=user,
         lora=lora,
+        stream_interval=stream_interval,
     )
 
 

@@ -117,6 +117,10 @@ class EmulatorOptions(BaseModel):
     no_chunked_prefill: bool = Field(default=False, description=(
         "Steps are all-prefill or all-decode (vLLM V0) instead of mixed."),
         json_schema_extra={"flags": ["--no-chunked-prefill"]})
+    stream_interval: int = Field(default=1, ge=1, description=(
+        "Tokens batched into each streamed chunk, as vLLM's flag: the first token's chunk "
+        "goes at once, then one chunk per N tokens, the rest with the finish. A request's "
+        "stream_interval raises it, never lowers it."))
     seed: int = Field(default=0, description="Seed of the output-length draws.")
     mean_output_tokens: float = Field(default=128.0, gt=0, description=(
         "Mean output length when a request does not set ignore_eos."))

@@ -44,13 +44,39 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 
 @dataclass(slots=True)
 class TokenStream:
-    """Tokens the engine produced for one request that its handler has not sent yet."""
+    """Tokens the engine produced for one request that its handler has not sent yet.
+
+    As vLLM's output processor with a ``stream_interval`` of N
+    (vllm/v1/engine/output_processor.py): the first token is handed over at once, then the
+    tokens are held until N are unsent, and the rest go with the finish. The handler sends
+    what it was handed as one chunk (several, merged, if it fell behind).
+    """
 
     seq: Sequence
     seed: int
-    pending: int = 0
+    interval: int = 1  # tokens per chunk
+    pending: int = 0  # handed to the handler, not sent yet
+    held: int = 0  # generated, not handed over until the interval fills
+    handed: int = 0  # handed over in all
     finished: bool = False
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def emitted(self) -> None:
+        """The engine generated one more token."""
+        self.held += 1
+        if self.handed == 0 or self.held >= self.interval:
+            self._hand_over()
+
+    def finish(self) -> None:
+        """The engine finished the sequence: the held tokens go with the finish."""
+        self.finished = True
+        self._hand_over()
+
+    def _hand_over(self) -> None:
+        self.pending += self.held
+        self.handed += self.held
+        self.held = 0
+        self.wakeup.set()
 
 
 class EngineRunner:
@@ -78,13 +104,14 @@ class EngineRunner:
         # run time (thermal throttling, a noisy GPU neighbour) for chaos tests.
         self.slowdown = 1.0
 
-    def submit(self, seq: Sequence) -> TokenStream:
+    def submit(self, seq: Sequence, *, interval: int = 1) -> TokenStream:
         """Hand a request to the engine after the API server's per-request work: a serial
         part (one request at a time, as vLLM's frontend, queued behind the streaming work
-        of the tokens already generated) and a parallel latency (emulator/frontend.py)."""
+        of the tokens already generated) and a parallel latency (emulator/frontend.py).
+        Its tokens reach the stream ``interval`` at a time (:class:`TokenStream`)."""
         self.model.check(seq)
         self._seeds += 1
-        stream = TokenStream(seq=seq, seed=self._seeds)
+        stream = TokenStream(seq=seq, seed=self._seeds, interval=interval)
         self._streams[seq.request_id] = stream
         if self._front_end.instant:
             self._enter_engine(seq)
@@ -140,14 +167,12 @@ class EngineRunner:
             for seq in result.emitted:
                 stream = self._streams.get(seq.request_id)
                 if stream is not None:
-                    stream.pending += 1
-                    stream.wakeup.set()
+                    stream.emitted()
             for seq in result.finished:
                 self.metrics.on_finish(seq)
                 stream = self._streams.pop(seq.request_id, None)
                 if stream is not None:
-                    stream.finished = True
-                    stream.wakeup.set()
+                    stream.finish()
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,10 +191,14 @@ class EmulatorSettings:
     # vLLM's --enable-lora and --lora-modules (the adapters' max_loras is in engine).
     enable_lora: bool = False
     lora_modules: tuple[LoraModule, ...] = ()
+    # vLLM's --stream-interval: tokens per streamed chunk, unless a request asks for more.
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         if self.lora_modules and not self.enable_lora:
             raise ValueError("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {self.stream_interval}")
 
 
 class Emulator:
@@ -287,7 +316,7 @@ class Emulator:
             lora=req.lora,
         )
         try:
-            stream = self.runner.submit(seq)
+            stream = self.runner.submit(seq, interval=self._stream_interval(req))
         except ValueError as e:
             raise ApiError(400, str(e)) from None
         shape = ResponseShape.for_request(req, request_id)
@@ -303,6 +332,13 @@ class Emulator:
             if not seq.is_finished:
                 # The client went away (handler cancelled or a write failed): free the slot.
                 self.runner.abort(request_id)
+
+    def _stream_interval(self, req: GenerationRequest) -> int:
+        """Tokens per chunk, as vLLM: a request's ``stream_interval`` raises the server's,
+        never lowers it; a whole (non-stream) response ignores both."""
+        if not req.stream:
+            return 1
+        return max(req.stream_interval or 1, self.settings.stream_interval)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         """Each input is a prefill-only request to the engine (vLLM's pooling runner); the
@@ -373,7 +409,8 @@ class Emulator:
             stream.pending = 0
             done = stream.finished
             if count:
-                # A slow reader gets the tokens it missed merged into one chunk, as vLLM does.
+                # A slow reader gets the tokens it missed merged into one chunk, as vLLM does
+                # (with a stream interval, every chunk handed over since it last wrote).
                 delta = text.generated_text(stream.seed, sent, count)
                 sent += count
                 reason = seq.finish_reason if done and seq.finish_reason != "abort" else None

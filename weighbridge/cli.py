@@ -90,7 +90,8 @@ def emulator(
                                 num_gpu_blocks_override=options.num_kv_blocks,
                                 kv_cache_memory_bytes=options.kv_cache_memory_bytes,
                                 enable_lora=options.enable_lora,
-                                lora_modules=options.lora_adapters())
+                                lora_modules=options.lora_adapters(),
+                                stream_interval=options.stream_interval)
     typer.echo(f"weighbridge emulator: {options.model_name} on http://{host}:{port} "
                f"(profile {options.profile}, {engine.max_num_seqs} seqs, "
                f"B={engine.max_num_batched_tokens}, {engine.num_kv_blocks}x{engine.block_size} "

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,36 @@ def assert_error_body(r: httpx.Response, status: int) -> None:
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str)
     assert error["code"] == status
+
+
+def stream_chunks(raw: bytes) -> list[dict[str, Any]]:
+    """The JSON chunks of a streamed body, which ends with ``[DONE]``."""
+    payloads = [event.removeprefix("data: ") for event in raw.decode().strip().split("\n\n")]
+    assert payloads[-1] == "[DONE]"
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+def content_chunks(raw: bytes) -> list[dict[str, Any]]:
+    """The chunks of a streamed body that carry output: not chat's opening role chunk, nor
+    the usage chunk (``choices: []``)."""
+    return [c for c in stream_chunks(raw)
+            if c["choices"] and "role" not in c["choices"][0].get("delta", {})]
+
+
+def stream_in_chunks(send: Callable[[], bytes], chunks: int, attempts: int = 3) -> bytes:
+    """A streamed body (``send()`` requests it) whose output should come in ``chunks``
+    content chunks. A reader that falls behind gets the chunks it missed merged into one (vLLM's
+    output collector; real vLLM on 2 cores now and then merges a stream's last two), so a
+    stream of fewer chunks is timing, not a difference: it is asked again, up to ``attempts``
+    times. More chunks than ``chunks`` are never timing."""
+    counts = []
+    for _ in range(attempts):
+        raw = send()
+        counts.append(len(content_chunks(raw)))
+        assert counts[-1] <= chunks, (counts, chunks)
+        if counts[-1] == chunks:
+            return raw
+    raise AssertionError(f"{chunks} content chunks expected, got {counts}")
 
 
 def real_vllm(**extra: Any) -> RealVllmServer:

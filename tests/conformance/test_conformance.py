@@ -12,7 +12,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conformance.backends import Backend, assert_error_body
+from tests.conformance.backends import (
+    Backend,
+    assert_error_body,
+    content_chunks,
+    stream_chunks,
+    stream_in_chunks,
+)
 from tests.support import metrics
 from tests.support.metrics import Scrape
 
@@ -115,6 +121,72 @@ async def test_stream_without_usage_option_has_no_usage_chunk(backend: Backend) 
     chunks = [json.loads(p) for p in sse_events(raw)[:-1]]
     assert all(c["choices"] for c in chunks)
     assert all(c.get("usage") is None for c in chunks)
+
+
+# -- stream_interval: several tokens per chunk ---------------------------------------------------
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+@pytest.mark.parametrize(("interval", "max_tokens", "chunks"), [
+    (4, 16, 5),  # 1, 4, 4, 4, 3
+    (5, 17, 5),  # 1, 5, 5, 5, 1
+    (5, 16, 4),  # 1, 5, 5, 5: the finish comes with a full interval
+    ("4", 16, 5),  # pydantic's lax int, as vLLM reads its body
+], ids=["4", "5", "5-exact", "string"])
+def test_a_request_s_stream_interval_batches_tokens_into_chunks(
+        backend: Backend, endpoint: str, interval: object, max_tokens: int, chunks: int) -> None:
+    """vLLM sends the first token's chunk at once, then one per ``interval`` tokens, and the
+    rest with the finish. Counted in chunks: the text of one token differs between the two."""
+    body = (completion_body if endpoint == "completions" else chat_body)(
+        backend, max_tokens=max_tokens, stream=True, stream_interval=interval,
+        stream_options={"include_usage": True})
+    path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
+    raw = stream_in_chunks(
+        lambda: httpx.post(backend.url + path, json=body, timeout=60).content, chunks)
+    finish = [c["choices"][0]["finish_reason"] for c in content_chunks(raw)]
+    assert finish[-1] == "length" and all(f is None for f in finish[:-1])
+    every = stream_chunks(raw)
+    assert every[-1]["usage"]["completion_tokens"] == max_tokens
+    if endpoint == "chat":
+        assert every[0]["choices"][0]["delta"]["role"] == "assistant"
+
+
+async def test_a_stream_interval_of_true_is_1(backend: Backend) -> None:
+    """Pydantic's lax int again. Not counted in chunks: at one token per chunk, real vLLM's
+    completions endpoint drops a chunk whose text is empty (a byte of a character split
+    across tokens, which its random tiny model produces)."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        raw = await post_stream(client, backend.url + "/v1/completions", completion_body(
+            backend, stream=True, stream_interval=True, stream_options={"include_usage": True}))
+    assert content_chunks(raw)[-1]["choices"][0]["finish_reason"] == "length"
+    assert stream_chunks(raw)[-1]["usage"]["completion_tokens"] == 8
+
+
+def test_a_stream_interval_is_ignored_without_streaming(backend: Backend) -> None:
+    r = httpx.post(backend.url + "/v1/completions",
+                   json=completion_body(backend, stream_interval=4), timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 8
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize(("value", "message"), [
+    (0, "1 validation error:\n  {'type': 'greater_than_equal', 'loc': 'body.stream_interval', "
+        "'msg': 'Input should be greater than or equal to 1', 'input': '0', 'ctx': {'ge': 1}}"),
+    ("x", "1 validation error:\n  {'type': 'int_parsing', 'loc': 'body.stream_interval', "
+          "'msg': 'Input should be a valid integer, unable to parse string as an integer', "
+          "'input': 'x'}"),
+], ids=["0", "x"])
+def test_a_bad_stream_interval_is_vllm_s_validation_400(
+        backend: Backend, endpoint: str, stream: bool, value: object, message: str) -> None:
+    """Checked by vLLM's request model (FastAPI's 400), streaming or not."""
+    body = (completion_body if endpoint == "/v1/completions" else chat_body)(
+        backend, stream=stream, stream_interval=value)
+    r = httpx.post(backend.url + endpoint, json=body, timeout=10)
+    assert_error_body(r, 400)
+    error = r.json()["error"]
+    assert error["param"] == "body.stream_interval"
+    assert (error["type"], error["message"]) == ("Bad Request", message)
 
 
 # -- token accounting --------------------------------------------------------------------------

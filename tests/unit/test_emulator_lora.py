@@ -105,9 +105,9 @@ async def served() -> AsyncIterator[tuple[TestClient[Any, Any], Emulator, list[S
     submitted: list[Sequence] = []
     submit = emulator.runner.submit
 
-    def recording(s: Sequence) -> Any:
+    def recording(s: Sequence, **kwargs: Any) -> Any:
         submitted.append(s)
-        return submit(s)
+        return submit(s, **kwargs)
 
     emulator.runner.submit = recording  # type: ignore[method-assign]
     async with TestClient(TestServer(emulator.app)) as c:

@@ -1,0 +1,93 @@
+"""vLLM's ``--stream-interval``, server-wide: a real vLLM started with the flag, its chunks
+compared with an emulator's started with the same flag. Real vLLM's start-up is the cost
+(30-60 s in CI), so it is started once, for one test.
+
+The per-request field on the default servers (interval 1) is in test_conformance.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conformance.backends import (
+    BLOCK_SIZE,
+    MAX_MODEL_LEN,
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    NUM_KV_BLOCKS,
+    content_chunks,
+    real_vllm,
+    stream_chunks,
+    stream_in_chunks,
+)
+from weighbridge.launch import emulator_process
+
+pytestmark = pytest.mark.integration
+
+SERVER_INTERVAL = 4
+MAX_TOKENS = 16
+
+# Content chunks of a 16-token stream on a server started with --stream-interval 4, by the
+# request's own stream_interval: the larger of the two wins.
+EXPECTED = {
+    None: 5,  # the server's 4: 1, 4, 4, 4, 3
+    2: 5,  # clamped up to the server's 4
+    8: 3,  # raised: 1, 8, 7
+}
+
+
+@pytest.fixture(scope="module")
+def emulator_url() -> Iterator[str]:
+    with emulator_process(
+        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
+        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, stream_interval=SERVER_INTERVAL,
+    ) as proc:
+        yield proc.url
+
+
+@pytest.fixture(scope="module")
+def vllm_url() -> Iterator[str]:
+    with real_vllm(extra_args=["--stream-interval", str(SERVER_INTERVAL)]) as server:
+        yield server.url
+
+
+def check_chunks(url: str) -> None:
+    """Every case of ``EXPECTED`` on both endpoints: a streamed ``MAX_TOKENS``-token answer
+    in that many content chunks, the last with the finish, then the usage of all tokens."""
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        for asked, chunks in EXPECTED.items():
+            body: dict[str, object] = {
+                "model": "conformance", "max_tokens": MAX_TOKENS, "ignore_eos": True,
+                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+            if path == "/v1/completions":
+                body["prompt"] = [(7 * i + 3) % 97 + 6 for i in range(20)]
+            else:
+                body["messages"] = [{"role": "user", "content": "Say something short."}]
+            if asked is not None:
+                body["stream_interval"] = asked
+
+            def send(path: str = path, body: dict[str, object] = body) -> bytes:
+                r = httpx.post(url + path, json=body, timeout=60)
+                assert r.status_code == 200, r.text
+                return r.content
+
+            raw = stream_in_chunks(send, chunks)
+            assert content_chunks(raw)[-1]["choices"][0]["finish_reason"] == "length"
+            assert stream_chunks(raw)[-1]["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_the_emulator_batches_by_the_flag_unless_a_request_asks_for_more(
+        emulator_url: str) -> None:
+    check_chunks(emulator_url)
+
+
+@pytest.mark.vllm
+def test_real_vllm_batches_by_the_flag_as_the_emulator_does(vllm_url: str,
+                                                           emulator_url: str) -> None:
+    """The same cases, on real vLLM and on the emulator started with the same flag."""
+    check_chunks(vllm_url)
+    check_chunks(emulator_url)
