@@ -402,6 +402,8 @@ class ResponseShape:
         ])
         chunk["prompt_token_ids"] = None
         chunk["prompt_text"] = None
+        if self.request.include_usage and self.request.continuous_usage:
+            chunk["usage"] = usage(self.request.prompt_tokens, 0)  # as vLLM's role chunk
         return chunk
 
     def delta_chunk(self, delta_text: str, finish_reason: str | None,

@@ -202,8 +202,10 @@ class StackSpec(_Model):
 def sidecar_config(spec: StackSpec, engine_urls: list[str]) -> dict[str, Any]:
     """The sidecar's configuration mapping: the stack's ``sidecar`` section with one backend
     per engine."""
+    # The engines' --stream-interval too: live charging counts a chunk's tokens by it.
     backends = [{"url": url, "name": f"engine-{i}",
-                 "priority_scheduling": spec.engines.sends_priority}
+                 "priority_scheduling": spec.engines.sends_priority,
+                 "stream_interval": spec.engines.emulator.stream_interval}
                 for i, url in enumerate(engine_urls)]
     # The stack declares its engines, so it tells the sidecar the one fact of their shape
     # that vLLM's /metrics does not export: the step's token budget (--max-num-batched-tokens,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,20 +51,27 @@ def content_chunks(raw: bytes) -> list[dict[str, Any]]:
             if c["choices"] and "role" not in c["choices"][0].get("delta", {})]
 
 
-def stream_in_chunks(send: Callable[[], bytes], chunks: int, attempts: int = 3) -> bytes:
-    """A streamed body (``send()`` requests it) whose output should come in ``chunks``
-    content chunks. A reader that falls behind gets the chunks it missed merged into one (vLLM's
-    output collector; real vLLM on 2 cores now and then merges a stream's last two), so a
-    stream of fewer chunks is timing, not a difference: it is asked again, up to ``attempts``
-    times. More chunks than ``chunks`` are never timing."""
-    counts = []
-    for _ in range(attempts):
-        raw = send()
-        counts.append(len(content_chunks(raw)))
-        assert counts[-1] <= chunks, (counts, chunks)
-        if counts[-1] == chunks:
-            return raw
-    raise AssertionError(f"{chunks} content chunks expected, got {counts}")
+def assert_interval_chunks(raw: bytes, interval: int, max_tokens: int, chunks: int) -> None:
+    """A streamed body asked with ``stream_options.continuous_usage_stats`` came in chunks as
+    vLLM's ``stream_interval`` sends them: the first token's chunk at once, then one per
+    ``interval`` tokens, the rest with the finish (``chunks`` content chunks in all).
+
+    Read from each chunk's running ``usage.completion_tokens``, so the text of a token (which
+    differs between the backends) does not matter. A reader that falls behind gets the chunks
+    it missed merged into one (vLLM's output collector; real vLLM on 2 cores now and then
+    merges a stream's last two), which removes chunk boundaries but never adds or moves
+    one: so every boundary before the last must fall after the 1st, (1 + interval)th,
+    (1 + 2 interval)th... token, and there may be fewer than ``chunks`` chunks, never more.
+    No timing is assumed."""
+    content = content_chunks(raw)
+    counts = [c["usage"]["completion_tokens"] for c in content]
+    assert 1 <= len(counts) <= chunks, (counts, chunks)
+    assert counts == sorted(set(counts)), counts  # strictly increasing
+    assert counts[-1] == max_tokens, counts
+    assert all((n - 1) % interval == 0 for n in counts[:-1]), (counts, interval)
+    finish = [c["choices"][0]["finish_reason"] for c in content]
+    assert finish[-1] == "length" and all(f is None for f in finish[:-1]), finish
+    assert stream_chunks(raw)[-1]["usage"]["completion_tokens"] == max_tokens
 
 
 def real_vllm(**extra: Any) -> RealVllmServer:

@@ -15,9 +15,9 @@ import pytest
 from tests.conformance.backends import (
     Backend,
     assert_error_body,
+    assert_interval_chunks,
     content_chunks,
     stream_chunks,
-    stream_in_chunks,
 )
 from tests.support import metrics
 from tests.support.metrics import Scrape
@@ -135,19 +135,19 @@ async def test_stream_without_usage_option_has_no_usage_chunk(backend: Backend) 
 def test_a_request_s_stream_interval_batches_tokens_into_chunks(
         backend: Backend, endpoint: str, interval: object, max_tokens: int, chunks: int) -> None:
     """vLLM sends the first token's chunk at once, then one per ``interval`` tokens, and the
-    rest with the finish. Counted in chunks: the text of one token differs between the two."""
+    rest with the finish. Read from the running usage of each chunk: the text of one token
+    differs between the two."""
     body = (completion_body if endpoint == "completions" else chat_body)(
         backend, max_tokens=max_tokens, stream=True, stream_interval=interval,
-        stream_options={"include_usage": True})
+        stream_options={"include_usage": True, "continuous_usage_stats": True})
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
-    raw = stream_in_chunks(
-        lambda: httpx.post(backend.url + path, json=body, timeout=60).content, chunks)
-    finish = [c["choices"][0]["finish_reason"] for c in content_chunks(raw)]
-    assert finish[-1] == "length" and all(f is None for f in finish[:-1])
-    every = stream_chunks(raw)
-    assert every[-1]["usage"]["completion_tokens"] == max_tokens
+    r = httpx.post(backend.url + path, json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert_interval_chunks(r.content, int(str(interval)), max_tokens, chunks)
     if endpoint == "chat":
-        assert every[0]["choices"][0]["delta"]["role"] == "assistant"
+        role = stream_chunks(r.content)[0]
+        assert role["choices"][0]["delta"]["role"] == "assistant"
+        assert role["usage"]["completion_tokens"] == 0  # continuous usage starts at the role
 
 
 async def test_a_stream_interval_of_true_is_1(backend: Backend) -> None:

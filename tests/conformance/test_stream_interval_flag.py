@@ -18,10 +18,8 @@ from tests.conformance.backends import (
     MAX_NUM_BATCHED_TOKENS,
     MAX_NUM_SEQS,
     NUM_KV_BLOCKS,
-    content_chunks,
+    assert_interval_chunks,
     real_vllm,
-    stream_chunks,
-    stream_in_chunks,
 )
 from weighbridge.launch import emulator_process
 
@@ -62,22 +60,18 @@ def check_chunks(url: str) -> None:
         for asked, chunks in EXPECTED.items():
             body: dict[str, object] = {
                 "model": "conformance", "max_tokens": MAX_TOKENS, "ignore_eos": True,
-                "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+                "temperature": 0, "stream": True,
+                "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
             if path == "/v1/completions":
                 body["prompt"] = [(7 * i + 3) % 97 + 6 for i in range(20)]
             else:
                 body["messages"] = [{"role": "user", "content": "Say something short."}]
             if asked is not None:
                 body["stream_interval"] = asked
-
-            def send(path: str = path, body: dict[str, object] = body) -> bytes:
-                r = httpx.post(url + path, json=body, timeout=60)
-                assert r.status_code == 200, r.text
-                return r.content
-
-            raw = stream_in_chunks(send, chunks)
-            assert content_chunks(raw)[-1]["choices"][0]["finish_reason"] == "length"
-            assert stream_chunks(raw)[-1]["usage"]["completion_tokens"] == MAX_TOKENS
+            r = httpx.post(url + path, json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert_interval_chunks(r.content, max(asked or 1, SERVER_INTERVAL), MAX_TOKENS,
+                                   chunks)
 
 
 def test_the_emulator_batches_by_the_flag_unless_a_request_asks_for_more(

@@ -83,6 +83,16 @@ def test_backends_are_one_per_engine_with_priorities_when_the_engines_order_by_t
     assert not sidecar_config(forced, ["http://h:1"])["backends"][0]["priority_scheduling"]
 
 
+def test_the_backends_know_the_engines_stream_interval() -> None:
+    """Live charging counts a streamed chunk's tokens by the engine's --stream-interval."""
+    spec = parse_stack(minimal(engines={"count": 2, "emulator": {"stream_interval": 4}}))
+    config = parse_config(sidecar_config(spec, ["http://h:1", "http://h:2"]))
+    assert [b.stream_interval for b in config.backends] == [4, 4]
+    assert spec.engines.emulator.flags(seed_offset=0)["stream_interval"] == 4
+    assert parse_config(sidecar_config(parse_stack(minimal()), ["http://h:1"])
+                        ).backends[0].stream_interval == 1
+
+
 def test_engine_flags_differ_only_in_seed() -> None:
     spec = parse_stack(minimal())
     first, second = (spec.engines.emulator.flags(seed_offset=i) for i in range(2))
