@@ -52,9 +52,10 @@ from weighbridge.vllm_metrics import BackendSample
 
 log = logging.getLogger("weighbridge.sidecar")
 
-# The body's integer fields the sidecar reads, as vLLM types them (int64); the last only on
-# generation endpoints.
-_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "priority", "stream_interval")
+# The body's integer fields the sidecar reads, as vLLM types them (int64); vLLM's embeddings
+# take no stream_interval (nor read it).
+_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "priority")
+_GENERATION_INTEGER_FIELDS = (*_INTEGER_FIELDS, "stream_interval")
 
 # vLLM's request models bound their integers to int64 (priority explicitly; the others by
 # the engine): so does the sidecar, for the fields it reads.
@@ -125,7 +126,6 @@ class Sidecar:
         self.config = config
         self.clock = clock
         self.core = SchedulingCore(config)
-        self._backend_interval = {b.name: b.stream_interval for b in config.backends}
         self.pool: BackendPool | None = None
         self.session: aiohttp.ClientSession | None = None  # scrapes, probes, model lists
         self.upstream: Upstream | None = None  # the relayed requests (sidecar.upstream)
@@ -407,9 +407,7 @@ class Sidecar:
                 raise bad("invalid_deadline",
                           f"{headers_.DEADLINE_MS} must be a positive decimal number of ms")
             deadline_ms = float(raw_deadline)
-        # vLLM's embeddings take no stream_interval (nor read it).
-        fields = _INTEGER_FIELDS if endpoint != EMBEDDINGS else _INTEGER_FIELDS[:-1]
-        for field in fields:
+        for field in _INTEGER_FIELDS if endpoint == EMBEDDINGS else _GENERATION_INTEGER_FIELDS:
             value = body.get(field)
             if value is None:
                 continue
@@ -574,6 +572,8 @@ class Sidecar:
                     forwarded.pop("priority", None)
                 else:
                     forwarded["priority"] = dispatch.vllm_priority
+                assert self.pool is not None and self.upstream is not None
+                interval = 1  # a whole answer: its usage is counted at once
                 if stream:
                     # Always ask for usage: it settles rate limits and deficits with real counts.
                     forwarded["stream_options"] = {**(options if isinstance(options, dict)
@@ -583,15 +583,12 @@ class Sidecar:
                     # What each chunk carries, as the engine will send them (it takes the
                     # larger of the request's and its own).
                     interval = max(forwarded.get("stream_interval") or 1,
-                                   self._backend_interval[dispatch.backend])
-                else:
-                    interval = 1  # a whole answer: its usage is counted at once
+                                   self.pool.states[dispatch.backend].config.stream_interval)
                 headers = {
                     headers_.TENANT: req.tenant,
                     headers_.QUEUE_MS: f"{(now - req.arrival_s) * 1000:.1f}",
                     headers_.BACKEND: dispatch.backend,
                 }
-                assert self.pool is not None and self.upstream is not None
                 first = True
                 url = self.pool.url(dispatch.backend, endpoint)
                 upstream_headers: dict[str, str] = {}
@@ -606,12 +603,9 @@ class Sidecar:
                         first = False
                         series.ttft.observe(t - req.arrival_s)
                         trace.first_token()
-                    if interval == 1:
-                        tokens = n
-                    else:
-                        tokens = (tokens_in_chunks(chunks + n, interval)
-                                  - tokens_in_chunks(chunks, interval))
-                        chunks += n
+                    tokens = (tokens_in_chunks(chunks + n, interval)
+                              - tokens_in_chunks(chunks, interval))
+                    chunks += n
                     streamed.tokens(tokens)
                     self.core.on_tokens_streamed(req, tokens, t)
 

@@ -344,7 +344,7 @@ class StreamedTokens:
         self.output_counted += tokens
 
     def fold(self) -> None:
-        """Put the chunks counted since the last fold into the counter."""
+        """Put the tokens counted since the last fold into the counter."""
         if self._pending:
             self._output.inc(self._pending)
             self._pending = 0
