@@ -19,6 +19,7 @@ import typer
 from pydantic import ValidationError
 
 from weighbridge.emulator.options import EmulatorOptions
+from weighbridge.extras import install_hint, missing_here
 from weighbridge.settings_file import problems
 
 app = typer.Typer(
@@ -32,6 +33,24 @@ app = typer.Typer(
 @app.callback()
 def _root() -> None:
     """Token-aware multi-tenant fair scheduling and measurement for vLLM serving."""
+
+
+def _needs(*extras: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A command that runs only with these extras installed: without one it says which, and
+    the pip command, in one line and exits 2 (a usage error), instead of an import's
+    traceback."""
+    def decorate(command: Callable[..., None]) -> Callable[..., None]:
+        # A command's words are its function's name: dashboards_push is `dashboards push`.
+        words = "weighbridge " + command.__name__.replace("_", " ")
+
+        @functools.wraps(command)
+        def run(**kwargs: Any) -> None:
+            if missing := missing_here(extras):
+                typer.echo(install_hint(words, missing), err=True)
+                raise typer.Exit(2)
+            command(**kwargs)
+        return run
+    return decorate
 
 
 def _with_emulator_options(command: Callable[..., None]) -> Callable[..., None]:
@@ -69,6 +88,7 @@ def _with_emulator_options(command: Callable[..., None]) -> Callable[..., None]:
 
 
 @app.command()
+@_needs("emulator")
 @_with_emulator_options
 def emulator(
     options: EmulatorOptions,
@@ -100,6 +120,7 @@ def emulator(
 
 
 @app.command()
+@_needs("sidecar")
 def sidecar(
     config: Annotated[str, typer.Option("--config", help="Tenants/tiers/backends YAML file.")],
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
@@ -132,6 +153,7 @@ def hash_key(key: Annotated[str, typer.Argument(help="The raw API key.")]) -> No
 
 
 @app.command()
+@_needs("analysis")
 def report(
     run_dir: Annotated[Path, typer.Argument(help="The run directory (run.json + records).")],
     baseline: Annotated[Path | None, typer.Option(
@@ -179,6 +201,7 @@ def report(
 
 
 @app.command()
+@_needs("analysis")
 def capacity(
     requests_per_day: Annotated[float | None, typer.Option(
         help="Requests per day (with --from-run: default the run's arrival rate).")] = None,
@@ -241,6 +264,8 @@ def _prometheus_mode(value: str) -> str:
 
 
 @app.command()
+# The demo starts engines, the sidecar and Locust, and reports on both runs.
+@_needs("analysis", "emulator", "loadgen", "sidecar")
 def demo(
     quick: Annotated[bool, typer.Option(
         "--quick", help="Shorter phases (about 1 minute in all instead of 3).")] = False,
@@ -284,6 +309,8 @@ def demo(
 
 
 @app.command()
+# The parts' pure cores run in process; the run directories are written with pandas.
+@_needs("analysis")
 def simulate(
     scenario: Annotated[str | None, typer.Argument(
         help="Scenario name in scenarios/ or a scenario .py file (default: the stack's).")
@@ -361,6 +388,7 @@ def simulate(
 
 
 @app.command()
+@_needs("emulator", "sidecar")
 def up(
     stack: Annotated[Path | None, typer.Option(
         help="Stack file (default deploy/stacks/noisy-neighbour.yaml).")] = None,
@@ -441,6 +469,7 @@ app.add_typer(dashboards_app, name="dashboards")
 
 
 @dashboards_app.command("generate")
+@_needs("dashboards")
 def dashboards_generate(
     out: Annotated[Path | None, typer.Option(
         help="Directory for the JSON files (default: dashboards/json in the package).")] = None,
@@ -465,6 +494,7 @@ def dashboards_generate(
 
 
 @dashboards_app.command("push")
+@_needs("dashboards")
 def dashboards_push(
     url: Annotated[str, typer.Option(help="Grafana's base URL, e.g. http://localhost:3000.")],
     token: Annotated[str, typer.Option(
