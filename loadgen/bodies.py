@@ -7,8 +7,16 @@ exactly under the emulator's), minus the chat template's framing, which
 response. Outputs are exactly ``max_tokens`` long with ``ignore_eos`` (a vLLM extension;
 tenants can turn it off for servers that refuse it).
 
-Every prompt starts with a few tokens drawn from the request's own seed, so no two prompts
-share a prefix and a server's prefix cache does not make them cheaper than real traffic.
+In prefix-free mode every prompt starts with a few tokens drawn from the request's own
+seed, so no two prompts share a prefix and a server's prefix cache does not make them cheaper
+than real traffic. A plan with ``messages`` (a system prompt, a session's history, a trace's
+blocks) is rendered part by part, each from its own seed, so parts that are the same in two
+requests are the same tokens: completions send the token ids of every part in order, chat
+sends alternating messages (a trace's blocks as one user message). A session's answers go
+back as the server returned them: chat as the answer's text, completions as its token ids
+(``return_token_ids``, which vLLM answers with ``token_ids``; a server that sends none gets
+ids of the answer's length drawn from the turn, so the lengths stay exact but its cache
+cannot hit on the answer).
 """
 
 from __future__ import annotations
@@ -18,10 +26,13 @@ from typing import Any
 
 import orjson
 
-from weighbridge.loadgen.plan import RequestPlan
+from weighbridge.loadgen.plan import Message, RequestPlan
 from weighbridge.loadgen.tenants import TenantSpec
 
-__all__ = ["ChatFraming", "build_body", "prompt_text", "prompt_token_ids"]
+__all__ = ["TRACE_BLOCK", "ChatFraming", "block_sizes", "build_body", "message_token_ids",
+           "prompt_text", "prompt_token_ids"]
+
+TRACE_BLOCK = 512  # tokens per hash id of a Mooncake trace
 
 _FIRST_ID = 6  # ids below are special tokens in the tiny model
 _ID_SPAN = 500  # ids stay below 506: inside any real vocabulary
@@ -46,11 +57,45 @@ def prompt_token_ids(n: int, content_seed: int) -> list[int]:
     return head + tail
 
 
-def prompt_text(words: int, content_seed: int) -> str:
+def _words(n: int, content_seed: int) -> list[str]:
     rng = random.Random(content_seed)
-    head = [rng.choice(_WORDS) for _ in range(min(words, _UNIQUE_HEAD))]
-    tail = [_WORDS[i % len(_WORDS)] for i in range(words - len(head))]
-    return "".join(head + tail).lstrip()
+    head = [rng.choice(_WORDS) for _ in range(min(n, _UNIQUE_HEAD))]
+    return head + [_WORDS[i % len(_WORDS)] for i in range(n - len(head))]
+
+
+def prompt_text(words: int, content_seed: int) -> str:
+    return "".join(_words(words, content_seed)).lstrip()
+
+
+def block_sizes(tokens: int, blocks: int) -> list[int]:
+    """Tokens of each of a trace prompt's ``blocks``: whole blocks and a last partial one;
+    a length beyond the blocks lengthens the last (Mooncake's last id covers the rest)."""
+    if blocks == 0:
+        return []
+    sizes = [min(TRACE_BLOCK, max(0, tokens - i * TRACE_BLOCK)) for i in range(blocks)]
+    sizes[-1] += max(0, tokens - blocks * TRACE_BLOCK)
+    return sizes
+
+
+def message_token_ids(message: Message) -> list[int]:
+    """The token ids of one part of a prompt (an answer: the ids the server returned)."""
+    if message.blocks is not None:
+        return [i for size, seed in zip(block_sizes(message.tokens, len(message.blocks)),
+                                        message.blocks, strict=True)
+                for i in prompt_token_ids(size, seed)]
+    if message.token_ids is not None:
+        return list(message.token_ids)
+    return prompt_token_ids(message.tokens, message.content_seed)
+
+
+def _message_text(message: Message) -> str:
+    if message.blocks is not None:
+        return "".join(w for size, seed in zip(block_sizes(message.tokens, len(message.blocks)),
+                                               message.blocks, strict=True)
+                       for w in _words(size, seed)).lstrip()
+    if message.text is not None:
+        return message.text
+    return prompt_text(message.tokens, message.content_seed)
 
 
 class ChatFraming:
@@ -83,7 +128,15 @@ def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None = None,
         body.update(max_tokens=plan.max_tokens, stream=plan.stream)
     if model:
         body["model"] = model
-    if tenant.endpoint == "chat":
+    if plan.messages is not None:
+        if tenant.endpoint == "chat":
+            body["messages"] = [{"role": m.role, "content": _message_text(m)}
+                                for m in plan.messages]
+        else:
+            body["prompt"] = [i for m in plan.messages for i in message_token_ids(m)]
+        if plan.session_id is not None and tenant.endpoint == "completions":
+            body["return_token_ids"] = True  # the answer's ids go back in the next turn
+    elif tenant.endpoint == "chat":
         words = plan.prompt_tokens if chat_words is None else chat_words
         body["messages"] = [{"role": "user", "content": prompt_text(words, plan.content_seed)}]
     elif tenant.endpoint == "completions":

@@ -2,7 +2,10 @@
 
 Each open-loop tenant gets a scheduler greenlet that sleeps until each request's due time and
 spawns a greenlet for it, so a request is sent on time whether or not earlier ones have
-finished; its latencies start at the due time. Closed-loop users are a greenlet each. When
+finished; its latencies start at the due time. Closed-loop users are a greenlet each, and so
+is each multi-turn session (started at its open-loop time; its turns follow its answers as
+weighbridge.loadgen.sessions says). A trace replaces the tenants' schedules with its own
+plans, sent at their times. When
 the run stops, whatever has not finished is recorded as ``cancelled`` (with ``sent_s`` unset
 if it never left), so every scheduled request ends in exactly one record.
 
@@ -17,7 +20,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import gevent
@@ -37,6 +40,7 @@ from weighbridge.loadgen.plan import (
     share,
 )
 from weighbridge.loadgen.scenario import Workload
+from weighbridge.loadgen.sessions import Session, first_turn, next_turn, sessions_of
 from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.records import RequestRecord
 
@@ -61,11 +65,14 @@ class DriverStats:
     statuses: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     prompt_mismatches: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     output_mismatches: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Completions turns whose answer came without token ids (sent back as stand-in ids).
+    answers_without_ids: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     def to_dict(self) -> dict[str, object]:
         return {"statuses": dict(self.statuses),
                 "prompt_mismatches": dict(self.prompt_mismatches),
-                "output_mismatches": dict(self.output_mismatches)}
+                "output_mismatches": dict(self.output_mismatches),
+                "answers_without_ids": dict(self.answers_without_ids)}
 
 
 RecordHook = Callable[[RequestRecord], None]
@@ -87,6 +94,7 @@ class TrafficDriver:
         count: int = 1,
         until_s: float = math.inf,
         chat_overhead: int | None = None,  # the chat template's framing, if measured
+        trace: Sequence[RequestPlan] | None = None,  # replaces the tenants' schedules
         on_record: RecordHook,
         on_start: StartHook | None = None,
         on_lag: LagHook | None = None,
@@ -105,6 +113,7 @@ class TrafficDriver:
         self.on_start = on_start
         self.on_lag = on_lag
         self.clock = clock
+        self.trace = trace
         self.stats = DriverStats()
         self._tenants = {t.name: t for t in workload.tenants}
         self._framing = {t.name: ChatFraming(chat_overhead or 0) for t in workload.tenants}
@@ -120,7 +129,13 @@ class TrafficDriver:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.trace is not None:
+            self._schedulers.spawn(self._guarded, self._replay, self.trace)
+            return
         for tenant in self.workload.tenants:
+            if tenant.sessions is not None:
+                self._schedulers.spawn(self._guarded, self._session_starts, tenant)
+                continue
             self._schedulers.spawn(self._guarded, self._open_loop, tenant)
             for phase, start, end, user, process in closed_users(
                     tenant, self.workload, self.index, self.count):
@@ -182,6 +197,39 @@ class TrafficDriver:
             meter = self._meter(plan)
             self._requests.spawn(self._send_when_due, tenant, meter, *request)
 
+    def _replay(self, plans: Sequence[RequestPlan]) -> None:
+        """A trace's plans at their times; plan ``i`` belongs to process ``i % count``."""
+        for i, plan in enumerate(plans):
+            if i % self.count != self.index or plan.scheduled_s >= self.until_s:
+                continue
+            self._sleep_until(plan.scheduled_s - _SPAWN_AHEAD_S)
+            tenant = self._tenants[plan.tenant]
+            request = self._prepare(tenant, plan)
+            self._requests.spawn(self._send_when_due, tenant, self._meter(plan), *request)
+
+    def _session_starts(self, tenant: TenantSpec) -> None:
+        for session in sessions_of(tenant, self.workload, self.seed, self.until_s):
+            if session.seq % self.count == self.index:
+                self._sleep_until(session.start_s - _SPAWN_AHEAD_S)
+                self._requests.spawn(self._guarded, self._session, session)
+
+    def _session(self, session: Session) -> None:
+        """One session's turns, each sent its think time after the previous answer ended."""
+        tenant = session.tenant
+        plan: RequestPlan | None = first_turn(session, self.workload, self.seed, self.model)
+        while plan is not None and plan.scheduled_s < self.until_s:
+            request = self._prepare(tenant, plan)
+            meter = self._meter(plan)
+            self._sleep_until(plan.scheduled_s)  # cancelled here: stop() records it if due
+            self._perform(tenant, meter, *request)
+            answer = meter.answer()
+            if answer is not None and answer.token_ids is None \
+                    and tenant.endpoint == "completions":
+                self.stats.answers_without_ids[tenant.name] += 1
+            assert meter.end_s is not None
+            plan = next_turn(session, plan, answer, meter.end_s, self.workload, self.seed,
+                             self.model)
+
     def _send_when_due(self, tenant: TenantSpec, meter: StreamMeter, body: bytes,
                        headers: dict[str, str], words: int | None) -> None:
         try:
@@ -208,7 +256,7 @@ class TrafficDriver:
                  ) -> tuple[bytes, dict[str, str], int | None]:
         """The body and headers of a request, and its chat words (None for completions)."""
         words = None
-        if tenant.endpoint == "chat":
+        if tenant.endpoint == "chat" and plan.messages is None:
             words = self._framing[tenant.name].words_for(plan.prompt_tokens)
         headers = tenant.request_headers
         if tenant.api_key:
@@ -258,7 +306,10 @@ class TrafficDriver:
                 self.on_lag(record.tenant, lag)
         if record.status == "ok":
             plan = meter.plan
-            if record.prompt_tokens is not None and record.prompt_tokens != plan.prompt_tokens:
+            # A chat prompt of several messages carries the template's framing on top.
+            exact = plan.messages is None or plan.endpoint != "/v1/chat/completions"
+            if exact and record.prompt_tokens is not None \
+                    and record.prompt_tokens != plan.prompt_tokens:
                 stats.prompt_mismatches[record.tenant] += 1
             if self._tenants[record.tenant].ignore_eos and record.output_tokens != plan.max_tokens:
                 stats.output_mismatches[record.tenant] += 1

@@ -13,7 +13,11 @@ rules are tested exactly:
   a server that sends several tokens per chunk has fewer, longer gaps, and
   ``decode_tps`` from the token counts gives the per-token speed).
 * **token counts**: the server's ``usage`` (the final usage chunk, or the latest continuous
-  one), never a count of chunks.
+  one), never a count of chunks; ``cached_tokens`` from its
+  ``prompt_tokens_details.cached_tokens`` (vLLM with ``--enable-prompt-tokens-details``),
+  None when the server does not report it.
+* **the answer** of a session's turn (:meth:`StreamMeter.answer`): the content it streamed,
+  and the token ids of its choices when the server returned them (vLLM's ``token_ids``).
 * **status**: ``ok`` when the stream ended with ``[DONE]`` (or a whole non-streamed body
   arrived) without an error event; ``rejected`` for 429 and 503 and any answer carrying
   ``x-weighbridge-reject-reason``; ``error`` otherwise; ``timeout`` and ``cancelled`` when
@@ -30,6 +34,7 @@ import orjson
 
 from weighbridge import headers as headers_
 from weighbridge.loadgen.plan import RequestPlan
+from weighbridge.loadgen.sessions import Answer
 from weighbridge.records import RequestRecord, Status
 from weighbridge.statistics import percentile
 
@@ -80,6 +85,10 @@ class StreamMeter:
         self.end_s: float | None = None
         self.prompt_tokens: int | None = None
         self.output_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        # A session's turn keeps its answer for the next turn; other requests keep nothing.
+        self._answer: list[str] | None = [] if plan.session_id is not None else None
+        self._answer_ids: list[int] | None = None
         self.chunks = 0
         self.gaps: list[float] = []
         self.done = False  # saw [DONE] or a complete body
@@ -140,6 +149,10 @@ class StreamMeter:
                     _has_content(c) or (c.get("message") or {}).get("content") for c in choices):
                 self.first_token_s = self.last_token_s = t
                 self.chunks = 1
+            if self._answer is not None:
+                for choice in choices:
+                    self._keep(choice, (choice.get("message") or {}).get("content")
+                               or choice.get("text"))
             self._usage(obj.get("usage"))
             self.done = True
 
@@ -216,6 +229,10 @@ class StreamMeter:
         choices = chunk.get("choices")
         if choices and any(_has_content(c) for c in choices):
             self.content(t)
+        if choices and self._answer is not None:
+            for choice in choices:
+                self._keep(choice, (choice.get("delta") or {}).get("content")
+                           or choice.get("text"))
         if usage := chunk.get("usage"):
             self._usage(usage)
 
@@ -227,6 +244,33 @@ class StreamMeter:
             self.prompt_tokens = prompt
         if isinstance(output, int) and output >= 0:
             self.output_tokens = output
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict):
+            cached = details.get("cached_tokens")
+            if isinstance(cached, int) and not isinstance(cached, bool) and cached >= 0:
+                self.cached_tokens = cached
+
+    def _keep(self, choice: dict[str, Any], text: Any) -> None:
+        """A piece of a session turn's answer: its text and, when sent, its token ids."""
+        assert self._answer is not None
+        if isinstance(text, str) and text:
+            self._answer.append(text)
+        ids = choice.get("token_ids")
+        if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
+            self._answer_ids = (self._answer_ids or []) + ids
+
+    def answer(self) -> Answer | None:
+        """A session turn's answer when it ended ok (the next turn sends it back); None for
+        any other request or ending."""
+        if self._answer is None or self.status != "ok" or self.output_tokens is None:
+            return None
+        ids = self._answer_ids
+        # Ids that do not add up to the usage's count are not the answer (a server that sent
+        # some chunks' ids only): the answer then goes back without them.
+        if ids is not None and len(ids) != self.output_tokens:
+            ids = None
+        return Answer(self.output_tokens, "".join(self._answer),
+                      tuple(ids) if ids is not None else None)
 
     # -- result ----------------------------------------------------------------------------
 
@@ -248,4 +292,5 @@ class StreamMeter:
             itl_max_s=gaps[-1] if gaps else None,
             status=self.status, http_status=self.http_status, reason=self.reason,
             backend=self.backend, queue_s=self.queue_s, model=plan.model,
+            session_id=plan.session_id, turn=plan.turn, cached_tokens=self.cached_tokens,
         )

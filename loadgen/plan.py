@@ -12,12 +12,14 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 from weighbridge.loadgen.arrivals import Closed
 from weighbridge.loadgen.scenario import Workload
 from weighbridge.loadgen.tenants import TenantSpec
 
-__all__ = ["Due", "RequestPlan", "closed_users", "open_loop_schedule", "plan_request", "share"]
+__all__ = ["Due", "Message", "RequestPlan", "closed_users", "open_loop_schedule", "plan_request",
+           "share", "system_message"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +30,22 @@ class Due:
     t: float
     phase: str
     seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One part of a prompt with prefix structure: a system prompt, a user message, an
+    answer sent back, or a trace's blocks. ``tokens`` is its length; its content is drawn
+    from ``content_seed`` (the first ``tokens`` of that seed's stream, so a shorter prompt of
+    the same seed is a prefix of a longer one), except an answer's, which is what the server
+    returned, and a trace's, whose block ``i`` comes from ``blocks[i]``."""
+
+    role: Literal["system", "user", "assistant"]
+    tokens: int
+    content_seed: int = 0
+    text: str | None = None  # an answer's text, as the server streamed it
+    token_ids: tuple[int, ...] | None = None  # an answer's token ids, when the server sent them
+    blocks: tuple[int, ...] | None = None  # a trace's block content seeds (TRACE_BLOCK tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +62,11 @@ class RequestPlan:
     scheduled_s: float
     content_seed: int  # varies the prompt's content so no two prompts share a prefix
     model: str | None = None  # the body's `model`; None: the request names none
+    # The prompt with prefix structure (a system prompt, a session's history, a trace's
+    # blocks), ``prompt_tokens`` long in all; None: prefix-free, drawn from content_seed.
+    messages: tuple[Message, ...] | None = None
+    session_id: str | None = None
+    turn: int | None = None
 
 
 def open_loop_schedule(tenant: TenantSpec, workload: Workload, seed: int,
@@ -90,12 +113,28 @@ def plan_request(tenant: TenantSpec, request_id: str, phase: str, scheduled_s: f
     if tenant.endpoint == "embeddings":
         output = 0  # nothing is generated (the draw is kept, so the stream of draws is too)
     user = f"{tenant.name}-u{rng.randrange(tenant.users)}" if tenant.users else None
+    content_seed = rng.getrandbits(32)
+    messages = None
+    if (system := system_message(tenant, seed)) is not None:
+        messages = (system, Message("user", prompt, content_seed))
+        prompt += system.tokens
     return RequestPlan(
         request_id=request_id, tenant=tenant.name, tier=tenant.tier, phase=phase, user=user,
         endpoint=tenant.path, stream=tenant.stream, prompt_tokens=prompt, max_tokens=output,
-        scheduled_s=scheduled_s, content_seed=rng.getrandbits(32),
-        model=tenant.model or model,
+        scheduled_s=scheduled_s, content_seed=content_seed,
+        model=tenant.model or model, messages=messages,
     )
+
+
+def system_message(tenant: TenantSpec, seed: int) -> Message | None:
+    """The tenant's system prompt in this run: its length drawn once per tenant, its text
+    from the tenant's name, or from the shared name that several tenants give."""
+    spec = tenant.system_prompt
+    if spec is None:
+        return None
+    length = spec.length.sample(random.Random(f"{seed}/{tenant.name}/system"))
+    source = f"shared/{spec.shared}" if spec.shared else f"tenant/{tenant.name}"
+    return Message("system", length, random.Random(f"{seed}/system/{source}").getrandbits(32))
 
 
 def open_request_id(tenant: str, seq: int) -> str:

@@ -16,6 +16,12 @@ A tenants file is YAML with one list::
         lengths: {prompt: {kind: lognormal, median: 300, sigma: 0.5}, output: 64}
         arrival: {kind: poisson, rate: 2}        # in every phase ...
         phases: {flood: {kind: poisson, rate: 50}, recovery: null}   # ... unless overridden
+        system_prompt: {length: 600, shared: support-bot}   # the same text before every prompt
+        sessions: {turns: {kind: uniform, low: 2, high: 8}, think_ms: 4000}
+
+A tenant without ``system_prompt`` and ``sessions`` is in **prefix-free mode**: no two of
+its prompts share a prefix. With ``sessions``, ``arrival`` says when sessions start and
+``lengths`` draws each turn's new user message and answer (weighbridge.loadgen.sessions).
 
 Problems are reported once, at load, as ``TenantsError`` with one ``path: message`` line each
 (``tenants.0.lengths.prompt.low: ...``), naming the file.
@@ -39,10 +45,11 @@ from pydantic import (
 )
 
 from weighbridge import headers as headers_
-from weighbridge.loadgen.arrivals import Arrival
-from weighbridge.loadgen.lengths import Lengths
+from weighbridge.loadgen.arrivals import Arrival, Closed
+from weighbridge.loadgen.lengths import Distribution, Lengths
 
-__all__ = ["ENDPOINT_PATHS", "TenantSpec", "TenantsError", "TenantsFile", "load_tenants"]
+__all__ = ["ENDPOINT_PATHS", "Sessions", "SystemPrompt", "TenantSpec", "TenantsError",
+           "TenantsFile", "load_tenants"]
 
 Endpoint = Literal["completions", "chat", "embeddings"]
 ENDPOINT_PATHS: dict[str, str] = {
@@ -54,6 +61,24 @@ ENDPOINT_PATHS: dict[str, str] = {
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SystemPrompt(_Model):
+    """A system prompt before every prompt of the tenant: ``length`` tokens, drawn once per
+    run from the seed; its text is the same for every request. Tenants naming the same
+    ``shared`` text take their prompts from one text, so they share its first
+    ``min(length)`` tokens."""
+
+    length: Distribution
+    shared: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+
+
+class Sessions(_Model):
+    """Multi-turn sessions: each starts at an open-loop arrival of the tenant, has ``turns``
+    turns, and sends its next turn ``think_ms`` after the previous answer ended."""
+
+    turns: Distribution
+    think_ms: Distribution
 
 
 class TenantSpec(_Model):
@@ -81,6 +106,24 @@ class TenantSpec(_Model):
     lengths: Lengths
     arrival: Arrival | None = None
     phases: dict[str, Arrival | None] = Field(default_factory=dict)
+    system_prompt: SystemPrompt | None = None
+    sessions: Sessions | None = None
+
+    @model_validator(mode="after")
+    def _prefix_structure_fits(self) -> TenantSpec:
+        if self.endpoint == "embeddings" and (self.system_prompt or self.sessions):
+            raise ValueError("system_prompt and sessions: an embeddings tenant sends one "
+                             "input, with no prefix structure")
+        if self.sessions is not None and any(
+                isinstance(a, Closed) for a in (self.arrival, *self.phases.values())):
+            raise ValueError("sessions: sessions arrive open loop; a closed-loop arrival "
+                             "does not fit (a session's turns already wait for answers)")
+        return self
+
+    @property
+    def prefix_free(self) -> bool:
+        """No two prompts of the tenant share a prefix (no system prompt, no sessions)."""
+        return self.system_prompt is None and self.sessions is None
 
     @model_validator(mode="before")
     @classmethod

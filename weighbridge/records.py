@@ -79,6 +79,12 @@ class RequestRecord:
     # Schema 2: the `model` the request's body named (its tenant's, else the run's); None
     # when it named none, or in runs recorded before schema 2.
     model: str | None = None
+    # Schema 3: the session a multi-turn request belongs to and its turn (0 first), None
+    # outside sessions; the prompt tokens the server answered from its prefix cache
+    # (usage.prompt_tokens_details.cached_tokens), None when it did not report them.
+    session_id: str | None = None
+    turn: int | None = None
+    cached_tokens: int | None = None
 
     def __post_init__(self) -> None:
         # Validation happens here so that JSONL, Parquet and direct construction all hold
@@ -95,6 +101,14 @@ class RequestRecord:
         if self.first_token_s is None:
             return None
         return self.first_token_s - self.scheduled_s
+
+    @property
+    def computed_prompt_tokens(self) -> int | None:
+        """Prompt tokens the server computed: the prompt less its prefix-cache hits; None
+        unless the server reported both."""
+        if self.prompt_tokens is None or self.cached_tokens is None:
+            return None
+        return self.prompt_tokens - self.cached_tokens
 
     @property
     def e2e_s(self) -> float:
@@ -187,10 +201,10 @@ _ARROW_TYPES: dict[type, pa.DataType] = {
     float: pa.float64(),
 }
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Fields added after schema 1 -> the schema version that added them. Each is optional and
 # comes after every field of schema 1; an older file without it reads it as null.
-ADDED_FIELDS: dict[str, int] = {"model": 2}
+ADDED_FIELDS: dict[str, int] = {"model": 2, "session_id": 3, "turn": 3, "cached_tokens": 3}
 assert all(optional for name, _, optional in _FIELD_SPECS if name in ADDED_FIELDS)
 assert set(FIELD_NAMES[-len(ADDED_FIELDS):]) == set(ADDED_FIELDS)
 

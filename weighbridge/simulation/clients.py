@@ -3,7 +3,9 @@
 Open-loop send times and each request's sizes come from the load generator's own functions
 (``weighbridge.loadgen.plan``: same seed, same request ids, same lengths as a live run); closed-loop
 users send their next request when the previous one ends plus a think time, as
-``weighbridge.loadgen.driver`` does; a trace replays recorded requests at their times.
+``weighbridge.loadgen.driver`` does; a multi-turn session's turns come from
+``weighbridge.loadgen.sessions`` with each answer as the engine gave it, as the driver sends
+them; a trace replays recorded requests at their times.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from weighbridge.loadgen.plan import (
     plan_request,
 )
 from weighbridge.loadgen.scenario import Workload
+from weighbridge.loadgen.sessions import Answer, Session, first_turn, next_turn, sessions_of
 from weighbridge.loadgen.tenants import TenantSpec
 
 __all__ = ["ClientRequest", "Clients", "ClosedUser", "TraceClients", "WorkloadClients"]
@@ -52,6 +55,7 @@ class ClientRequest:
     priority: int | None = None  # the body's vLLM priority field
     headers: Mapping[str, str] = field(default_factory=dict)
     user: ClosedUser | None = None
+    session: Session | None = None  # the multi-turn session the request is a turn of
 
 
 class Clients:
@@ -61,16 +65,19 @@ class Clients:
         """Every request known before the run starts (any order)."""
         raise NotImplementedError
 
-    def after(self, request: ClientRequest, end_s: float) -> ClientRequest | None:
-        """The request a closed-loop user sends after ``request`` ended at ``end_s``."""
+    def after(self, request: ClientRequest, end_s: float,
+              answer: Answer | None = None) -> ClientRequest | None:
+        """The request a closed-loop user, or a session, sends after ``request`` ended at
+        ``end_s`` (with ``answer`` when it ended ok)."""
         return None
 
 
-def _client(tenant: TenantSpec, plan: RequestPlan, user: ClosedUser | None = None
-            ) -> ClientRequest:
+def _client(tenant: TenantSpec, plan: RequestPlan, user: ClosedUser | None = None,
+            session: Session | None = None) -> ClientRequest:
     return ClientRequest(plan=plan, tenant=None, api_key=tenant.api_key,
                          timeout_s=tenant.timeout_s, ignore_eos=tenant.ignore_eos,
-                         priority=tenant.priority, headers=tenant.request_headers, user=user)
+                         priority=tenant.priority, headers=tenant.request_headers, user=user,
+                         session=session)
 
 
 class WorkloadClients(Clients):
@@ -84,6 +91,11 @@ class WorkloadClients(Clients):
 
     def initial(self) -> Iterator[ClientRequest]:
         for tenant in self.workload.tenants:
+            if tenant.sessions is not None:
+                for session in sessions_of(tenant, self.workload, self.seed, self.until_s):
+                    yield _client(tenant, first_turn(session, self.workload, self.seed),
+                                  session=session)
+                continue
             for due in open_loop_schedule(tenant, self.workload, self.seed, self.until_s):
                 plan = plan_request(tenant, open_request_id(tenant.name, due.seq), due.phase,
                                     due.t, self.seed)
@@ -101,7 +113,11 @@ class WorkloadClients(Clients):
         user.n += 1
         return _client(user.tenant, plan, user)
 
-    def after(self, request: ClientRequest, end_s: float) -> ClientRequest | None:
+    def after(self, request: ClientRequest, end_s: float,
+              answer: Answer | None = None) -> ClientRequest | None:
+        if (session := request.session) is not None:
+            plan = next_turn(session, request.plan, answer, end_s, self.workload, self.seed)
+            return None if plan is None else _client(session.tenant, plan, session=session)
         user = request.user
         if user is None:
             return None

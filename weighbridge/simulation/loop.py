@@ -263,7 +263,7 @@ class Simulation:
 
     def _record(self, client: ClientRequest, meter: StreamMeter, now: float) -> None:
         self.records.append(meter.record())
-        follow = self.clients.after(client, now)
+        follow = self.clients.after(client, now, meter.answer())
         if follow is not None and follow.plan.scheduled_s < self.until_s:
             self._push(follow.plan.scheduled_s, _ARRIVE, follow)
 
