@@ -24,11 +24,12 @@ import heapq
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
+from weighbridge.emulator.prefix_cache import BlockHash, BlockPool, RequestBlocks, hash_block
 from weighbridge.emulator.profiles import StepTimeProfile
 
 SchedulingPolicy = Literal["fcfs", "priority"]
@@ -55,6 +56,9 @@ class EngineConfig:
     long_prefill_token_threshold: int = 0
     # vLLM's --max-loras: the most distinct LoRA adapters in one step's batch (default 1).
     max_loras: int = 1
+    # vLLM's --enable-prefix-caching (on by default): full blocks are cached under their
+    # prefix hash and reused by later requests (emulator/prefix_cache.py).
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "num_kv_blocks", "block_size",
@@ -110,9 +114,19 @@ class Sequence:
     pooling: bool = False
     # The LoRA adapter that serves it (its name, or vLLM's int id), None for the base model.
     lora: str | int | None = None
+    # Token ids of the prompt, which the prefix cache hashes; None: content of its own,
+    # shared with no other request (it can only hit its own blocks after a preemption).
+    prompt_ids: tuple[int, ...] | None = None
+    # The id of output token i, for hashing decode blocks; None: ids of its own.
+    output_ids: Callable[[int], int] | None = None
     output_tokens: int = 0
     num_computed_tokens: int = 0
-    num_blocks: int = 0
+    # Prompt tokens its first admission found in the prefix cache (usage's cached_tokens),
+    # and the prompt tokens it put there (vLLM's created_cache_tokens), known at its first token.
+    num_cached_tokens: int = 0
+    num_cache_creation_tokens: int = 0
+    kv: RequestBlocks = field(default_factory=RequestBlocks)
+    block_hashes: list[BlockHash] = field(default_factory=list)
     num_preemptions: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     first_scheduled_s: float | None = None
@@ -126,6 +140,10 @@ class Sequence:
     @property
     def num_tokens(self) -> int:
         return self.prompt_tokens + self.output_tokens
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.kv.blocks)
 
     @property
     def is_finished(self) -> bool:
@@ -247,8 +265,13 @@ class StepModel:
         self.profile = profile
         self.waiting = WaitingQueue(config.scheduling_policy)
         self.running: list[Sequence] = []
-        self.free_blocks = config.num_kv_blocks
+        self.kv = BlockPool(config.num_kv_blocks, config.block_size,
+                            config.enable_prefix_caching)
         self.num_preemptions = 0
+        # vLLM's vllm:prefix_cache_queries and _hits: prompt tokens looked up and found at a
+        # request's first admission (a preempted request's lookups are not counted).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
         self._by_id: dict[str, Sequence] = {}
         self._in_flight: Batch | None = None
         # Requests in the engine (waiting or running) per LoRA adapter, in the order the
@@ -322,6 +345,11 @@ class StepModel:
         return bool(self.running) or len(self.waiting) > 0
 
     @property
+    def free_blocks(self) -> int:
+        """Blocks no sequence holds (cached ones among them: they are evicted when needed)."""
+        return self.kv.num_free_blocks
+
+    @property
     def kv_cache_usage(self) -> float:
         return 1.0 - self.free_blocks / self.config.num_kv_blocks
 
@@ -382,6 +410,10 @@ class StepModel:
             seq.output_tokens += 1
             if seq.first_token_s is None:
                 seq.first_token_s = end_s
+                # As vLLM's PrefillStats.finalize: the prompt's cached blocks less the hit.
+                registered = seq.kv.num_cached * self.config.block_size
+                seq.num_cache_creation_tokens = max(
+                    min(registered, seq.prompt_tokens) - seq.num_cached_tokens, 0)
             else:
                 # Why the ignore below: last_token_s is set together with first_token_s, so it is
                 # not None here.
@@ -499,30 +531,53 @@ class StepModel:
         if j < len(ends):
             ends = ends[:j]
         running = plan.running
-        block_size = self.config.block_size
         end = ends[-1]
-        needed = 0
+        tokens_before = [seq.num_tokens for seq in running]
         for seq in running:
             seq.num_computed_tokens += j
             seq.output_tokens += j
             seq.last_token_s = end
         self._in_flight = None
         if j == len(plan.ends) and plan.preempts:
+            # The steps before the last scheduled their decodes as schedule() would have.
+            self._coast_blocks(running, tokens_before, j - 1)
             following = self.schedule(end)  # schedule() decides whom to preempt
             assert following is not None  # it holds the preempted sequences
             return ends, following
-        for seq in running:
-            more = -(-(seq.num_computed_tokens + 1) // block_size) - seq.num_blocks
-            if more > 0:
-                seq.num_blocks += more
-                needed += more
-        self.free_blocks -= needed
+        self._coast_blocks(running, tokens_before, j)
         n = len(running)
         following = Batch(scheduled=dict.fromkeys(running, 1), prefill_tokens=0,
                           decode_seqs=n, kv_tokens=plan.kv_tokens + j * n, preempted=[],
                           duration_s=plan.durations[j - 1])
         self._in_flight = following
         return ends, following
+
+    def _coast_blocks(self, running: list[Sequence], tokens_before: list[int],
+                      steps: int) -> None:
+        """The KV blocks of ``steps`` decode steps scheduled one after another: at the k-th,
+        sequence i (of ``tokens_before[i]`` tokens before the first) decodes with
+        ``tokens_before[i] + k`` tokens, taking a block when it needs one and caching the
+        block it filled, in the order step by step scheduling does them (which blocks leave
+        the free queue, and which is registered first, depend on it)."""
+        block_size = self.config.block_size
+        events: list[tuple[int, int, int]] = []  # (step, sequence, 0 allocate / 1 cache)
+        for i, before in enumerate(tokens_before):
+            # Step k allocates when before + k is one past a block boundary, and caches when
+            # it lands on one.
+            first = (-before) % block_size + 1
+            for k in range(first, steps + 1, block_size):
+                events.append((k, i, 0))
+            if self.kv.enable_caching:
+                first = (-before) % block_size or block_size
+                for k in range(first, steps + 1, block_size):
+                    events.append((k, i, 1))
+        events.sort()
+        for k, i, kind in events:
+            seq = running[i]
+            if kind == 0:
+                self.kv.allocate(seq.kv, tokens_before[i] + k)
+            else:
+                self.kv.cache(seq.kv, self._hashes(seq), tokens_before[i] + k)
 
     def step(self, now: float) -> StepResult | None:
         """Schedule and complete one step in virtual time."""
@@ -580,13 +635,17 @@ class StepModel:
                 if self._lora_blocked(seq, loras):
                     skipped.append(self.waiting.pop())
                     continue
+                hit = self._lookup(seq)
+                computed = len(hit) * self.config.block_size
                 # vLLM 0.32 (scheduler_reserve_full_isl, on by default) admits a request only
-                # when its whole prompt fits in the free blocks, not just the first chunk.
-                if self._blocks_for(seq.num_tokens) > self.free_blocks:
+                # when its whole prompt fits in the free blocks, not just the first chunk
+                # (its hit blocks that are free count too: they leave the free queue).
+                if self.kv.blocks_to_allocate(seq.kv, seq.num_tokens, hit) > self.free_blocks:
                     break
-                n = min(self._chunk(seq, cap), budget)
-                if not self._try_allocate(seq, n):
+                n = min(self._chunk(seq, cap, computed), budget)
+                if not self._try_allocate(seq, n, hit):
                     break
+                self._admitted(seq, computed)
                 self.waiting.pop()
                 seq.status = SequenceStatus.RUNNING
                 self.running.append(seq)
@@ -614,9 +673,12 @@ class StepModel:
             if self._lora_blocked(seq, loras):
                 skipped.append(self.waiting.pop())
                 continue
-            n = seq.num_tokens - seq.num_computed_tokens
-            if n > budget or not self._try_allocate(seq, n):
+            hit = self._lookup(seq)
+            computed = len(hit) * self.config.block_size
+            n = seq.num_tokens - computed
+            if n > budget or not self._try_allocate(seq, n, hit):
                 break
+            self._admitted(seq, computed)
             self.waiting.pop()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -660,28 +722,85 @@ class StepModel:
             self.waiting.prepend(seq)
 
     @staticmethod
-    def _chunk(seq: Sequence, cap: int) -> int:
-        n = seq.num_tokens - seq.num_computed_tokens
+    def _chunk(seq: Sequence, cap: int, computed: int | None = None) -> int:
+        """Tokens ``seq`` computes next, with ``computed`` of them done (default: its own)."""
+        n = seq.num_tokens - (seq.num_computed_tokens if computed is None else computed)
         return min(n, cap) if 0 < cap < n else n
 
     # -- KV cache ---------------------------------------------------------------------------
 
-    def _blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.config.block_size)
-
-    def _try_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        needed = self._blocks_for(seq.num_computed_tokens + num_new_tokens) - seq.num_blocks
-        if needed <= 0:
-            return True
-        if needed > self.free_blocks:
+    def _try_allocate(self, seq: Sequence, num_new_tokens: int,
+                      hit: list[int] | None = None) -> bool:
+        """Slots for ``num_new_tokens`` more tokens of ``seq`` (after its computed ones, or
+        after ``hit``, the cached blocks a waiting sequence starts from), as vLLM's
+        ``allocate_slots``; the blocks those tokens fill are cached at once."""
+        computed = seq.num_computed_tokens if hit is None else len(hit) * self.config.block_size
+        tokens = computed + num_new_tokens
+        if self.kv.blocks_to_allocate(seq.kv, tokens, hit or ()) > self.free_blocks:
             return False
-        self.free_blocks -= needed
-        seq.num_blocks += needed
+        self.kv.allocate(seq.kv, tokens, hit or ())
+        if self.kv.enable_caching:
+            self.kv.cache(seq.kv, self._hashes(seq), min(tokens, seq.num_tokens))
         return True
 
+    def _lookup(self, seq: Sequence) -> list[int]:
+        """The cached blocks a waiting sequence starts from (none without prefix caching)."""
+        if not self.kv.enable_caching:
+            return []
+        return self.kv.longest_hit(self._hashes(seq), seq.num_tokens)
+
+    def _admitted(self, seq: Sequence, computed: int) -> None:
+        """A waiting sequence was admitted with ``computed`` tokens from the cache; vLLM
+        counts the lookup (and reports the hit in usage) only at a first admission."""
+        seq.num_computed_tokens = computed
+        if not self.kv.enable_caching or seq.num_preemptions:
+            return
+        self.prefix_cache_queries += seq.num_tokens
+        self.prefix_cache_hits += computed
+        seq.num_cached_tokens = computed
+
+    def _hashes(self, seq: Sequence) -> list[BlockHash]:
+        """The hashes of ``seq``'s full blocks so far (vLLM's ``request.block_hashes``,
+        extended as tokens are appended)."""
+        hashes = seq.block_hashes
+        block_size = self.config.block_size
+        full = seq.num_tokens // block_size
+        while len(hashes) < full:
+            start = len(hashes) * block_size
+            hashes.append(hash_block(hashes[-1] if hashes else None,
+                                     self._block_tokens(seq, start, start + block_size),
+                                     self._extra_keys(seq, start)))
+        return hashes
+
+    @staticmethod
+    def _block_tokens(seq: Sequence, start: int, end: int) -> list[int]:
+        prompt = seq.prompt_tokens
+        tokens: list[int] = []
+        if start < prompt:
+            stop = min(end, prompt)
+            if seq.prompt_ids is not None:
+                tokens.extend(seq.prompt_ids[start:stop])
+            else:
+                tokens.extend([0] * (stop - start))  # made its own by the salt of block 0
+        output_ids = seq.output_ids
+        for i in range(max(start, prompt) - prompt, end - prompt):
+            # Negative ids are no real token's: output of its own, per sequence.
+            tokens.append(output_ids(i) if output_ids is not None else -1 - seq.seq_no)
+        return tokens
+
+    @staticmethod
+    def _extra_keys(seq: Sequence, start: int) -> tuple[object, ...] | None:
+        """vLLM's extra keys: the LoRA adapter on every block; a prompt of unknown content
+        gets a salt of its own on its first block, as vLLM's ``cache_salt``."""
+        keys: list[object] = []
+        if seq.lora is not None:
+            keys.append(("lora", seq.lora))
+        if start == 0 and seq.prompt_ids is None:
+            keys.append(("cache_salt", seq.seq_no))
+        return tuple(keys) or None
+
     def _free(self, seq: Sequence) -> None:
-        self.free_blocks += seq.num_blocks
-        seq.num_blocks = 0
+        self.kv.free(seq.kv)
 
     def _pick_victim(self) -> Sequence:
         if self.config.scheduling_policy == "priority":
