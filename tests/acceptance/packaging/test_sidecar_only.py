@@ -14,10 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[3]
 SIDECAR_YAML = REPO / "deploy" / "compose" / "sidecar.yaml"
 

@@ -21,12 +21,12 @@ import pytest
 
 from tests.support.stack import ADMIN_KEY, start_stack, tenant
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.timeout(900)
 
 REPO = Path(__file__).resolve().parents[3]
 ST = Path(sys.executable).with_name("st")
 KEY = "sk-fuzz"
-HOOKS = "tests.integration.sidecar.openapi_fuzz_checks"
+HOOKS = "tests.acceptance.sidecar.openapi_fuzz_checks"
 
 
 def fuzz(url: str, key: str, workdir: Path, *selection: str) -> subprocess.CompletedProcess[str]:

@@ -31,8 +31,6 @@ from weighbridge.simulation.agreement import compare, markdown
 from weighbridge.simulation.run import Inputs, find_scenario, run_policy
 from weighbridge.stack import LocalStack, Ports, StackSpec, load_stack
 
-pytestmark = pytest.mark.integration
-
 STACKS = Path(__file__).resolve().parents[3] / "deploy" / "stacks"
 SEED = 7
 CASES = [  # stack file, stretch of the scenario's phases

@@ -22,7 +22,7 @@ from weighbridge.cli import app
 from weighbridge.records import read_parquet
 from weighbridge.resources import SCENARIOS_DIR
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from tests.integration.analysis.chromium import open_page
@@ -118,7 +117,6 @@ async def check_report_page(html: Path, tmp_path: Path, first_chart: str) -> Pat
     return shot
 
 
-@pytest.mark.integration
 async def test_report_with_a_baseline_in_chromium(tmp_path: Path) -> None:
     this = flood_run(tmp_path / "wb", flood_ttft=0.075, run_id="wb")
     base = flood_run(tmp_path / "fifo", flood_ttft=2.15, run_id="fifo")

@@ -67,7 +67,6 @@ def png_size(path: Path) -> tuple[int, int]:
     return width, height
 
 
-@pytest.mark.integration
 def test_report_on_a_locust_run_renders_everywhere(tmp_path: Path) -> None:
     tenants = tmp_path / "tenants.yaml"
     tenants.write_text(TENANTS)

@@ -25,7 +25,7 @@ from tests.support.stack import SMALL_ENGINE, start_sidecar, tenant
 from tests.support.wait import await_for
 from weighbridge.launch import ServerProcess, emulator_process, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 KEY = "sk-engine-loss"
 ENGINE = {**SMALL_ENGINE, "max_num_seqs": 16, "t_fixed": 0.01}  # 100 tokens/s per sequence

@@ -26,7 +26,7 @@ from weighbridge.launch import ServerProcess, emulator_process, free_port
 from weighbridge.loadgen.accounting import GENERATOR_PROBES, records_by_end
 from weighbridge.records import read_parquet
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+pytestmark = pytest.mark.timeout(150)
 
 REPO = Path(__file__).resolve().parents[3]
 # 50 tokens/s per sequence: requests last 1-3 s, so several are on each engine at the kill.

@@ -28,7 +28,7 @@ from tests.support.stack import (
 )
 from tests.support.wait import await_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 STREAMING, QUEUED = 100, 1000
 # 100 sequences decoding at 20 tokens/s each: the streams outlast the test.

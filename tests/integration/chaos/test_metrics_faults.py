@@ -22,7 +22,7 @@ from tests.support.metrics import scrape
 from tests.support.stack import ADMIN_KEY, auth, completion, start_sidecar, tenant
 from tests.support.wait import await_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 KEY = "sk-metrics-faults"
 FALLBACK_CAP = 3

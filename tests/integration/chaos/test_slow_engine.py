@@ -29,7 +29,7 @@ from tests.support.metrics import scrape
 from tests.support.stack import SMALL_ENGINE, start_emulator, start_sidecar, tenant
 from weighbridge.statistics import percentile
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 # 8 sequences at 100 tokens/s each: ~800 output tokens/s, ~80 after the slowdown.
 ENGINE = {**SMALL_ENGINE, "max_num_seqs": 8, "t_fixed": 0.01}

@@ -28,8 +28,6 @@ from weighbridge.dashboards.model import Query
 from weighbridge.dashboards.variables import E2E_SLO, TTFT_SLO, interpolate
 from weighbridge.launch import emulator_process, free_port, sidecar_process
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[3]
 BACKEND = "emu-0"
 SETTLE_S = 15.0  # load before the first query: several rule evaluations over real traffic

@@ -22,8 +22,6 @@ from typer.testing import CliRunner
 from weighbridge.cli import app
 from weighbridge.dashboards.generate import DASHBOARDS
 
-pytestmark = pytest.mark.integration
-
 TOKEN = "glsa_test-token"
 
 

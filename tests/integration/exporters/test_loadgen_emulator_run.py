@@ -53,7 +53,6 @@ class Scrapes:
     end_honest: str = ""  # over HTTP, after the last request ended
 
 
-@pytest.mark.integration
 def test_steady_emulator_run() -> None:
     scrapes = Scrapes()
     with emulator_process(**ENGINE) as engine:

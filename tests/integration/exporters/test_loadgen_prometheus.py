@@ -34,7 +34,7 @@ from tests.support.prometheus import (
 )
 from weighbridge.launch import emulator_process, free_port, sidecar_process
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+pytestmark = pytest.mark.timeout(240)
 
 REPO = Path(__file__).resolve().parents[3]
 DOCS = REPO / "docs" / "metrics.md"

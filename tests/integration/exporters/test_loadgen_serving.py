@@ -86,7 +86,6 @@ def test_serves_under_gevent_monkey_patching() -> None:
         child.communicate(timeout=10)
 
 
-@pytest.mark.integration
 def test_backend_scrape_reads_the_emulator_token_counters() -> None:
     with emulator_process(max_num_seqs=8) as engine:
         exporter = LoadgenExporter(backend_metrics_url=f"{engine.url}/metrics",

@@ -19,8 +19,6 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from weighbridge.launch import emulator_process, free_port, sidecar_process
 
-pytestmark = pytest.mark.integration
-
 KEY = "sk-otlp-tenant"
 PROMPT = "a prompt the trace must not contain"
 

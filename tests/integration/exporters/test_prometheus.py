@@ -34,8 +34,6 @@ from tests.support.prometheus import (
 )
 from weighbridge.launch import emulator_process, sidecar_process
 
-pytestmark = pytest.mark.integration
-
 DOCS = REPO / "docs" / "metrics.md"
 SIDECAR_RULES = RULES_DIR / "sidecar.yml"
 MODEL = "weighbridge-emulator"

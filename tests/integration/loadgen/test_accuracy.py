@@ -36,8 +36,6 @@ from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.statistics import percentile
 
-pytestmark = pytest.mark.integration
-
 REQUESTS = 150
 TOKENS = 24
 TOLERANCE_S = 0.002

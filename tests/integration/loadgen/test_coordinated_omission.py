@@ -9,7 +9,6 @@ from pathlib import Path
 
 import gevent
 import orjson
-import pytest
 
 from weighbridge.launch import ServerProcess
 from weighbridge.loadgen.client import HttpTarget
@@ -18,8 +17,6 @@ from weighbridge.loadgen.plan import open_loop_schedule
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import parse_tenants
 from weighbridge.records import RequestRecord
-
-pytestmark = pytest.mark.integration
 
 STALL_AT_S = 1.0
 STALL_S = 2.0

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
-import pytest
 
 from tests.support import locust
 from weighbridge.launch import ServerProcess, free_port
@@ -19,8 +18,6 @@ from weighbridge.loadgen.plan import plan_request
 from weighbridge.loadgen.scenario import discover_scenarios
 from weighbridge.records import RECORD_SCHEMA, read_parquet
 from weighbridge.rundir import read_run_info
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
 

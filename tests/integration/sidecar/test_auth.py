@@ -23,7 +23,7 @@ from tests.support.stack import (
 )
 from tests.support.wait import await_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")

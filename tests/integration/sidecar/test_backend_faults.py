@@ -26,7 +26,7 @@ from tests.support.stub_backend import StubBackend
 from tests.support.wait import await_for, wait_for
 from weighbridge.launch import ServerProcess, emulator_process, free_port
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 KEY = "sk-faults"
 ENGINE = {**SMALL_ENGINE, "max_num_seqs": 8, "t_fixed": 0.02}  # 50 tokens/s per sequence

@@ -22,7 +22,7 @@ import pytest
 from tests.support.stack import start_emulator
 from weighbridge.launch import haproxy_process
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 STEP_S = 0.3  # the engine's time per step: one generated token per step
 TOKENS = 3

@@ -18,7 +18,7 @@ from tests.support.metrics import scrape
 from tests.support.stack import ADMIN_KEY, auth, completion, start_emulator, start_sidecar, tenant
 from tests.support.wait import await_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 MODEL_A, ADAPTER, MODEL_B = "model-a", "model-a-sql", "model-b"
 # A month's bucket refills 1/2,592,000 of itself per second: no refill blurs the charge.

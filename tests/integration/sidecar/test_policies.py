@@ -15,7 +15,7 @@ from tests.support.metrics import scrape
 from tests.support.stack import auth, completion, start_emulator, start_sidecar, tenant
 from tests.support.stub_backend import StubBackend
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ from tests.support.stack import (
 from tests.support.stub_backend import StubBackend
 from tests.support.wait import await_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 CROWD = 25
 

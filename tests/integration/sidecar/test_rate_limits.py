@@ -21,7 +21,7 @@ from tests.support.stack import (
     tenant,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 # 10 tokens/s of refill: slow enough that a few seconds of test cannot blur a settlement of
 # 144 tokens (the gap the settlement test relies on), fast enough to be a real bucket.

@@ -26,7 +26,7 @@ from tests.support.stack import auth, completion, start_emulator, start_sidecar,
 from tests.support.wait import wait_for
 from weighbridge.launch import ServerProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 # Requests per minute of the global-limit tenant: a bucket of 120, refilled at 2 per second.
 RPM = 120

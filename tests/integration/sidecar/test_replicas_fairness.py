@@ -20,7 +20,7 @@ from tests.support.stack import auth, completion, start_emulator, start_sidecar,
 from tests.support.wait import wait_for
 from weighbridge.statistics import jain_index
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 WARMUP_S, WINDOW_S = 4.0, 16.0
 OUTPUT = 24

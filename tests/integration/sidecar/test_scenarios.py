@@ -60,7 +60,7 @@ from tests.support.scenarios import (
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.statistics import jain_index, percentile
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 H100 = "h100-llama3-8b"
 COMPLETIONS = "/v1/completions"

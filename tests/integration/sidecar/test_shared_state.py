@@ -24,7 +24,7 @@ from weighbridge.sidecar.rejection import Reject
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.shared import SharedState
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 CHAT = "/v1/chat/completions"
 
