@@ -57,6 +57,7 @@ class GenerationRequest:
     # Tokens per streamed chunk the request asks for; the server's --stream-interval may
     # raise it (vLLM takes the larger).
     stream_interval: int | None = None
+    prompt_ids: tuple[int, ...] = ()  # what the prefix cache hashes
 
 
 T = TypeVar("T")
@@ -118,16 +119,18 @@ def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) -> int:
+def _prompt_ids(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) -> tuple[int, ...]:
+    """The prompt's token ids (text by the emulator's rule, emulator/text.py): what the
+    prefix cache hashes, and whose number is the prompt's tokens."""
     if endpoint == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             # A text prompt is tokenized with a BOS token in front, as vLLM's Llama does.
-            return text.count_tokens(prompt) + 1
+            return text.prompt_ids(prompt)
         if (ids := _token_ids(prompt, vocab_size)) is not None:
-            return len(ids)
+            return ids
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            return _prompt_tokens(endpoint, {"prompt": prompt[0]}, vocab_size)
+            return _prompt_ids(endpoint, {"prompt": prompt[0]}, vocab_size)
         if isinstance(prompt, list) and len(prompt) > 1:
             raise ApiError(400, "the emulator serves one prompt per request", param="prompt")
         if prompt is None or prompt == "":
@@ -140,7 +143,7 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) ->
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
-    contents: list[str] = []
+    turns: list[tuple[str, str]] = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or not isinstance(message.get("role"), str):
             raise ApiError(400, f"messages[{i}] must be an object with a string role",
@@ -161,8 +164,24 @@ def _prompt_tokens(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) ->
             content = "".join(parts)
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
-        contents.append(content)
-    return text.count_chat_tokens(contents)
+        turns.append((message["role"], content))
+    return text.chat_ids(turns)
+
+
+def tokenize(body: Any, *, served_model: str, vocab_size: int,
+             adapters: Collection[str] = ()) -> tuple[int, ...]:
+    """vLLM's ``POST /tokenize``: a text ``prompt`` (BOS first unless ``add_special_tokens``
+    is false) or chat ``messages`` (the reply's opening last unless
+    ``add_generation_prompt`` is false), numbered as the emulator's tokenizer numbers them."""
+    _check_model(body, served_model, adapters)
+    if "messages" in body:
+        ids = _prompt_ids("chat", body, vocab_size)
+        return ids if _bool_field(body, "add_generation_prompt", True) else ids[:-1]
+    prompt = body.get("prompt")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "prompt must be a string", param="prompt")
+    ids = text.prompt_ids(prompt)
+    return ids if _bool_field(body, "add_special_tokens", True) else ids[1:]
 
 
 def _check_model(body: Any, served_model: str, adapters: Collection[str]) -> str | None:
@@ -208,7 +227,8 @@ def parse_generation_request(
     n = _int_field(body, "n", 1)
     if n != 1:
         raise ApiError(400, "the emulator supports n=1 only", param="n")
-    prompt_tokens = _prompt_tokens(endpoint, body, vocab_size)
+    prompt_ids = _prompt_ids(endpoint, body, vocab_size)
+    prompt_tokens = len(prompt_ids)
     # OpenAI's newer field name for chat; vLLM accepts both.
     max_tokens = _int_field(body, "max_tokens", None)
     if max_tokens is None and endpoint == "chat":
@@ -249,6 +269,7 @@ def parse_generation_request(
         user=user,
         lora=lora,
         stream_interval=stream_interval,
+        prompt_ids=prompt_ids,
     )
 
 
@@ -386,10 +407,25 @@ class ResponseShape:
     request: GenerationRequest
     request_id: str
     created: int
+    # vLLM's --enable-prompt-tokens-details: usage says how many prompt tokens were cached.
+    prompt_tokens_details: bool = False
 
     @classmethod
-    def for_request(cls, request: GenerationRequest, request_id: str) -> ResponseShape:
-        return cls(request=request, request_id=request_id, created=int(time.time()))
+    def for_request(cls, request: GenerationRequest, request_id: str, *,
+                    prompt_tokens_details: bool = False) -> ResponseShape:
+        return cls(request=request, request_id=request_id, created=int(time.time()),
+                   prompt_tokens_details=prompt_tokens_details)
+
+    def _prompt_details(self, cached_tokens: int, created_cache_tokens: int
+                        ) -> dict[str, Any] | None:
+        """vLLM's ``prompt_tokens_details`` (None without the flag): chat fills
+        ``created_cache_tokens`` (the prompt tokens this request put in the cache),
+        completions leaves it null."""
+        if not self.prompt_tokens_details:
+            return None
+        created = created_cache_tokens if self.request.endpoint == "chat" else None
+        return {"cached_tokens": cached_tokens, "created_cache_tokens": created,
+                "multimodal_tokens": None}
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.request_id, "object": obj, "created": self.created,
@@ -425,16 +461,23 @@ class ResponseShape:
             chunk["usage"] = usage(self.request.prompt_tokens, completion_tokens)
         return chunk
 
-    def usage_chunk(self, completion_tokens: int) -> dict[str, Any]:
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int = 0,
+                    created_cache_tokens: int = 0) -> dict[str, Any]:
         obj = "text_completion" if self.request.endpoint == "completions" else (
             "chat.completion.chunk")
         chunk = self._envelope(obj, [])
         chunk["usage"] = usage(self.request.prompt_tokens, completion_tokens)
+        details = self._prompt_details(cached_tokens, created_cache_tokens)
+        if details is not None:
+            # vLLM writes the usage chunk without its null fields.
+            chunk["usage"]["prompt_tokens_details"] = {
+                k: v for k, v in details.items() if v is not None}
         chunk["system_fingerprint"] = SYSTEM_FINGERPRINT
         return chunk
 
-    def full_response(self, output_text: str, finish_reason: str,
-                      completion_tokens: int) -> dict[str, Any]:
+    def full_response(self, output_text: str, finish_reason: str, completion_tokens: int,
+                      cached_tokens: int = 0, created_cache_tokens: int = 0
+                      ) -> dict[str, Any]:
         if self.request.endpoint == "completions":
             body = self._envelope("text_completion", [
                 {"index": 0, "text": output_text, "logprobs": None,
@@ -453,5 +496,7 @@ class ResponseShape:
         body["service_tier"] = None
         body["system_fingerprint"] = SYSTEM_FINGERPRINT
         body["usage"] = {**usage(self.request.prompt_tokens, completion_tokens),
-                         "prompt_tokens_details": None, "completion_tokens_details": None}
+                         "prompt_tokens_details": self._prompt_details(
+                             cached_tokens, created_cache_tokens),
+                         "completion_tokens_details": None}
         return body

@@ -52,7 +52,7 @@ def cache_config_labels(config: EngineConfig, kv_bytes_per_token: int,
         "kv_cache_size_tokens": str(tokens),
         # As vLLM: how many max_model_len requests the cache holds at once.
         "kv_cache_max_concurrency": str(tokens / config.max_model_len),
-        "enable_prefix_caching": "False",
+        "enable_prefix_caching": str(config.enable_prefix_caching),
         "cache_dtype": "auto",
     }
 
@@ -93,6 +93,16 @@ class EngineMetrics:
         self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
         self.generation_tokens = counter("vllm:generation_tokens",
                                          "Number of generation tokens processed.")
+        # vLLM's prefix-cache counters, in prompt tokens; like vLLM, a preempted request's
+        # lookup when it is resumed is not counted (model.prefix_cache_queries).
+        self.prefix_cache_queries = counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.")
+        self.prefix_cache_hits = counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
+        self.prompt_tokens_cached = counter(
+            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
+        self._counted_queries = self._counted_hits = 0
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           (*labels, "finished_reason"), registry=r)
         self.success = {reason: success.labels(*values, reason)
@@ -166,6 +176,9 @@ class EngineMetrics:
         self._preemptions = self.preemptions.labels(*values)
         self._prompt = self.prompt_tokens.labels(*values)
         self._generation = self.generation_tokens.labels(*values)
+        self._queries = self.prefix_cache_queries.labels(*values)
+        self._hits = self.prefix_cache_hits.labels(*values)
+        self._cached = self.prompt_tokens_cached.labels(*values)
         self._ttft = self.ttft.labels(*values)
         self._itl = self.itl.labels(*values)
         self._e2e = self.e2e.labels(*values)
@@ -193,9 +206,17 @@ class EngineMetrics:
         generated = sum(1 for seq in emitted if not seq.pooling)
         if generated:
             self._generation.inc(generated)
+        model = self._model
+        if model.prefix_cache_queries != self._counted_queries:
+            self._queries.inc(model.prefix_cache_queries - self._counted_queries)
+            self._hits.inc(model.prefix_cache_hits - self._counted_hits)
+            self._counted_queries = model.prefix_cache_queries
+            self._counted_hits = model.prefix_cache_hits
         for seq in emitted:
             if seq.output_tokens == 1:
                 self._prompt.inc(seq.prompt_tokens)
+                if seq.num_cached_tokens:
+                    self._cached.inc(seq.num_cached_tokens)
                 if seq.first_token_s is not None:
                     self._ttft.observe(seq.first_token_s - seq.arrival_s)
         for gap in result.token_gaps:

@@ -80,7 +80,8 @@ class EmulatorOptions(BaseModel):
                             description="Model name served and checked.")
     enable_lora: bool = Field(default=False, description=(
         "Serve LoRA adapters (vLLM's flag): --lora-modules, /v1/models lists them, a "
-        "request naming one is served by it."), json_schema_extra={"flags": ["--enable-lora"]})
+        "request naming one is served by it."),
+        json_schema_extra={"flags": ["--enable-lora", "--no-enable-lora"]})
     lora_modules: list[str] = Field(default_factory=list, description=(
         "A LoRA adapter, name=path or vLLM's JSON form {\"name\": ..., \"path\": ...}; "
         "repeat the flag for each adapter (vLLM takes several after one flag, this command "
@@ -117,6 +118,14 @@ class EmulatorOptions(BaseModel):
     no_chunked_prefill: bool = Field(default=False, description=(
         "Steps are all-prefill or all-decode (vLLM V0) instead of mixed."),
         json_schema_extra={"flags": ["--no-chunked-prefill"]})
+    enable_prefix_caching: bool = Field(default=True, description=(
+        "vLLM's automatic prefix cache (on by default, as vLLM): full KV blocks are cached "
+        "under a hash of their prefix and reused by later requests."),
+        json_schema_extra={"flags": ["--enable-prefix-caching", "--no-enable-prefix-caching"]})
+    enable_prompt_tokens_details: bool = Field(default=False, description=(
+        "Put prompt_tokens_details.cached_tokens in usage, as vLLM's flag."),
+        json_schema_extra={"flags": ["--enable-prompt-tokens-details",
+                                     "--no-enable-prompt-tokens-details"]})
     stream_interval: int = Field(default=1, ge=1, description=(
         "Tokens batched into each streamed chunk, as vLLM's flag: the first token's chunk "
         "goes at once, then one chunk per N tokens, the rest with the finish. A request's "
@@ -202,7 +211,7 @@ class EmulatorOptions(BaseModel):
             max_model_len=self.max_model_len, scheduling_policy=self.scheduling_policy,
             chunked_prefill=not self.no_chunked_prefill,
             long_prefill_token_threshold=self.long_prefill_token_threshold,
-            max_loras=self.max_loras)
+            max_loras=self.max_loras, enable_prefix_caching=self.enable_prefix_caching)
 
     def check(self) -> None:
         """Every start-up check of ``weighbridge emulator`` (ValueError)."""
@@ -215,6 +224,15 @@ class EmulatorOptions(BaseModel):
         so that several engines draw different output lengths."""
         flags = self.model_dump(exclude_defaults=True)
         flags["seed"] = self.seed + seed_offset
+        return flags
+
+    @classmethod
+    def cli_declaration(cls, name: str) -> list[str]:
+        """Field ``name``'s flags as click declares them: a switch with vLLM's two
+        spellings (``--enable-x`` and ``--no-enable-x``) is one ``--enable-x/--no-enable-x``."""
+        flags = cls.cli_flags(name)
+        if len(flags) == 2 and flags[1] == "--no-" + flags[0].removeprefix("--"):
+            return ["/".join(flags)]
         return flags
 
     @classmethod

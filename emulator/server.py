@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 import uuid
@@ -31,6 +32,7 @@ from weighbridge.emulator.api import (
     new_request_id,
     parse_embedding_request,
     parse_generation_request,
+    tokenize,
 )
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel
 from weighbridge.emulator.eos import EosModel
@@ -112,6 +114,9 @@ class EngineRunner:
         self.model.check(seq)
         self._seeds += 1
         stream = TokenStream(seq=seq, seed=self._seeds, interval=interval)
+        # Its decode blocks hash the ids of the words it streams: a next turn that resends
+        # the answer hits them, as in vLLM.
+        seq.output_ids = functools.partial(text.generated_token_id, self._seeds)
         self._streams[seq.request_id] = stream
         if self._front_end.instant:
             self._enter_engine(seq)
@@ -193,6 +198,8 @@ class EmulatorSettings:
     lora_modules: tuple[LoraModule, ...] = ()
     # vLLM's --stream-interval: tokens per streamed chunk, unless a request asks for more.
     stream_interval: int = 1
+    # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens.
+    enable_prompt_tokens_details: bool = False
 
     def __post_init__(self) -> None:
         if self.lora_modules and not self.enable_lora:
@@ -220,6 +227,7 @@ class Emulator:
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
         self.app.router.add_post("/v1/embeddings", self.embeddings)
+        self.app.router.add_post("/tokenize", self.tokenize)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/version", self.version)
@@ -293,6 +301,14 @@ class Emulator:
         self.runner.slowdown = float(factor)
         return _json_response({"factor": self.runner.slowdown})
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's ``POST /tokenize``: the token ids the engine (and its prefix cache) sees."""
+        s = self.settings
+        ids = tokenize(await self._json_body(request), served_model=s.model_name,
+                       vocab_size=s.vocab_size, adapters=self.adapters)
+        return _json_response({"count": len(ids), "max_model_len": s.engine.max_model_len,
+                               "tokens": list(ids), "token_strs": None})
+
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate("completions", request)
 
@@ -314,12 +330,14 @@ class Emulator:
             arrival_s=self.runner.clock(),
             priority=req.priority if s.engine.scheduling_policy == "priority" else 0,
             lora=req.lora,
+            prompt_ids=req.prompt_ids,
         )
         try:
             stream = self.runner.submit(seq, interval=self._stream_interval(req))
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        shape = ResponseShape.for_request(req, request_id)
+        shape = ResponseShape.for_request(
+            req, request_id, prompt_tokens_details=s.enable_prompt_tokens_details)
         try:
             if req.stream:
                 return await self._stream(request, req, shape, stream)
@@ -353,8 +371,10 @@ class Emulator:
         seqs = [Sequence(request_id=f"{request_id}-{i}", prompt_tokens=tokens,
                          target_output_tokens=1, max_tokens=1, arrival_s=now, pooling=True,
                          priority=req.priority if s.engine.scheduling_policy == "priority"
-                         else 0, lora=req.lora)
-                for i, tokens in enumerate(req.prompt_tokens)]
+                         else 0, lora=req.lora,
+                         prompt_ids=text.prompt_ids(x) if isinstance(x, str) else x)
+                for i, (tokens, x) in enumerate(zip(req.prompt_tokens, req.inputs,
+                                                    strict=True))]
         submitted: list[TokenStream] = []
         try:
             for seq in seqs:
@@ -391,7 +411,8 @@ class Emulator:
             stream.wakeup.clear()
         seq = stream.seq
         output = text.generated_text(stream.seed, 0, seq.output_tokens)
-        body = shape.full_response(output, seq.finish_reason or "abort", seq.output_tokens)
+        body = shape.full_response(output, seq.finish_reason or "abort", seq.output_tokens,
+                                   seq.num_cached_tokens, seq.num_cache_creation_tokens)
         return _json_response(body)
 
     async def _stream(self, request: web.Request, req: GenerationRequest, shape: ResponseShape,
@@ -418,7 +439,8 @@ class Emulator:
             if done:
                 break
         if req.include_usage:
-            await response.write(_sse(shape.usage_chunk(sent)))
+            await response.write(_sse(shape.usage_chunk(
+                sent, seq.num_cached_tokens, seq.num_cache_creation_tokens)))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response

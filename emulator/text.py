@@ -10,6 +10,7 @@ output gives back the output token count.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 
@@ -36,6 +37,33 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
+# Token ids, which the prefix cache hashes: a token's id is a 63-bit hash of its text (there
+# is no vocabulary to number), the chat framing tokens are named like a template's.
+BOS_ID = 1
+
+
+def token_id(token: str) -> int:
+    return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=8).digest()) >> 1
+
+
+def prompt_ids(text: str) -> tuple[int, ...]:
+    """A completions prompt's token ids: BOS, then the text's tokens."""
+    return (BOS_ID, *map(token_id, tokenize(text)))
+
+
+def chat_ids(messages: Sequence[tuple[str, str]]) -> tuple[int, ...]:
+    """A chat prompt's token ids for (role, content) messages: each message is its role's
+    token, its content's, and an end token; the reply opens with the assistant's role token,
+    so a next turn that resends the reply as an assistant message repeats these ids."""
+    ids: list[int] = []
+    for role, content in messages:
+        ids.append(token_id(f"<|{role}|>"))
+        ids.extend(map(token_id, tokenize(content)))
+        ids.append(token_id("<|end|>"))
+    ids.append(token_id("<|assistant|>"))
+    return tuple(ids)
+
+
 def count_chat_tokens(contents: Sequence[str]) -> int:
     """Prompt tokens of a chat request whose messages have these text contents."""
     return (
@@ -47,6 +75,11 @@ def count_chat_tokens(contents: Sequence[str]) -> int:
 def token_text(request_seed: int, index: int) -> str:
     """The text of output token ``index`` of a request: deterministic, one token each."""
     return _WORDS[(request_seed * 31 + index * 7) % len(_WORDS)]
+
+
+def generated_token_id(request_seed: int, index: int) -> int:
+    """The id of output token ``index`` of a request (its text's, as a prompt would give it)."""
+    return token_id(token_text(request_seed, index))
 
 
 def generated_text(request_seed: int, start: int, count: int) -> str:

@@ -64,7 +64,7 @@ def _with_emulator_options(command: Callable[..., None]) -> Callable[..., None]:
     fields = []
     for name, info in model.model_fields.items():
         # A list-valued option (--lora-modules) is a repeated flag: click has no nargs='+'.
-        option = typer.Option(*model.cli_flags(name), help=info.description)
+        option = typer.Option(*model.cli_declaration(name), help=info.description)
         fields.append(inspect.Parameter(
             name, inspect.Parameter.KEYWORD_ONLY,
             default=info.get_default(call_default_factory=True),
@@ -111,7 +111,9 @@ def emulator(
                                 kv_cache_memory_bytes=options.kv_cache_memory_bytes,
                                 enable_lora=options.enable_lora,
                                 lora_modules=options.lora_adapters(),
-                                stream_interval=options.stream_interval)
+                                stream_interval=options.stream_interval,
+                                enable_prompt_tokens_details=(
+                                    options.enable_prompt_tokens_details))
     typer.echo(f"weighbridge emulator: {options.model_name} on http://{host}:{port} "
                f"(profile {options.profile}, {engine.max_num_seqs} seqs, "
                f"B={engine.max_num_batched_tokens}, {engine.num_kv_blocks}x{engine.block_size} "

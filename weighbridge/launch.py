@@ -171,13 +171,16 @@ def emulator_process(name: str = "emulator", host: str = "127.0.0.1", port: int 
                      **flags: object) -> ServerProcess:
     """A ``weighbridge emulator`` child; ``flags`` are its options in Python spelling
     (``max_num_seqs=4``, ``no_chunked_prefill=True``, ``lora_modules=["a=/p", "b=/q"]``:
-    a list is the flag repeated)."""
+    a list is the flag repeated; ``enable_prefix_caching=False`` is vLLM's negative spelling,
+    ``--no-enable-prefix-caching``, as for every ``enable_*`` switch)."""
     port = port or free_port(host)
     argv = weighbridge_argv("emulator", "--host", host, "--port", str(port))
     for key, value in flags.items():
         option = "--" + key.replace("_", "-")
         if value is True:
             argv.append(option)
+        elif value is False and key.startswith("enable_"):
+            argv.append("--no-" + option.removeprefix("--"))
         elif isinstance(value, list | tuple):
             for item in value:
                 argv += [option, str(item)]
