@@ -3,7 +3,7 @@
 Issue 3's acceptance 1 asks that a victim's p99 TTFT beside a flood be at most 1.5x its p99
 TTFT alone. This benchmark asks the step model itself (``weighbridge.emulator.engine.StepModel``,
 the same vLLM V1 scheduler model the emulator serves, with the ``h100-llama3-8b`` profile and the
-engine shape of ``tests/integration/sidecar/test_noisy_neighbour.py``) what an *ideal* sidecar
+engine shape of ``tests/acceptance/sidecar/test_noisy_neighbour.py``) what an *ideal* sidecar
 would get: zero overhead, the victim's requests sent the instant they arrive at the front of
 the engine's priority queue, and the flood kept at exactly ``cap`` sequences in the engine,
 its prompts admitted one at a time (the best case of prefill pacing). No HTTP, no CPU
@@ -84,7 +84,7 @@ def run(ctx: BenchContext) -> BenchResult:
                        "p99 ratio to alone", "flood output tok/s (relative)"), rows)],
         notes=["Virtual time (the step model, no HTTP, no CPU contention), so the figures are "
                "exact for the model and the same on any machine. The live test "
-               "(tests/integration/sidecar/test_noisy_neighbour.py) adds the sidecar's and "
+               "(tests/acceptance/sidecar/test_noisy_neighbour.py) adds the sidecar's and "
                "the 2-core machine's costs on top of this bound."],
     )
 
