@@ -142,6 +142,10 @@ class TrafficDriver:
                 self._schedulers.spawn(self._guarded, self._closed_user, tenant, phase, start,
                                        end, user, process)
 
+    def drained(self) -> bool:
+        """Every scheduled request has been sent and has ended."""
+        return not self._schedulers and not self._requests and not self._pending
+
     def join(self, timeout: float | None = None) -> bool:
         """Wait until every scheduled request has ended; True if they all did."""
         self._schedulers.join(timeout=timeout)

@@ -47,8 +47,21 @@ from weighbridge.loadgen.client import HttpTarget
 from weighbridge.loadgen.driver import TrafficDriver
 from weighbridge.loadgen.lag import LagSummary, lag_warning
 from weighbridge.loadgen.plan import RequestPlan
-from weighbridge.loadgen.scenario import Scenario, ScenarioError, Workload, discover_scenarios
+from weighbridge.loadgen.scenario import (
+    PhaseSpan,
+    Scenario,
+    ScenarioError,
+    Workload,
+    discover_scenarios,
+)
 from weighbridge.loadgen.tenants import TenantsError
+from weighbridge.loadgen.trace import (
+    TenantRule,
+    TraceError,
+    TraceRows,
+    read_trace_rows,
+    trace_plans,
+)
 from weighbridge.records import RecordAppender, RequestRecord
 from weighbridge.rundir import (
     REQUESTS_PARQUET,
@@ -95,10 +108,35 @@ class _Options:
     # generator lost it (the Little's Law check must then depart from 1). 0: off.
     test_drop_every: int
     run_time_s: float | None
+    trace: Path | None = None  # replay this trace with the scenario's tenants
+    trace_tenants: TenantRule = field(default_factory=lambda: TenantRule("hash"))
+    trace_speed: float = 1.0
+    _rows: TraceRows | None = None
+
+    def trace_rows(self) -> TraceRows | None:
+        if self.trace is not None and self._rows is None:
+            self._rows = read_trace_rows(self.trace)
+        return self._rows
 
     def workload(self) -> Workload:
-        return self.scenario.workload(tenants_file=self.tenants_file, scale=self.scale,
-                                      stretch=self.stretch)
+        workload = self.scenario.workload(tenants_file=self.tenants_file, scale=self.scale,
+                                          stretch=self.stretch)
+        rows = self.trace_rows()
+        if rows is None:
+            return workload
+        # One phase: the trace's last send, then as long as its slowest tenant may wait.
+        end = rows.end_s / self.trace_speed + max(t.timeout_s for t in workload.tenants)
+        assert self.trace is not None
+        return Workload(f"trace:{self.trace.stem}", (PhaseSpan("trace", 0.0, end),),
+                        workload.tenants)
+
+    def plans(self, workload: Workload, model: str | None) -> list[RequestPlan] | None:
+        """The trace's plans (None without a trace), with the run's model."""
+        rows = self.trace_rows()
+        if rows is None:
+            return None
+        return trace_plans(rows, workload.tenants, self.trace_tenants, speed=self.trace_speed,
+                           seed=self.seed, model=model)
 
 
 @dataclass
@@ -157,6 +195,14 @@ def _add_arguments(parser: Any) -> None:
     group.add_argument("--test-drop-every", type=int, default=0, include_in_web_ui=False,
                        help="TEST ONLY: hide every Nth finished request from the exporter, "
                             "so its Little's Law check must fail (docs/metrics.md)")
+    group.add_argument("--trace", default="",
+                       help="Replay a trace (Mooncake JSONL, a run's records, CSV/Parquet) "
+                            "at its times, sent by the scenario's tenants")
+    group.add_argument("--trace-tenants", default="hash",
+                       help="Which tenant sends each trace row: hash (of the first block), "
+                            "round_robin, or column:NAME")
+    group.add_argument("--trace-speed", type=float, default=1.0,
+                       help="Replay the trace this many times as fast")
     group.add_argument("--max-connections", type=int, default=10_000,
                        help="Connection pool size of each process", include_in_web_ui=False)
 
@@ -174,6 +220,7 @@ def _resolve(parsed: Any) -> _Options:
         max_connections = int(parsed.max_connections)
         port = None if parsed.exporter_port in (None, "") else int(parsed.exporter_port)
         drop_every = int(getattr(parsed, "test_drop_every", 0) or 0)
+        trace_speed = float(getattr(parsed, "trace_speed", 1.0) or 1.0)
     except (TypeError, ValueError) as exc:
         raise ScenarioError(f"bad number in the weighbridge options: {exc}") from None
     if max_connections < 1:
@@ -182,6 +229,13 @@ def _resolve(parsed: Any) -> _Options:
         raise ScenarioError(f"--exporter-port must be 0-65535, got {port}")
     if drop_every < 0:
         raise ScenarioError("--test-drop-every must be >= 0")
+    if not trace_speed > 0:
+        raise ScenarioError(f"--trace-speed must be > 0, got {trace_speed}")
+    trace = getattr(parsed, "trace", "") or ""
+    try:
+        rule = TenantRule.parse(getattr(parsed, "trace_tenants", "") or "hash")
+    except TraceError as exc:
+        raise ScenarioError(f"--trace-tenants: {exc}") from None
     options = _Options(
         scenario=scenarios[name],
         tenants_file=Path(parsed.tenants_file) if parsed.tenants_file else None,
@@ -191,8 +245,13 @@ def _resolve(parsed: Any) -> _Options:
         exporter_host=getattr(parsed, "exporter_host", None) or "127.0.0.1",
         test_drop_every=drop_every, max_connections=max_connections,
         run_time_s=float(parsed.run_time) if getattr(parsed, "run_time", None) else None,
+        trace=Path(trace) if trace else None, trace_tenants=rule, trace_speed=trace_speed,
     )
-    options.workload()  # loads and checks the tenants now, not mid-run
+    try:
+        # Loads and checks the tenants (and the trace's rows and tenants) now, not mid-run.
+        options.plans(options.workload(), None)
+    except (TraceError, OSError) as exc:
+        raise ScenarioError(f"--trace: {exc}") from None
     return options
 
 
@@ -310,7 +369,9 @@ def _begin_run(environment: Environment) -> None:
                  "scale": options.scale, "stretch": options.stretch, "seed": options.seed,
                  "model": model, "run_time_s": options.run_time_s,
                  "processes": workers, "host": host,
-                 **({"victim": workload.victim} if workload.victim else {})},
+                 **({"victim": workload.victim} if workload.victim else {}),
+                 **({"trace": str(options.trace), "trace_tenants": str(options.trace_tenants),
+                     "trace_speed": options.trace_speed} if options.trace else {})},
     )
     write_run_info(run_dir, info)
     state.run = {"run_id": run_id, "dir": str(run_dir.resolve()), "t0_wall": t0_wall,
@@ -399,7 +460,7 @@ def _start_sending(environment: Environment) -> None:
         workload, target, run_id=str(run["run_id"]), t0=t0, seed=options.seed,
         model=run.get("model"), index=index, count=count,
         until_s=float(run["until_s"]), chat_overhead=run.get("chat_overhead"),
-        on_record=on_record,
+        trace=options.plans(workload, run.get("model")), on_record=on_record,
         on_start=on_start if exporter is not None else None,
         on_lag=exporter.schedule_lag if exporter is not None else None,
     )
@@ -558,6 +619,9 @@ class ScenarioShape(LoadTestShape):
 
     def tick(self) -> tuple[int, float] | None:
         run = _STATE.run if _STATE is not None else None
+        driver = _STATE.driver if _STATE is not None else None
+        if driver is not None and driver.trace is not None and driver.drained():
+            return None  # a replayed trace is over when its last request has ended
         if run is not None and self.get_run_time() >= float(run["until_s"]) + \
                 (_LEAD_DISTRIBUTED_S if isinstance(self.runner, MasterRunner) else
                  _LEAD_LOCAL_S):

@@ -324,8 +324,14 @@ def simulate(
         help="Tenants file (default: the stack's for its own scenario, else the "
              "scenario's).")] = None,
     trace: Annotated[Path | None, typer.Option(
-        help="Replay a CSV/Parquet trace (a live run's requests.parquet too) instead of "
-             "the scenario.")] = None,
+        help="Replay a trace instead of the scenario: Mooncake JSONL (sent by the tenants "
+             "file's tenants), or CSV/Parquet/records naming sidecar tenants (a live run's "
+             "requests.parquet too).")] = None,
+    trace_tenants: Annotated[str, typer.Option(
+        help="A Mooncake trace's tenant rule: hash (of the first block), round_robin, or "
+             "column:NAME.")] = "hash",
+    trace_speed: Annotated[float, typer.Option(
+        help="Replay the trace this many times as fast.")] = 1.0,
     duration: Annotated[float | None, typer.Option(
         help="Seconds of traffic to simulate (default: the scenario's phases).")] = None,
     stretch: Annotated[float, typer.Option(help="Multiply every phase's length.")] = 1.0,
@@ -371,7 +377,8 @@ def simulate(
         request = BatchRequest(
             inputs=Inputs(stack=load_stack(stack or DEFAULT_STACK), scenario=scenario,
                           tenants_file=tenants_file, trace=trace, duration_s=duration,
-                          stretch=stretch, scale=scale, seed=seed),
+                          stretch=stretch, scale=scale, seed=seed,
+                          trace_tenants=trace_tenants, trace_speed=trace_speed),
             out=out, policies=policies or (None,),
             sweep=parse_sweep(sweep) if sweep else None, ideal=ideal,
             window_s=parse_window(window) if window else None)

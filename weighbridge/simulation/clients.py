@@ -27,7 +27,8 @@ from weighbridge.loadgen.scenario import Workload
 from weighbridge.loadgen.sessions import Answer, Session, first_turn, next_turn, sessions_of
 from weighbridge.loadgen.tenants import TenantSpec
 
-__all__ = ["ClientRequest", "Clients", "ClosedUser", "TraceClients", "WorkloadClients"]
+__all__ = ["ClientRequest", "Clients", "ClosedUser", "TraceClients", "WorkloadClients",
+           "client_request"]
 
 
 @dataclass(slots=True, eq=False)
@@ -72,8 +73,9 @@ class Clients:
         return None
 
 
-def _client(tenant: TenantSpec, plan: RequestPlan, user: ClosedUser | None = None,
-            session: Session | None = None) -> ClientRequest:
+def client_request(tenant: TenantSpec, plan: RequestPlan, user: ClosedUser | None = None,
+                   session: Session | None = None) -> ClientRequest:
+    """``plan`` as ``tenant``'s client sends it (its key, timeout, priority and headers)."""
     return ClientRequest(plan=plan, tenant=None, api_key=tenant.api_key,
                          timeout_s=tenant.timeout_s, ignore_eos=tenant.ignore_eos,
                          priority=tenant.priority, headers=tenant.request_headers, user=user,
@@ -93,13 +95,13 @@ class WorkloadClients(Clients):
         for tenant in self.workload.tenants:
             if tenant.sessions is not None:
                 for session in sessions_of(tenant, self.workload, self.seed, self.until_s):
-                    yield _client(tenant, first_turn(session, self.workload, self.seed),
+                    yield client_request(tenant, first_turn(session, self.workload, self.seed),
                                   session=session)
                 continue
             for due in open_loop_schedule(tenant, self.workload, self.seed, self.until_s):
                 plan = plan_request(tenant, open_request_id(tenant.name, due.seq), due.phase,
                                     due.t, self.seed)
-                yield _client(tenant, plan)
+                yield client_request(tenant, plan)
             for phase, start, end, user, process in closed_users(tenant, self.workload, 0, 1):
                 rng = random.Random(f"{self.seed}/{tenant.name}/{phase}/u{user}/think")
                 closed = ClosedUser(tenant, phase, min(end, self.until_s), user, process, rng)
@@ -111,13 +113,13 @@ class WorkloadClients(Clients):
                             closed_request_id(user.tenant.name, user.phase, user.user, user.n),
                             user.phase, t, self.seed)
         user.n += 1
-        return _client(user.tenant, plan, user)
+        return client_request(user.tenant, plan, user)
 
     def after(self, request: ClientRequest, end_s: float,
               answer: Answer | None = None) -> ClientRequest | None:
         if (session := request.session) is not None:
             plan = next_turn(session, request.plan, answer, end_s, self.workload, self.seed)
-            return None if plan is None else _client(session.tenant, plan, session=session)
+            return None if plan is None else client_request(session.tenant, plan, session=session)
         user = request.user
         if user is None:
             return None

@@ -18,7 +18,13 @@ from weighbridge.emulator.frontend import ApiFrontEnd
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.vllm_metrics import BackendSample
 
-__all__ = ["SimEngine"]
+__all__ = ["SimEngine", "output_token_id"]
+
+
+def output_token_id(index: int) -> int:
+    """The id of a simulated answer's token ``index``: the same in every answer, which the
+    prefix cache's chained hashes keep apart (an answer is cached after its own prompt)."""
+    return 6 + (index * 7919 + 13) % 500
 
 
 class SimEngine:
@@ -29,6 +35,8 @@ class SimEngine:
         # As `weighbridge up`: engine i draws its output lengths from seed + i.
         self.eos = EosModel(options.mean_output_tokens, options.seed + seed_offset)
         self.priority_queue = options.scheduling_policy == "priority"
+        # --enable-prompt-tokens-details: usage carries the prompt's prefix-cache hits.
+        self.reports_cached_tokens = options.enable_prompt_tokens_details
         self.batch: Batch | None = None  # the step in flight
         self.steps = 0
         # vLLM's counters, as emulator.metrics.EngineMetrics.on_step counts them.
@@ -44,13 +52,17 @@ class SimEngine:
         return self.batch is not None
 
     def sequence(self, request_id: str, prompt_tokens: int, max_tokens: int, ignore_eos: bool,
-                 priority: int | None, now: float) -> Sequence:
-        """The Sequence the emulator's handler makes of a request (its length drawn)."""
+                 priority: int | None, now: float,
+                 prompt_ids: tuple[int, ...] | None = None) -> Sequence:
+        """The Sequence the emulator's handler makes of a request (its length drawn).
+        ``prompt_ids``: the prompt's token ids, for the prefix cache (None: content of its
+        own); its output tokens are ``output_token_id``'s, the ids a next turn sends back."""
         return Sequence(
             request_id=request_id, prompt_tokens=prompt_tokens,
             target_output_tokens=self.eos.output_tokens(max_tokens, ignore_eos),
             max_tokens=max_tokens, arrival_s=now,
-            priority=(priority or 0) if self.priority_queue else 0)
+            priority=(priority or 0) if self.priority_queue else 0,
+            prompt_ids=prompt_ids, output_ids=output_token_id if prompt_ids else None)
 
     def start_step(self, now: float) -> float | None:
         """Schedule a step at ``now`` if there is work; returns when it ends."""

@@ -47,18 +47,29 @@ from weighbridge import headers as headers_
 from weighbridge.config import Config
 from weighbridge.emulator.engine import Sequence
 from weighbridge.keys import key_digest
+from weighbridge.loadgen.bodies import message_token_ids
 from weighbridge.loadgen.measure import StreamMeter
+from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.rejection import Reject
 from weighbridge.sidecar.request import QueuedRequest, RequestState
 from weighbridge.simulation.clients import ClientRequest, Clients
-from weighbridge.simulation.engines import SimEngine
+from weighbridge.simulation.engines import SimEngine, output_token_id
 
 __all__ = ["Simulation", "SimulationResult"]
 
 # Event kinds; at equal times events run in the order they were scheduled.
 _ARRIVE, _ENTER, _STEP, _POLL, _TIMEOUT = range(5)
+
+
+def prompt_ids(plan: RequestPlan) -> tuple[int, ...] | None:
+    """The token ids the load generator sends for a prompt with prefix structure (a chat
+    prompt's too: the engine model has no chat template); None for a prefix-free one,
+    whose content no other prompt shares."""
+    if plan.messages is None:
+        return None
+    return tuple(i for m in plan.messages for i in message_token_ids(m))
 
 
 @dataclass(slots=True, eq=False)
@@ -310,7 +321,8 @@ class Simulation:
             client = flight.client
             plan = client.plan
             seq = engine.sequence(plan.request_id, plan.prompt_tokens, plan.max_tokens,
-                                  client.ignore_eos, d.vllm_priority, now)
+                                  client.ignore_eos, d.vllm_priority, now,
+                                  prompt_ids(plan))
             headers = {headers_.BACKEND: d.backend,
                        headers_.QUEUE_MS: f"{(now - d.request.arrival_s) * 1000:.1f}"}
             try:
@@ -523,7 +535,15 @@ class Simulation:
             request = flight.queued
             assert request is not None
             meter = flight.meter
-            usage = {"prompt_tokens": seq.prompt_tokens, "completion_tokens": seq.output_tokens}
+            usage: dict[str, Any] = {"prompt_tokens": seq.prompt_tokens,
+                                     "completion_tokens": seq.output_tokens}
+            if flight.engine is not None and flight.engine.reports_cached_tokens:
+                usage["prompt_tokens_details"] = {"cached_tokens": seq.num_cached_tokens}
+            if flight.client.session is not None:
+                # A turn's answer, as vLLM returns it: the next turn sends these ids back.
+                meter.feed(b'data: {"choices":[{"index":0,"text":"","token_ids":'
+                           + orjson.dumps([output_token_id(i) for i in range(seq.output_tokens)])
+                           + b"}]}\n\n", now)
             if flight.stream:
                 meter.contents(flight.times)
                 meter.feed(b'data: {"choices":[],"usage":' + orjson.dumps(usage)

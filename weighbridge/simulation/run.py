@@ -24,6 +24,7 @@ from weighbridge.loadgen.scenario import (
     discover_scenarios,
     load_scenario,
 )
+from weighbridge.loadgen.trace import TenantRule, TraceRows, read_trace_rows
 from weighbridge.records import write_parquet
 from weighbridge.rundir import (
     REQUESTS_PARQUET,
@@ -36,7 +37,7 @@ from weighbridge.rundir import (
 from weighbridge.simulation.clients import Clients, TraceClients, WorkloadClients
 from weighbridge.simulation.engines import SimEngine
 from weighbridge.simulation.loop import Simulation, SimulationResult
-from weighbridge.simulation.trace import DEFAULT_TIMEOUT_S, read_trace
+from weighbridge.simulation.trace import DEFAULT_TIMEOUT_S, read_trace, trace_clients
 from weighbridge.stack import SCENARIOS_DIR, StackSpec, sidecar_config
 
 __all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "policy_stack", "run_policy",
@@ -54,6 +55,8 @@ class Inputs:
     scenario: str | None = None  # a name in scenarios/ or a file; None: the stack's
     tenants_file: Path | None = None  # None: the stack's, else the scenario's own
     trace: Path | None = None  # replaces the scenario's clients
+    trace_tenants: str = "hash"  # a Mooncake trace's tenant rule (weighbridge.loadgen.trace)
+    trace_speed: float = 1.0  # divides the trace's times
     duration_s: float | None = None  # None: the scenario's (or the trace's) end
     stretch: float = 1.0
     scale: float = 1.0
@@ -117,13 +120,18 @@ class Load:
     drain: bool = False  # end when every request has ended (until_s is then a bound)
 
 
-def scenario_load(inputs: Inputs, run_id: str) -> Load:
-    del run_id
+def _workload(inputs: Inputs) -> tuple[Scenario, Path | None, Workload]:
+    """The scenario, tenants file and workload a run takes (as the load generator would)."""
     scenario = find_scenario(inputs.scenario or inputs.stack.loadgen.scenario)
     tenants_file = inputs.tenants_file or (inputs.stack.tenants_file
                                            if inputs.scenario is None else None)
-    workload: Workload = scenario.workload(tenants_file=tenants_file, scale=inputs.scale,
-                                           stretch=inputs.stretch)
+    return scenario, tenants_file, scenario.workload(tenants_file=tenants_file,
+                                                     scale=inputs.scale, stretch=inputs.stretch)
+
+
+def scenario_load(inputs: Inputs, run_id: str) -> Load:
+    del run_id
+    scenario, tenants_file, workload = _workload(inputs)
     until = workload.end_s if inputs.duration_s is None else min(workload.end_s,
                                                                  inputs.duration_s)
     if until == float("inf"):
@@ -138,9 +146,33 @@ def scenario_load(inputs: Inputs, run_id: str) -> Load:
                  workload.tenant_infos(), workload.phase_infos(until), options)
 
 
+def _mooncake_load(inputs: Inputs, rows: TraceRows) -> Load:
+    """A Mooncake trace sent by the tenants of the run's tenants file, as ``locust
+    --trace`` sends it."""
+    assert inputs.trace is not None
+    scenario, tenants_file, workload = _workload(inputs)
+    rule = TenantRule.parse(inputs.trace_tenants)
+    trace = trace_clients(rows, workload.tenants, rule, speed=inputs.trace_speed,
+                          seed=inputs.seed)
+    drain = inputs.duration_s is None
+    end = trace.end_s + max((t.timeout_s for t in workload.tenants), default=DEFAULT_TIMEOUT_S) \
+        if drain else inputs.duration_s
+    assert end is not None
+    options: dict[str, Any] = {"trace": str(inputs.trace), "trace_format": rows.format,
+                               "trace_tenants": str(rule), "trace_speed": inputs.trace_speed,
+                               "tenants_file": str(tenants_file or scenario.tenants_file),
+                               "seed": inputs.seed, "processes": 1}
+    return Load(TraceClients(trace.requests), f"trace:{inputs.trace.stem}", end,
+                workload.tenant_infos(), [PhaseInfo(name="trace", start_s=0.0, end_s=end)],
+                options, drain)
+
+
 def trace_load(inputs: Inputs, config: Config, run_id: str) -> Load:
     assert inputs.trace is not None
-    trace = read_trace(inputs.trace, run_id=run_id)
+    rows = read_trace_rows(inputs.trace)
+    if rows.format == "mooncake":
+        return _mooncake_load(inputs, rows)
+    trace = read_trace(inputs.trace, run_id=run_id, rows=rows)
     requests = []
     for request in trace.requests:
         tenant = config.tenants.get(request.tenant or "")

@@ -1,49 +1,38 @@
 """Trace replay: recorded requests as the clients of a simulated run.
 
-A trace is CSV or Parquet with one row per request and these columns (aliases in brackets):
+The formats and their rules are the load generator's (``weighbridge.loadgen.trace``):
 
-* ``scheduled_s`` [``arrival_s``, ``t``]: when the request was sent, seconds from the start;
-* ``tenant``: a tenant of the sidecar config;
-* ``prompt_tokens``;
-* ``output_tokens`` [``max_tokens``]: tokens it generates (sent as ``max_tokens`` with
-  ``ignore_eos``);
-* optional: ``endpoint`` (API path or ``chat``/``completions``), ``priority`` (the body's vLLM
-  priority), ``deadline_ms`` (the deadline header), ``stream`` (default true),
-  ``request_id``, ``phase``, ``user``, ``model`` (kept in the replayed records).
-
-A live run's ``requests.parquet`` is a trace: its ``max_tokens`` is what each request asked
-for, and a request the run turned away has no ``prompt_tokens`` (no usage came back): it is
-replayed with its tenant's median prompt (the count of such rows is in run.json).
+* a table (CSV or Parquet) or a run's records names each request's tenant, a tenant of the
+  sidecar config, which it is sent as (``read_trace``); a live run's ``requests.parquet``
+  is such a trace, replayed at its scheduled times with the ``max_tokens`` each request
+  asked for, and a request it turned away gets its tenant's median prompt (run.json's
+  ``options.filled_prompts``);
+* a Mooncake trace names no tenant: ``trace_clients`` assigns the tenants of a tenants file
+  by a rule and builds the same plans ``locust --trace`` sends, the blocks' token ids
+  included.
 """
 
 from __future__ import annotations
 
-import math
-import statistics
-from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from weighbridge import headers as headers_
 from weighbridge.loadgen.plan import RequestPlan
-from weighbridge.loadgen.tenants import ENDPOINT_PATHS
-from weighbridge.records import ADDED_FIELDS, FIELD_NAMES
-from weighbridge.simulation.clients import ClientRequest
+from weighbridge.loadgen.tenants import TenantSpec
+from weighbridge.loadgen.trace import (
+    TenantRule,
+    TraceError,
+    TraceRows,
+    read_trace_rows,
+    trace_plans,
+)
+from weighbridge.simulation.clients import ClientRequest, client_request
 
-__all__ = ["DEFAULT_TIMEOUT_S", "Trace", "TraceError", "read_trace"]
+__all__ = ["DEFAULT_TIMEOUT_S", "Trace", "TraceError", "read_trace", "trace_clients"]
 
-_TIME = ("scheduled_s", "arrival_s", "t")
-_OUTPUT = ("output_tokens", "max_tokens")
 DEFAULT_TIMEOUT_S = 300.0  # the load generator's default client timeout
-
-
-class TraceError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -53,75 +42,42 @@ class Trace:
     filled_prompts: int  # rows whose prompt length was filled in (see the module doc)
 
 
-def _column(table: pa.Table, names: tuple[str, ...], path: Path) -> list[Any]:
-    for name in names:
-        if name in table.column_names:
-            return table.column(name).to_pylist()
-    raise TraceError(f"{path}: no {' / '.join(names)} column")
-
-
-def _optional(table: pa.Table, name: str) -> list[Any] | None:
-    return table.column(name).to_pylist() if name in table.column_names else None
-
-
-def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Trace:
-    if path.suffix.lower() == ".csv":
-        table = pacsv.read_csv(path)
-    elif path.suffix.lower() in (".parquet", ".pq"):
-        table = pq.read_table(path)
-    else:
-        raise TraceError(f"{path}: a trace is .csv or .parquet")
-    times = _column(table, _TIME, path)
-    tenants = [str(t) for t in _column(table, ("tenant",), path)]
-    prompts = _column(table, ("prompt_tokens",), path)
-    # A run's records: max_tokens is what each request asked for (output_tokens is the
-    # usage, absent for requests that were turned away or cut off). Records of an older
-    # schema lack the fields added since.
-    is_records = set(FIELD_NAMES) - set(ADDED_FIELDS) <= set(table.column_names)
-    outputs = _column(table, ("max_tokens",) if is_records else _OUTPUT, path)
-    endpoints = _optional(table, "endpoint")
-    priorities = _optional(table, "priority")
-    deadlines = _optional(table, "deadline_ms")
-    streams = _optional(table, "stream")
-    ids = _optional(table, "request_id")
-    phases = _optional(table, "phase")
-    users = _optional(table, "user")
-    models = _optional(table, "model")
-    known: dict[str, list[int]] = defaultdict(list)
-    for tenant, prompt in zip(tenants, prompts, strict=True):
-        if prompt is not None:
-            known[tenant].append(int(prompt))
-    median = {t: max(1, round(statistics.median(v))) for t, v in known.items()}
+def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+               rows: TraceRows | None = None) -> Trace:
+    """A trace whose rows name sidecar tenants (a table or a run's records)."""
+    del run_id
+    rows = rows if rows is not None else read_trace_rows(path)
+    if rows.format == "mooncake":
+        raise TraceError(f"{path}: a Mooncake trace names no tenants; give a tenants file "
+                         "and a tenant rule")
     requests: list[ClientRequest] = []
-    filled = 0
-    for i, (t, tenant) in enumerate(zip(times, tenants, strict=True)):
-        if t is None or not math.isfinite(float(t)) or float(t) < 0:
-            raise TraceError(f"{path}: row {i}: bad send time {t!r}")
-        prompt, output = prompts[i], outputs[i]
-        if prompt is None:
-            if tenant not in median:
-                raise TraceError(f"{path}: row {i}: no prompt_tokens, and tenant {tenant!r} "
-                                 "has none to fill it from")
-            prompt = median[tenant]
-            filled += 1
-        if output is None or int(output) < 1:
-            raise TraceError(f"{path}: row {i}: output tokens must be >= 1, got {output!r}")
-        endpoint = str(endpoints[i]) if endpoints and endpoints[i] else "/v1/completions"
-        endpoint = ENDPOINT_PATHS.get(endpoint, endpoint)
+    for i, row in enumerate(rows.rows):
+        if row.tenant is None:
+            raise TraceError(f"{path}: no tenant column")
+        tenant = row.tenant
         headers = {}
-        if deadlines and deadlines[i] is not None:
-            headers[headers_.DEADLINE_MS] = str(deadlines[i])
+        if row.deadline_ms is not None:
+            headers[headers_.DEADLINE_MS] = str(row.deadline_ms)
         plan = RequestPlan(
-            request_id=str(ids[i]) if ids and ids[i] is not None else f"{tenant}-{i}",
-            tenant=tenant, tier="", phase=str(phases[i]) if phases and phases[i] else "trace",
-            user=users[i] if users else None, endpoint=endpoint,
-            stream=bool(streams[i]) if streams and streams[i] is not None else True,
-            prompt_tokens=int(prompt), max_tokens=int(output), scheduled_s=float(t),
-            content_seed=0, model=str(models[i]) if models and models[i] else None)
-        requests.append(ClientRequest(
-            plan=plan, tenant=tenant, api_key=None, timeout_s=timeout_s,
-            priority=int(priorities[i]) if priorities and priorities[i] is not None else None,
-            headers=headers))
+            request_id=row.request_id if row.request_id is not None else f"{tenant}-{i}",
+            tenant=tenant, tier="", phase=row.phase or "trace", user=row.user,
+            endpoint=row.endpoint or "/v1/completions",
+            stream=True if row.stream is None else row.stream,
+            prompt_tokens=row.prompt_tokens, max_tokens=row.output_tokens,
+            scheduled_s=row.t_s, content_seed=0, model=row.model)
+        requests.append(ClientRequest(plan=plan, tenant=tenant, api_key=None,
+                                      timeout_s=timeout_s, priority=row.priority,
+                                      headers=headers))
     if len({r.plan.request_id for r in requests}) != len(requests):
         raise TraceError(f"{path}: request ids repeat")
-    return Trace(requests, max((r.plan.scheduled_s for r in requests), default=0.0), filled)
+    return Trace(requests, max((r.plan.scheduled_s for r in requests), default=0.0),
+                 rows.filled)
+
+
+def trace_clients(rows: TraceRows, tenants: Sequence[TenantSpec], rule: TenantRule, *,
+                  speed: float = 1.0, seed: int = 0) -> Trace:
+    """A trace sent by the tenants of a tenants file, as the load generator sends it."""
+    by_name = {t.name: t for t in tenants}
+    plans = trace_plans(rows, tenants, rule, speed=speed, seed=seed)
+    requests = [client_request(by_name[p.tenant], p) for p in plans]
+    return Trace(requests, max((p.scheduled_s for p in plans), default=0.0), rows.filled)

@@ -1,0 +1,209 @@
+"""Trace replay's pure part (weighbridge.loadgen.trace): Mooncake rows and our records made
+into plans, each hash id one fixed block of tokens, tenants by rule, times by speed; the
+sample trace script; and the simulator sending the very plans the load generator sends."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from weighbridge.loadgen.bodies import TRACE_BLOCK, build_body
+from weighbridge.loadgen.plan import RequestPlan
+from weighbridge.loadgen.tenants import TenantSpec, parse_tenants
+from weighbridge.loadgen.trace import (
+    TenantRule,
+    TraceError,
+    TraceRow,
+    TraceRows,
+    read_trace_rows,
+    trace_plans,
+)
+from weighbridge.records import RequestRecord, write_parquet
+from weighbridge.simulation.run import Inputs, run_policy
+from weighbridge.simulation.trace import trace_clients
+from weighbridge.stack import load_stack
+
+REPO = Path(__file__).resolve().parents[3]
+SAMPLE = REPO / "scripts" / "sample_mooncake_trace.py"
+
+
+def _tenants(*names: str, endpoint: str = "completions") -> list[TenantSpec]:
+    specs = [{"name": n, "endpoint": endpoint, "api_key": f"sk-{n}",
+              "lengths": {"prompt": 1, "output": 1}} for n in names]
+    return parse_tenants({"tenants": specs}, base_dir=Path("."), source="test").tenants
+
+
+def _write_mooncake(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _ids(plan: RequestPlan, tenant: TenantSpec) -> list[int]:
+    prompt: list[int] = orjson.loads(build_body(plan, tenant))["prompt"]
+    return prompt
+
+
+# A Mooncake row: up to 4 blocks from a small id space, so rows share blocks often.
+_ROW = st.builds(
+    lambda ids, extra, t, out: {"timestamp": t, "hash_ids": ids,
+                                "input_length": (len(ids) - 1) * TRACE_BLOCK + extra,
+                                "output_length": out},
+    st.lists(st.integers(0, 6), min_size=1, max_size=4), st.integers(1, TRACE_BLOCK),
+    st.integers(0, 60_000), st.integers(1, 300))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(_ROW, min_size=1, max_size=12), st.integers(0, 2**16),
+       st.sampled_from([0.5, 1.0, 4.0]))
+def test_each_hash_id_is_one_fixed_block_of_tokens(rows: list[dict[str, Any]], seed: int,
+                                                    speed: float) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = read_trace_rows(_write_mooncake(Path(tmp) / "t.jsonl", rows))
+    assert trace.format == "mooncake"
+    (tenant,) = _tenants("only")
+    plans = trace_plans(trace, [tenant], TenantRule("round_robin"), speed=speed, seed=seed)
+    by_id = {p.request_id: p for p in plans}
+    blocks: dict[int, list[int]] = {}
+    for i, row in enumerate(rows):
+        plan = by_id[f"trace-{i}"]
+        ids = _ids(plan, tenant)
+        assert len(ids) == plan.prompt_tokens == row["input_length"]
+        assert plan.max_tokens == row["output_length"]
+        assert plan.scheduled_s == pytest.approx(row["timestamp"] / 1000 / speed)
+        for j, h in enumerate(row["hash_ids"]):
+            block = ids[j * TRACE_BLOCK:(j + 1) * TRACE_BLOCK]
+            known = blocks.setdefault(h, block)
+            # The same id is the same tokens; a partial last block is the first of them.
+            n = min(len(known), len(block))
+            assert block[:n] == known[:n]
+            if len(block) > len(known):
+                blocks[h] = block
+    assert [p.scheduled_s for p in plans] == sorted(p.scheduled_s for p in plans)
+
+
+def test_different_ids_are_different_tokens_and_seeds_change_them(tmp_path: Path) -> None:
+    trace = read_trace_rows(_write_mooncake(tmp_path / "t.jsonl", [
+        {"timestamp": 0, "input_length": 1024, "output_length": 4, "hash_ids": [1, 2]},
+        {"timestamp": 5, "input_length": 1024, "output_length": 4, "hash_ids": [1, 3]}]))
+    (tenant,) = _tenants("only")
+    a, b = trace_plans(trace, [tenant], TenantRule("hash"), seed=0)
+    ids_a, ids_b = _ids(a, tenant), _ids(b, tenant)
+    assert ids_a[:512] == ids_b[:512] and ids_a[512:520] != ids_b[512:520]
+    (other, _) = trace_plans(trace, [tenant], TenantRule("hash"), seed=1)
+    assert _ids(other, tenant)[:8] != ids_a[:8]  # another run's blocks are other tokens
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3), min_size=1,
+                max_size=30))
+def test_hash_rule_keeps_requests_with_one_first_block_on_one_tenant(
+        blocks: list[list[int]]) -> None:
+    rows = [TraceRow(float(i), len(b) * TRACE_BLOCK, 1, tuple(b)) for i, b in enumerate(blocks)]
+    names = ["a", "b", "c"]
+    assigned = TenantRule.parse("hash").assign(rows, names)
+    assert assigned == TenantRule.parse("hash").assign(rows, names)  # stable
+    first: dict[int, str] = {}
+    for row, name in zip(rows, assigned, strict=True):
+        assert row.hash_ids is not None
+        assert first.setdefault(row.hash_ids[0], name) == name
+
+
+def test_round_robin_and_column_rules() -> None:
+    rows = [TraceRow(float(i), 10, 1, columns=(("app", "b" if i % 2 else "a"),))
+            for i in range(5)]
+    assert TenantRule.parse("round_robin").assign(rows, ["a", "b"]) == ["a", "b", "a", "b", "a"]
+    assert TenantRule.parse("column:app").assign(rows, ["a", "b"]) == ["a", "b", "a", "b", "a"]
+    with pytest.raises(TraceError, match="is not a tenant"):
+        TenantRule.parse("column:app").assign(rows, ["a"])
+    with pytest.raises(TraceError, match="one of hash, round_robin, column:NAME"):
+        TenantRule.parse("random")
+
+
+def test_our_records_replay_by_their_tenant_column(tmp_path: Path) -> None:
+    def record(request_id: str, tenant: str, t: float, prompt: int | None) -> RequestRecord:
+        return RequestRecord(run_id="r", scenario="s", phase="p", request_id=request_id,
+                             tenant=tenant, tier="standard", endpoint="/v1/completions",
+                             stream=True, max_tokens=16, scheduled_s=t, end_s=t + 1,
+                             prompt_tokens=prompt, status="ok" if prompt else "rejected")
+
+    path = tmp_path / "requests.parquet"
+    write_parquet([record("r-1", "acme", 1.0, 100), record("r-2", "zeta", 3.0, 40),
+                   record("r-3", "acme", 4.0, None)], path)
+    trace = read_trace_rows(path)
+    assert trace.format == "records" and trace.filled == 1  # the rejected one's prompt
+    tenants = _tenants(*sorted({r.tenant for r in trace.rows if r.tenant}))
+    plans = trace_plans(trace, tenants, TenantRule.parse("column:tenant"), speed=2.0)
+    assert {p.tenant for p in plans} == {r.tenant for r in trace.rows}
+    assert all(p.messages is None for p in plans)  # records hold no content: prefix-free
+    assert sorted(p.scheduled_s for p in plans) == sorted(r.t_s / 2 for r in trace.rows)
+
+
+def test_a_trace_cannot_be_sent_by_embeddings_tenants() -> None:
+    rows = TraceRows([TraceRow(0.0, 10, 1)], "table")
+    tenant = parse_tenants({"tenants": [{"name": "e", "endpoint": "embeddings",
+                                         "lengths": {"prompt": 1, "output": 1}}]},
+                           base_dir=Path("."), source="test").tenants[0]
+    with pytest.raises(TraceError, match="not embeddings"):
+        trace_plans(rows, [tenant], TenantRule("round_robin"))
+
+
+def test_the_sample_script_writes_a_reproducible_trace_with_shared_prefixes(
+        tmp_path: Path) -> None:
+    out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for out in (out_a, out_b):
+        subprocess.run([sys.executable, str(SAMPLE), "--out", str(out), "--requests", "80"],
+                       check=True, capture_output=True)
+    assert out_a.read_bytes() == out_b.read_bytes()
+    trace = read_trace_rows(out_a)
+    assert trace.format == "mooncake" and len(trace.rows) == 80
+    firsts = [r.hash_ids[0] for r in trace.rows if r.hash_ids]
+    assert len(set(firsts)) < len(firsts) / 2  # system prompts: many share a first block
+    for row in trace.rows:
+        assert row.hash_ids is not None
+        assert (len(row.hash_ids) - 1) * TRACE_BLOCK < row.prompt_tokens \
+            <= len(row.hash_ids) * TRACE_BLOCK
+    times = [r.t_s for r in trace.rows]
+    assert times == sorted(times)
+    # Later turns repeat an earlier request's blocks and add to them.
+    grows = sum(1 for a, b in itertools.combinations(trace.rows, 2)
+                if a.hash_ids and b.hash_ids and len(b.hash_ids) > len(a.hash_ids)
+                and b.hash_ids[:len(a.hash_ids)] == a.hash_ids)
+    assert grows > 5
+
+
+def test_the_simulator_sends_the_plans_the_load_generator_sends(tmp_path: Path) -> None:
+    trace_file = tmp_path / "sample.jsonl"
+    subprocess.run([sys.executable, str(SAMPLE), "--out", str(trace_file), "--requests", "40",
+                    "--rate", "20"], check=True, capture_output=True)
+    stack = load_stack(REPO / "deploy" / "stacks" / "chat-sessions.yaml")
+    inputs = Inputs(stack=stack, trace=trace_file, trace_speed=2.0, seed=5)
+    outcome = run_policy(inputs, None, tmp_path / "run")
+    records = {r.request_id: r for r in outcome.result.records}
+    from weighbridge.simulation.run import find_scenario
+
+    tenants = find_scenario("chat_sessions").workload().tenants
+    plans = trace_plans(read_trace_rows(trace_file), tenants, TenantRule("hash"), speed=2.0,
+                        seed=5)
+    assert sorted(records) == sorted(p.request_id for p in plans)
+    for plan in plans:
+        r = records[plan.request_id]
+        assert (r.tenant, r.scheduled_s, r.max_tokens) == (plan.tenant, plan.scheduled_s,
+                                                            plan.max_tokens)
+        assert r.status == "ok" and r.prompt_tokens == plan.prompt_tokens
+        assert r.cached_tokens is not None  # the stack's engines report them
+    # The trace's shared system prompts and growing conversations hit the cache.
+    assert sum(r.cached_tokens or 0 for r in records.values()) > 0
+    sim = trace_clients(read_trace_rows(trace_file), tenants, TenantRule("hash"), speed=2.0,
+                        seed=5)
+    assert [c.plan for c in sim.requests] == plans
