@@ -13,7 +13,9 @@ from typing import Any
 from weighbridge.analysis.gate import resolve
 
 TENANT_KEYS = ("requests", "ok", "rejected", "failed", "prompt_tokens", "output_tokens",
-               "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "itl_p99_s", "decode_tps_p50")
+               "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "itl_p99_s", "decode_tps_p50",
+               "computed_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate")
+PREFIX_CACHE_KEYS = ("computed_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate")
 TIER_KEYS = ("requests", "ttft_p50_s", "ttft_p99_s", "slo_attainment", "goodput_tokens_per_s")
 FAIRNESS_KEYS = ("jain_index", "max_min_share_ratio", "max_service_difference")
 ISOLATION_KEYS = ("quiet_ttft_p99_s", "flood_ttft_p99_s", "flood_over_quiet", "leakage")
@@ -52,6 +54,7 @@ def headline_paths(this: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
     if "isolation" in this or "isolation" in baseline:
         paths += [f"isolation.{k}" for k in ISOLATION_KEYS]
     paths += [f"stability.{k}" for k in STABILITY_KEYS]
+    paths += [f"prefix_cache.{k}" for k in PREFIX_CACHE_KEYS]
     return paths
 
 

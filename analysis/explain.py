@@ -18,12 +18,26 @@ def undefined(reason: str) -> str:
     return f"{DASH} ({reason})"
 
 
+PREFIX_CACHE_KEYS = ("computed_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate")
+
+
+def prefix_cache_figure(s: dict[str, Any], key: str) -> str | None:
+    """Why a prefix-cache figure (a tenant's or the run's ``prefix_cache``) is null."""
+    if s.get(key) is not None:
+        return None
+    if s.get("cached_prompt_tokens") is None:
+        return "the server reported no cached tokens (vLLM: --enable-prompt-tokens-details)"
+    return "no prompt tokens"
+
+
 def tenant_figure(t: dict[str, Any], key: str) -> str | None:
     """Why ``tenants.<name>.<key>`` is null."""
     if t.get(key) is not None:
         return None
     if not t.get("requests"):
         return "no requests"
+    if key in PREFIX_CACHE_KEYS:
+        return prefix_cache_figure(t, key)
     if key.startswith("ttft_"):
         return f"none of its {t['requests']:,} requests got a first token"
     if not t.get("ok"):

@@ -23,7 +23,8 @@ from weighbridge.rundir import REQUESTS_PARQUET, RunInfo, read_records, read_run
 # Labels repeat across rows: categorical columns make group-bys cheap.
 CATEGORICAL = ("tenant", "tier", "endpoint", "phase", "status", "reason", "model")
 NUMERIC = ("max_tokens", "scheduled_s", "sent_s", "first_token_s", "last_token_s", "end_s",
-           "prompt_tokens", "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "queue_s")
+           "prompt_tokens", "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "queue_s",
+           "cached_tokens")
 COLUMNS = CATEGORICAL + NUMERIC
 
 

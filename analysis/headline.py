@@ -7,7 +7,9 @@ The figures, from summary.json (docs/analysis.md defines each):
   with both latencies;
 * each tier's SLO attainment (``tiers.<tier>.slo_attainment``), with met/judged;
 * fairness: the worst tier's Jain index (``fairness.jain_index``);
-* throughput: tokens served per second (``stability.served_tokens_per_s``).
+* throughput: tokens served per second (``stability.served_tokens_per_s``);
+* with a baseline whose prefix-cache hit rate differs from this run's (``prefix_cache``):
+  the share of prompt tokens the server's cache supplied, in each.
 
 An undefined figure carries its reason (analysis/explain.py), never a bare dash.
 """
@@ -81,6 +83,26 @@ def _throughput(s: dict[str, Any]) -> str:
     return explain.undefined(why) if why else TOKENS_PER_S.with_label(st["served_tokens_per_s"])
 
 
+def _prefix_cache(s: dict[str, Any]) -> str:
+    c = s.get("prefix_cache") or {}
+    why = explain.prefix_cache_figure(c, "prefix_cache_hit_rate")
+    if why is not None:
+        return explain.undefined(why)
+    prompt = c["computed_prompt_tokens"] + c["cached_prompt_tokens"]
+    return (f"{PERCENT.with_label(c['prefix_cache_hit_rate'])} "
+            f"({c['cached_prompt_tokens']:,} of {prompt:,} prompt tokens)")
+
+
+def _hit_rates_differ(this: dict[str, Any], baseline: dict[str, Any]) -> bool:
+    """Worth a headline row: the two runs' hit rates differ by a tenth of a point or more,
+    or one run has one and the other none."""
+    rates = [(s.get("prefix_cache") or {}).get("prefix_cache_hit_rate")
+             for s in (this, baseline)]
+    if rates[0] is None or rates[1] is None:
+        return rates[0] is not rates[1]
+    return bool(abs(rates[0] - rates[1]) >= 0.001)
+
+
 def slo_target(t: dict[str, Any]) -> str:
     targets = [f"TTFT ≤ {MILLISECONDS.with_label(t['ttft_slo_s'])}" if t.get("ttft_slo_s")
                else "",
@@ -117,6 +139,8 @@ def headline(this: dict[str, Any], baseline: dict[str, Any] | None = None,
                             lambda s, tier=tier: _attainment(s, tier)))
     figures.append(pair("fairness: Jain's index, worst tier", _fairness))
     figures.append(pair("throughput: tokens served", _throughput))
+    if baseline is not None and _hit_rates_differ(this, baseline):
+        figures.append(pair("prefix cache: prompt tokens cached", _prefix_cache))
     return Headline(reading(this, baseline), figures, list(checks),
                     None if baseline is None else baseline["run"]["run_id"])
 

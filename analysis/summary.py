@@ -2,13 +2,14 @@
 
 ``summary.json`` keys are a contract (docs/analysis.md): ``run``, ``tenants.<name>.*``,
 ``tiers.<name>.*``, ``fairness.*``, ``isolation`` (when the run has phases),
-``littles_law.<tenant>.*``, ``stability.*``, ``models.<name>.*`` (when the records name two or
-more models). Non-finite numbers are written as null.
+``littles_law.<tenant>.*``, ``stability.*``, ``prefix_cache.*``, ``models.<name>.*`` (when
+the records name two or more models). Non-finite numbers are written as null.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,7 @@ def summary(a: Analysis) -> dict[str, Any]:
         "tiers": {n: _tier(t) for n, t in a.tiers.items()},
         "fairness": _fairness(a.fairness),
         "littles_law": {n: _littles_law(v) for n, v in a.littles_law.items()},
+        "prefix_cache": _prefix_cache(a.tenants.values()),
         "stability": {
             "offered_tokens_per_s": a.stability.offered_tokens_per_s,
             "served_tokens_per_s": a.stability.served_tokens_per_s,
@@ -123,7 +125,22 @@ def _tenant(t: TenantStats) -> dict[str, Any]:
         "itl_p999_s": t.itl_p99.p999,
         "decode_tps_p50": t.decode_tps.p50,
         "rejections": t.rejections,
+        "computed_prompt_tokens": t.computed_prompt_tokens,
+        "cached_prompt_tokens": t.cached_prompt_tokens,
+        "prefix_cache_hit_rate": t.prefix_cache_hit_rate,
     }
+
+
+def _prefix_cache(tenants: Iterable[TenantStats]) -> dict[str, Any]:
+    """The run's prompt tokens computed and cached, over the tenants' reporting requests."""
+    reporting = [t for t in tenants if t.cached_prompt_tokens is not None]
+    if not reporting:
+        return {"computed_prompt_tokens": None, "cached_prompt_tokens": None,
+                "prefix_cache_hit_rate": None}
+    cached = sum(t.cached_prompt_tokens or 0 for t in reporting)
+    prompt = sum(t.reported_prompt_tokens for t in reporting)
+    return {"computed_prompt_tokens": prompt - cached, "cached_prompt_tokens": cached,
+            "prefix_cache_hit_rate": cached / prompt if prompt else None}
 
 
 def _model(m: ModelStats) -> dict[str, Any]:

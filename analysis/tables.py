@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from weighbridge.analysis import explain
-from weighbridge.analysis.compare import Difference
+from weighbridge.analysis.compare import PREFIX_CACHE_KEYS, Difference
 from weighbridge.analysis.headline import slo_target
 from weighbridge.analysis.units import (
     INDEX,
@@ -92,10 +92,16 @@ def tenant_table(s: dict[str, Any]) -> Table:
         rows.append((name, t["tier"], number(t["weight"]), count(t["requests"]),
                      count(t["ok"]), count(t["rejected"]), count(t["failed"]),
                      count(t["cancelled"]), count(t["prompt_tokens"]),
+                     *(cell(t[k], unit_of(k), explain.tenant_figure(t, k))
+                       for k in PREFIX_CACHE_KEYS),
                      count(t["output_tokens"]), rejections))
     return Table("Tenants: requests and tokens",
                  ("tenant", "tier", "weight", "requests", "ok", "rejected", "failed",
-                  "cancelled", "prompt tokens", "output tokens", "rejections"), rows,
+                  "cancelled", "prompt tokens", "computed", "cached", "hit rate %",
+                  "output tokens", "rejections"), rows,
+                 ["Prompt tokens computed and cached: of the requests whose server reported "
+                  "usage.prompt_tokens_details.cached_tokens; hit rate = cached / (computed "
+                  "+ cached)."],
                  group=TENANTS)
 
 
@@ -209,7 +215,9 @@ def littles_law_table(s: dict[str, Any]) -> Table:
                      cell(v["token_ratio"], INDEX, why_k)))
     return Table("Little's Law (L against λ·W over the run)",
                  ("tenant", "arrivals", "L requests", "λ·W requests", "ratio", "L tokens",
-                  "λ·W tokens", "ratio"), rows, group=HEALTH)
+                  "λ·W tokens", "ratio"), rows,
+                 ["Tokens: every prompt token (cached ones too) plus the output."],
+                 group=HEALTH)
 
 
 def stability_table(s: dict[str, Any]) -> Table:
@@ -220,6 +228,9 @@ def stability_table(s: dict[str, Any]) -> Table:
                  [(*(cell(st[k], unit_of(k), explain.stability(st, k))
                      for k in ("offered_tokens_per_s", "served_tokens_per_s",
                                "stability_ratio")), verdict[st["stable"]])],
+                 ["Offered and served count every prompt token, cached ones too (as vLLM's "
+                  "vllm:prompt_tokens_total does): the load asked for, not the compute it "
+                  "took."],
                  group=HEALTH)
 
 

@@ -1,5 +1,10 @@
 """Per-tenant figures: requests by status, tokens, latency percentiles, decode speed,
-rejections by reason."""
+rejections by reason, and the prompt tokens the server's prefix cache supplied.
+
+Prompt tokens **cached** are the sum of usage's ``prompt_tokens_details.cached_tokens``;
+**computed** are the prompt tokens of the same requests less those; the **hit rate** is cached
+over both. All three count only the requests whose server reported cached tokens (vLLM with
+``--enable-prompt-tokens-details``), and are undefined when none did."""
 
 from __future__ import annotations
 
@@ -28,6 +33,22 @@ class TenantStats:
     itl_p99: Percentiles  # over requests, of each request's p99 inter-token latency
     decode_tps: Percentiles  # requests with >= 2 output tokens over a positive span
     rejections: dict[str, int] = field(default_factory=dict)  # reason -> count
+    # Of the requests that reported cached tokens: their prompt tokens, and the cached part
+    # (None: no request reported it).
+    reported_prompt_tokens: int = 0
+    cached_prompt_tokens: int | None = None
+
+    @property
+    def computed_prompt_tokens(self) -> int | None:
+        if self.cached_prompt_tokens is None:
+            return None
+        return self.reported_prompt_tokens - self.cached_prompt_tokens
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        if self.cached_prompt_tokens is None or not self.reported_prompt_tokens:
+            return None
+        return self.cached_prompt_tokens / self.reported_prompt_tokens
 
     @property
     def ok(self) -> int:
@@ -71,6 +92,7 @@ def tenant_stats(frame: pd.DataFrame, info: RunInfo) -> dict[str, TenantStats]:
     tenant = frame["tenant"]
     status_counts = frame.groupby(["tenant", "status"], observed=True).size()
     tokens = frame.groupby("tenant", observed=True)[["prompt_tokens", "output_tokens"]].sum()
+    cache = prefix_cache(frame, "tenant")
     rejected = frame[frame["status"] == "rejected"]
     reasons = rejected.groupby(["tenant", "reason"], observed=True).size()
     ok = frame["status"] == "ok"
@@ -97,8 +119,20 @@ def tenant_stats(frame: pd.DataFrame, info: RunInfo) -> dict[str, TenantStats]:
             itl_p99=itl99.get(name, empty),
             decode_tps=tps.get(name, empty),
             rejections=_level(reasons, name),
+            **cache.get(name, {}),
         )
     return out
+
+
+def prefix_cache(frame: pd.DataFrame, by: str) -> dict[str, dict[str, int]]:
+    """Per group: ``reported_prompt_tokens`` and ``cached_prompt_tokens`` of the requests
+    that reported cached tokens (groups where none did are left out)."""
+    reported = frame[frame["cached_tokens"].notna() & frame["prompt_tokens"].notna()]
+    sums = reported.groupby(by, observed=True)[["prompt_tokens", "cached_tokens"]].sum()
+    counts = reported.groupby(by, observed=True).size()
+    return {str(k): {"reported_prompt_tokens": int(sums.loc[k, "prompt_tokens"]),
+                     "cached_prompt_tokens": int(sums.loc[k, "cached_tokens"])}
+            for k in sums.index if counts.get(k, 0)}
 
 
 def _level(counts: pd.Series, name: str) -> dict[str, int]:

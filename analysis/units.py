@@ -75,6 +75,8 @@ UNITS: dict[str, Unit] = {
     "requests": REQUESTS, "ok": REQUESTS, "rejected": REQUESTS, "failed": REQUESTS,
     "cancelled": REQUESTS, "judged": REQUESTS, "met": REQUESTS,
     "prompt_tokens": TOKENS, "output_tokens": TOKENS,
+    "computed_prompt_tokens": TOKENS, "cached_prompt_tokens": TOKENS,
+    "prefix_cache_hit_rate": PERCENT,
     **{f"{m}_{q}_s": MILLISECONDS for m in ("ttft", "e2e", "itl")
        for q in ("p50", "p90", "p99", "p999")},
     "ttft_slo_s": MILLISECONDS, "e2e_slo_s": MILLISECONDS,

@@ -119,6 +119,15 @@ class LoadgenExporter:
         self._prompt_tokens = Counter("weighbridge_client_prompt_tokens",
                                       "Prompt tokens of ended requests, from the server's usage.",
                                       labels, registry=r)
+        # Of the requests whose server reported usage.prompt_tokens_details.cached_tokens.
+        self._cached_prompt_tokens = Counter(
+            "weighbridge_client_cached_prompt_tokens",
+            "Prompt tokens the server's prefix cache supplied, of ended requests that "
+            "reported them (usage.prompt_tokens_details.cached_tokens).", labels, registry=r)
+        self._computed_prompt_tokens = Counter(
+            "weighbridge_client_computed_prompt_tokens",
+            "Prompt tokens the server computed (prompt less cached), of ended requests that "
+            "reported cached tokens.", labels, registry=r)
         self._output_tokens = Counter("weighbridge_client_output_tokens",
                                       "Output tokens of ended requests, from the server's usage.",
                                       labels, registry=r)
@@ -178,6 +187,9 @@ class LoadgenExporter:
         self._requests.labels(tenant, tier, record.status).inc()
         self._prompt_tokens.labels(tenant, tier).inc(prompt)
         self._output_tokens.labels(tenant, tier).inc(output)
+        if (computed := record.computed_prompt_tokens) is not None:
+            self._computed_prompt_tokens.labels(tenant, tier).inc(max(computed, 0))
+            self._cached_prompt_tokens.labels(tenant, tier).inc(record.cached_tokens or 0)
         if record.status == "ok":
             self._e2e.labels(tenant, tier).observe(e2e)
             if record.ttft_s is not None:
@@ -259,7 +271,8 @@ class LoadgenExporter:
             return
         self._keys.add(key)
         for metric in (self._ttft, self._e2e, self._decode, self._lag, self._scheduled,
-                       self._prompt_tokens, self._output_tokens):
+                       self._prompt_tokens, self._output_tokens, self._cached_prompt_tokens,
+                       self._computed_prompt_tokens):
             metric.labels(tenant, tier)
         for status in sorted(STATUSES):
             self._requests.labels(tenant, tier, status)

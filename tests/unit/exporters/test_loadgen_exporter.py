@@ -83,6 +83,8 @@ DOCUMENTED_FAMILIES = {
     "weighbridge_client_requests_scheduled": ("counter", {"tenant", "tier"}),
     "weighbridge_client_prompt_tokens": ("counter", {"tenant", "tier"}),
     "weighbridge_client_output_tokens": ("counter", {"tenant", "tier"}),
+    "weighbridge_client_cached_prompt_tokens": ("counter", {"tenant", "tier"}),
+    "weighbridge_client_computed_prompt_tokens": ("counter", {"tenant", "tier"}),
     "weighbridge_client_in_flight_requests": ("gauge", {"tenant", "tier"}),
     "weighbridge_client_in_flight_tokens": ("gauge", {"tenant", "tier"}),
     "weighbridge_client_in_flight_request_seconds": ("counter", {"tenant", "tier"}),
