@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import itertools
 import logging
 import math
@@ -26,11 +25,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
 from weighbridge import headers as headers_
+from weighbridge import output_budget
 from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
+from weighbridge.output_budget import COMPLETIONS_DEFAULT_MAX_TOKENS
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
-from weighbridge.sidecar.http1 import Front, FrontRequest, FrontSite, FrontStream
+from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_over_capacity
 from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
 from weighbridge.sidecar.openapi import DEADLINE_MS, description_json
 from weighbridge.sidecar.prompt import PromptError, json_integer, prompt_tokens
@@ -55,8 +56,10 @@ log = logging.getLogger("weighbridge.sidecar")
 # The body's integer fields the sidecar reads, as vLLM types them (int64); vLLM's embeddings
 # take no stream_interval (nor read it).
 _INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "priority")
-_GENERATION_INTEGER_FIELDS = (*_INTEGER_FIELDS, "stream_interval")
+_GENERATION_INTEGER_FIELDS = (*_INTEGER_FIELDS, "stream_interval", "n")
 
+# The deepest body the sidecar can forward: orjson writes no deeper.
+MAX_BODY_DEPTH = 255
 # vLLM's request models bound their integers to int64 (priority explicitly; the others by
 # the engine): so does the sidecar, for the fields it reads.
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -68,10 +71,6 @@ MAX_DISPATCH_ATTEMPTS = 3
 UPSTREAM_KEEPALIVE_S = 4.0
 # Errors that end a request as failed (a backend's fault), not rejected.
 _FAILURES = frozenset({BACKEND_FAILED, "backend_unavailable"})
-# A generation request arrives through aiohttp or through sidecar.http1's front; the front's
-# streamed answers are its own FrontStream.
-AnyRequest = web.Request | FrontRequest
-Answer = web.StreamResponse | FrontStream
 
 
 class ApiError(Exception):
@@ -105,7 +104,7 @@ def _bad_request(reason: str, message: str) -> ApiError:
     return ApiError(400, reason, message, "invalid_request_error")
 
 
-def _bearer(request: AnyRequest) -> str | None:
+def _bearer(request: web.Request) -> str | None:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     key = key.strip()
@@ -154,14 +153,6 @@ class Sidecar:
         r.add_get("/openapi.json", self.openapi)
         self._openapi = description_json(config.tiers)
         self.app.cleanup_ctx.append(self._lifecycle)
-
-    def front(self, aiohttp_server: Callable[[], asyncio.Protocol]) -> Front:
-        """The HTTP/1.1 front serving the generation endpoints (sidecar.http1), handing
-        everything else to ``aiohttp_server``, the app's own protocol factory."""
-        return Front({endpoint: functools.partial(self._proxy, endpoint)
-                      for endpoint in ("/v1/completions", "/v1/chat/completions", EMBEDDINGS)},
-                     self.answer_errors, aiohttp_server, max_body=self.config.max_body_bytes,
-                     keepalive_s=self.config.client_timeout_ms / 1000)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -234,12 +225,9 @@ class Sidecar:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        response = await self.answer_errors(request, handler)
-        assert isinstance(response, web.StreamResponse)  # FrontStream: the front's requests
-        return response
-
-    async def answer_errors(self, request: AnyRequest, handler: Callable) -> Answer:
-        """The error middleware, for aiohttp's requests and the front's alike."""
+        refused = refuse_over_capacity(request)
+        if refused is not None:
+            return refused
         try:
             return await handler(request)
         except ApiError as e:
@@ -345,20 +333,15 @@ class Sidecar:
     # -- the proxied endpoints --------------------------------------------------------------------
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._through_aiohttp("/v1/completions", request)
+        return await self._proxy("/v1/completions", request)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._through_aiohttp("/v1/chat/completions", request)
+        return await self._proxy("/v1/chat/completions", request)
 
     async def embeddings(self, request: web.Request) -> web.StreamResponse:
-        return await self._through_aiohttp(EMBEDDINGS, request)
+        return await self._proxy(EMBEDDINGS, request)
 
-    async def _through_aiohttp(self, endpoint: str, request: web.Request) -> web.StreamResponse:
-        response = await self._proxy(endpoint, request)
-        assert isinstance(response, web.StreamResponse)  # FrontStream: the front's requests
-        return response
-
-    def _authenticate(self, request: AnyRequest, count: bool = True) -> tuple[str, str]:
+    def _authenticate(self, request: web.Request, count: bool = True) -> tuple[str, str]:
         """The tenant owning the bearer key and the key's digest (the caller's identity, which
         the client cannot choose, unlike the body's ``user``), or a 401. ``count``: the
         request is one the ledger counts (a generation request), so its rejection is an
@@ -374,7 +357,7 @@ class Sidecar:
         return tenant, digest
 
     def _parse(self, endpoint: str, tenant: str, raw: bytes,
-               request: AnyRequest) -> tuple[dict[str, Any], str, float | None, int]:
+               request: web.Request) -> tuple[dict[str, Any], str, float | None, int, int | None]:
         """Validate everything the sidecar relies on; the backend validates the rest."""
         own_tier = self.config.tenants[tenant].tier
 
@@ -419,13 +402,9 @@ class Sidecar:
             if number is None or not INT64_MIN <= number <= INT64_MAX:
                 raise bad("invalid_" + field, f"{field} must be a 64-bit integer")
             body[field] = number  # 16.0 is forwarded as 16
-        max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
-        if max_tokens is not None:
-            limit = self.config.max_tokens_limit
-            if max_tokens < 1:
-                raise bad("invalid_max_tokens", "max_tokens must be at least 1")
-            if limit is not None and max_tokens > limit:
-                raise bad("max_tokens_too_large", f"max_tokens may be at most {limit}")
+        max_tokens = self._output_budget(endpoint, body, bad)
+        if endpoint != EMBEDDINGS and body.get("n") is not None and body["n"] < 1:
+            raise bad("invalid_n", "n must be at least 1")
         if endpoint != EMBEDDINGS and body.get("stream_interval") is not None \
                 and body["stream_interval"] < 1:
             # Live charging counts a streamed chunk's tokens by it (vLLM refuses it too).
@@ -444,9 +423,39 @@ class Sidecar:
             prompt = prompt_tokens(endpoint, body)
         except PromptError as e:
             raise bad("invalid_prompt", str(e)) from None
-        return body, tier, deadline_ms, prompt
+        try:
+            # What is forwarded must serialise, known before the request takes any budget:
+            # orjson reads 1,024 levels of nesting but writes 255.
+            orjson.dumps(body)
+        except orjson.JSONEncodeError:
+            raise bad("invalid_body", f"the request body nests deeper than {MAX_BODY_DEPTH} "
+                      "levels") from None
+        return body, tier, deadline_ms, prompt, max_tokens
 
-    async def _proxy(self, endpoint: str, request: AnyRequest) -> Answer:
+    def _output_budget(self, endpoint: str, body: dict[str, Any],
+                       bad: Callable[[str, str], ApiError]) -> int | None:
+        """The output tokens a sequence may generate, as vLLM reads the body (None:
+        unbounded but by the context); ``max_tokens_limit`` refuses a larger one asked for,
+        and is forwarded as the budget of a request that asked for none."""
+        if endpoint == EMBEDDINGS:
+            return 0  # an embeddings request generates nothing
+        chat = endpoint.endswith("/chat/completions")
+        field = output_budget.budget_field(chat, body)
+        asked = body.get(field)
+        if asked is not None and asked < 1:
+            raise bad("invalid_max_tokens", f"{field} must be at least 1")
+        budget = asked if asked is not None or chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+        limit = self.config.max_tokens_limit
+        if limit is None:
+            return budget
+        if asked is not None and asked > limit:
+            raise bad("max_tokens_too_large", f"{field} may be at most {limit}")
+        if budget is None or budget > limit:
+            # The limit is a cap, not advice: the engine gets it as the request's budget.
+            budget = body["max_completion_tokens" if chat else "max_tokens"] = limit
+        return budget
+
+    async def _proxy(self, endpoint: str, request: web.Request) -> web.StreamResponse:
         trace = NO_TRACE if self.tracing is None else self.tracing.start(endpoint,
                                                                           request.headers)
         try:
@@ -466,7 +475,8 @@ class Sidecar:
         trace.end("completed", response.status)  # unless _finish ended it otherwise
         return response
 
-    async def _handle(self, endpoint: str, request: AnyRequest, trace: Trace) -> Answer:
+    async def _handle(self, endpoint: str, request: web.Request,
+                      trace: Trace) -> web.StreamResponse:
         tenant, identity = self._authenticate(request)
         try:
             if request.content.is_eof():  # the whole body came with the head: no wait
@@ -474,7 +484,7 @@ class Sidecar:
             else:
                 # A client dribbling its body must not hold a handler and a connection
                 # forever.
-                async with asyncio.timeout(self.config.client_timeout_ms / 1000):
+                async with asyncio.timeout(self.config.client_body_timeout_ms / 1000):
                     raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self.core.rejected_on_arrival("body_too_large", tenant,
@@ -484,17 +494,15 @@ class Sidecar:
             self.core.rejected_on_arrival("request_timeout", tenant,
                                           self.config.tenants[tenant].tier)
             raise ApiError(408, "request_timeout",
-                           f"the request body took longer than {self.config.client_timeout_ms}"
+                           f"the request body took longer than {self.config.client_body_timeout_ms}"
                            " ms to arrive", "invalid_request_error", close=True) from None
-        body, tier, deadline_ms, prompt = self._parse(endpoint, tenant, raw, request)
+        body, tier, deadline_ms, prompt, max_tokens = self._parse(endpoint, tenant, raw, request)
+        sequences = output_budget.sequences(body)
         now = self.clock()
         request_id = f"{self._id_prefix}{next(self._ids):x}"  # unique, without a uuid4 each
-        # An embeddings request generates nothing: its cost and KV footprint are its input.
-        max_tokens = 0 if endpoint == EMBEDDINGS else body.get(
-            "max_tokens", body.get("max_completion_tokens"))
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
-        offered = self.core.offered_tokens(tenant, endpoint, prompt, max_tokens)
+        offered = self.core.offered_tokens(tenant, endpoint, prompt, max_tokens, sequences)
         self.metrics.offer(tenant, tier, offered)
         trace.identify(tenant=tenant, tier=tier, model=body.get("model"),
                        max_tokens=max_tokens, stream=bool(body.get("stream", False)))
@@ -505,11 +513,11 @@ class Sidecar:
             # reach: this replica's share of the limits decides, in the core).
             admitted = await self.shared.admit(
                 tenant, endpoint, tier, body.get("model"),
-                self.core.shared_estimate(tenant, endpoint, prompt, max_tokens))
+                self.core.shared_estimate(tenant, endpoint, prompt, max_tokens, sequences))
             now = self.clock()
         result = self.core.arrive(
             request_id=request_id, tenant=tenant, tier=tier, endpoint=endpoint,
-            prompt_tokens=prompt, max_tokens=max_tokens, now=now,
+            prompt_tokens=prompt, max_tokens=max_tokens, sequences=sequences, now=now,
             # Repeat demotion counts by the key, never by the body's `user`, which the client
             # can vary per request to escape it.
             user=identity,
@@ -551,7 +559,7 @@ class Sidecar:
         return ApiError(status, reject.reason, message, type_, headers)
 
     async def _serve(self, req: QueuedRequest, body: dict[str, Any], endpoint: str,
-                     request: AnyRequest, trace: Trace) -> Answer:
+                     request: web.Request, trace: Trace) -> web.StreamResponse:
         # Embeddings never stream (vLLM ignores the field there).
         stream = endpoint != EMBEDDINGS and bool(body.get("stream", False))
         options = body.get("stream_options")
@@ -750,19 +758,19 @@ def run_sidecar(config: Config, host: str, port: int) -> None:
 
 
 async def _serve(sidecar: Sidecar, host: str, port: int) -> None:
-    keepalive_s = sidecar.config.client_timeout_ms / 1000
+    config = sidecar.config
+    keepalive_s = config.client_timeout_ms / 1000
+    ensure_descriptors(config.max_client_connections)
     # handler_cancellation: a client that disconnects cancels its handler, which takes a
-    # queued request out of the queue at once or aborts its backend request (the front in
-    # sidecar.http1 does the same). keepalive_timeout also bounds how long a new connection
-    # may take to send its headers: a connection still waiting for a complete request is
-    # closed at that time.
+    # queued request out of the queue at once or aborts its backend request. keepalive_timeout
+    # also bounds how long a new connection may take to send its headers: a connection still
+    # waiting for a complete request is closed at that time.
     runner = web.AppRunner(sidecar.app, handle_signals=True, access_log=None,
                            handler_cancellation=True, keepalive_timeout=keepalive_s)
     await runner.setup()
     try:
-        # The generation endpoints are served by sidecar.http1's front; it hands every
-        # other request, with its connection, to aiohttp's protocol.
-        await FrontSite(runner, host, port, sidecar.front).start()
+        await ClientSite(runner, host, port, max_connections=config.max_client_connections,
+                         keepalive_timeout=keepalive_s).start()
         while True:
             await asyncio.sleep(3600)
     finally:

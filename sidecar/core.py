@@ -284,10 +284,10 @@ class SchedulingCore:
     # ------------------------------------------------------------------ other replicas
 
     def shared_estimate(self, tenant: str, endpoint: str, prompt_tokens: int,
-                        max_tokens: int | None) -> int:
+                        max_tokens: int | None, sequences: int = 1) -> int:
         """The token estimate a shared limiter must charge for this request: what ``arrive``
         charges (prompt plus expected output)."""
-        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens)
+        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens, sequences)
 
     def request_model(self, model: str | None) -> str | None:
         """The model per-model limits charge a request naming ``model`` to: its own, or
@@ -387,6 +387,7 @@ class SchedulingCore:
         prompt_tokens: int,
         max_tokens: int | None,
         now: float,
+        sequences: int = 1,
         user: str | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
@@ -421,7 +422,9 @@ class SchedulingCore:
             endpoint=endpoint,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
-            estimated_output_tokens=self.estimator.estimate(tenant, endpoint, max_tokens),
+            sequences=sequences,
+            estimated_output_tokens=self.estimator.estimate(tenant, endpoint, max_tokens,
+                                                            sequences),
             arrival_s=now,
             user=user,
             model=self.request_model(model),
@@ -815,7 +818,9 @@ class SchedulingCore:
         self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
     ) -> None:
         self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now)
-        self.estimator.observe(request.tenant, request.endpoint, output_tokens)
+        # The estimate is per sequence: a request of n answers reports all n's tokens.
+        self.estimator.observe(request.tenant, request.endpoint,
+                               round(output_tokens / request.sequences))
 
     def on_failed(
         self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
@@ -902,10 +907,10 @@ class SchedulingCore:
     # ------------------------------------------------------------------ admin
 
     def offered_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
-                       max_tokens: int | None) -> int:
+                       max_tokens: int | None, sequences: int = 1) -> int:
         """A request's expected tokens (prompt + estimated output) as the stability ratio
         counts offered load: every request that reaches the checks, admitted or not."""
-        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens)
+        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens, sequences)
 
     def stats(self, now: float) -> CoreStats:
         """Per tenant, summed over the pools (one pool: its own figures)."""

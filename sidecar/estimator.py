@@ -14,8 +14,8 @@ DEFAULT_INITIAL_ESTIMATE = 256  # weighbridge.config.Endpoint.initial_output_est
 
 
 class OutputEstimator:
-    """EMA of observed output tokens, seeded with the endpoint's ``initial_output_estimate``
-    and always capped by the request's ``max_tokens``."""
+    """EMA of observed output tokens per sequence, seeded with the endpoint's
+    ``initial_output_estimate`` and always capped by the request's ``max_tokens``."""
 
     def __init__(self, initial: Mapping[str, int], alpha: float = 0.2) -> None:
         if not 0 < alpha <= 1:
@@ -53,9 +53,13 @@ class OutputEstimator:
             return float(self._initial.get(endpoint, DEFAULT_INITIAL_ESTIMATE))
         return ema
 
-    def estimate(self, tenant: str, endpoint: str, max_tokens: int | None) -> int:
+    def estimate(self, tenant: str, endpoint: str, max_tokens: int | None,
+                 sequences: int = 1) -> int:
+        """Every sequence's expected output: ``sequences`` times the learned mean per
+        sequence, each capped by ``max_tokens``."""
         value = round(self.expected(tenant, endpoint))
-        return value if max_tokens is None else max(0, min(value, max_tokens))
+        per_sequence = value if max_tokens is None else max(0, min(value, max_tokens))
+        return sequences * per_sequence
 
     def observe(self, tenant: str, endpoint: str, output_tokens: int) -> None:
         """Feed the real output of a *completed* request. Cancelled or failed requests are

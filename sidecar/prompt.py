@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 BYTES_PER_TOKEN = 4
+# No vocabulary has a token id beyond int64, vLLM's type for ids.
+TOKEN_ID_MAX = 2**63 - 1
 CHAT_TOKENS_PER_MESSAGE = 4
 
 
@@ -87,12 +89,19 @@ def json_integer(value: Any) -> int | None:
 
 
 def _token_ids(values: list[Any]) -> list[int] | None:
-    """``values`` as token ids, or None when they are not. A JSON integer beyond 64 bits
-    arrives as a float from the parser and is out of every vocabulary anyway (the backend
-    says so)."""
+    """``values`` as token ids, or None when they are not integers. An integer outside
+    int64, or a negative one, is no token of any vocabulary: refused as vLLM refuses it
+    (a JSON integer beyond 64 bits arrives from the parser as a float)."""
     # The common prompt is plain integers already: one pass at C speed, no copy (a bool's
     # type is bool, not int, so it takes the slow path and is refused there).
     if all(type(value) is int for value in values):
-        return values
-    ids = [json_integer(value) for value in values]
-    return None if any(i is None for i in ids) else [i for i in ids if i is not None]
+        ids = values
+    else:
+        converted = [json_integer(value) for value in values]
+        if any(i is None for i in converted):
+            return None
+        ids = [i for i in converted if i is not None]
+    low, high = min(ids), max(ids)
+    if low < 0 or high > TOKEN_ID_MAX:
+        raise PromptError(f"Token id {low if low < 0 else high} is out of vocabulary")
+    return ids

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from weighbridge.sidecar.http1 import FrontRequest, FrontStream
 from weighbridge.sidecar.upstream import (
     HIGH_WATER,
     Upstream,
@@ -130,7 +129,7 @@ async def relay(
     upstream: Upstream,
     url: str,
     body: bytes,
-    request: web.Request | FrontRequest,
+    request: web.Request,
     extra_headers: Mapping[str, str],
     *,
     stream: bool,
@@ -138,7 +137,7 @@ async def relay(
     on_content: Callable[[int], None] | None = None,
     clock: Callable[[], float] = time.monotonic,
     upstream_headers: Mapping[str, str] | None = None,
-) -> tuple[web.StreamResponse | FrontStream, RelayOutcome]:
+) -> tuple[web.StreamResponse, RelayOutcome]:
     """POST ``body`` to ``url`` and relay the answer to ``request``'s client.
 
     Raises :class:`BackendUnavailable` if the backend could not be reached (the caller may
@@ -203,11 +202,11 @@ async def _relay_whole(upstream: UpstreamResponse, headers: dict[str, str],
     return response, RelayOutcome(upstream.status, usage, clock() if usage else None, 0)
 
 
-async def _relay_stream(upstream: UpstreamResponse, request: web.Request | FrontRequest,
+async def _relay_stream(upstream: UpstreamResponse, request: web.Request,
                         headers: dict[str, str], strip_usage_chunk: bool,
                         on_content: Callable[[int], None] | None,
                         clock: Callable[[], float]
-                        ) -> tuple[web.StreamResponse | FrontStream, RelayOutcome]:
+                        ) -> tuple[web.StreamResponse, RelayOutcome]:
     """An SSE stream, relayed as its events arrive. A backend that breaks off ends the
     client's stream with an error event (``broken``); a client that goes away makes a write
     fail (``client_gone``).
@@ -216,16 +215,12 @@ async def _relay_stream(upstream: UpstreamResponse, request: web.Request | Front
     last (with the end of the chunked body); everything between goes from the backend's
     socket to the client's in the connection's callback (:class:`_Relay`), without waking
     the task per chunk."""
-    response: web.StreamResponse | FrontStream
     outcome = RelayOutcome(200, None, None, 0)
     complete = False
     relay = _Relay(upstream, request, outcome, strip_usage_chunk, on_content, clock)
     try:
-        if isinstance(request, FrontRequest):
-            response = request.stream(200, headers)
-        else:
-            response = web.StreamResponse(status=200, headers=headers)
-            await response.prepare(request)
+        response = web.StreamResponse(status=200, headers=headers)
+        await response.prepare(request)
         # Chunked for HTTP/1.1 clients; an HTTP/1.0 client's body ends with the connection.
         relay.chunked = bool(getattr(request.writer, "chunked", True))
         upstream.stream_to(relay)
@@ -267,7 +262,7 @@ class _Relay:
                  "_upstream", "_waiter", "chunked", "clock", "direct", "drain", "ended", "gone",
                  "on_content", "outcome")
 
-    def __init__(self, upstream: UpstreamResponse, request: web.Request | FrontRequest,
+    def __init__(self, upstream: UpstreamResponse, request: web.Request,
                  outcome: RelayOutcome,
                  strip_usage_chunk: bool, on_content: Callable[[int], None] | None,
                  clock: Callable[[], float]) -> None:

@@ -39,13 +39,14 @@ class QueuedRequest:
     tier: str
     endpoint: str
     prompt_tokens: int  # the shell's count or estimate at ingress; `usage` settles it later
-    max_tokens: int | None  # None: unbounded by the client (the estimate is then unbounded)
-    estimated_output_tokens: int
+    max_tokens: int | None  # per sequence; None: unbounded by the client (so is the estimate)
+    estimated_output_tokens: int  # every sequence's
     arrival_s: float
     user: str | None = None  # the caller's identity (its key): repeat demotion counts per caller
     model: str | None = None  # what per-model limits charge: the body's `model` or the default
     priority: int = 0  # the client's own ordering among its requests, lower first (as vLLM)
     deadline_s: float | None = None  # absolute, same clock as arrival_s
+    sequences: int = 1  # the answers it generates (the body's `n`)
 
     # ---- set by the scheduler -----------------------------------------------------------
     seq: int = -1  # arrival order within the scheduler: the stable FIFO tie-break

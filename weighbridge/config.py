@@ -508,10 +508,15 @@ class Config(_Model):
     admin_api_keys: list[ApiKeyField] = Field(default_factory=list)
     max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
     max_tokens_limit: PositiveInt | None = None  # requests asking for more are rejected
-    # A client gets this long to send a request's headers (from connecting, or from the end of
-    # its previous request: also the idle keep-alive timeout) and, separately, its body;
-    # slower ones are cut off (408 for a body) instead of holding a connection forever.
+    # A client gets this long to send a request's headers, from connecting or from the end of
+    # its previous request (also the idle keep-alive timeout); slower ones are disconnected.
     client_timeout_ms: PositiveInt = 60_000
+    # A request's body must arrive within this of its headers (HAProxy's `timeout
+    # http-request` is 10 s too): a dribbled body gets 408 before it is ever admitted.
+    client_body_timeout_ms: PositiveInt = 10_000
+    # Open client connections per sidecar process; one accepted beyond it is answered 503
+    # too_many_connections (each connection costs a descriptor and an upstream one).
+    max_client_connections: PositiveInt = 4096
     telemetry: Telemetry = Field(default_factory=Telemetry)
     state: SharedState = Field(default_factory=SharedState)
 

@@ -1,7 +1,8 @@
 """Keys and prompts stay secret: keys are stored as hashes made by ``weighbridge hash-key``
 (or read from the environment and hashed at load), compared in constant time, and neither a
 key nor a prompt reaches the configuration on disk, the log, /metrics, /admin/state or the
-traces — for served requests and for every kind of rejection and failure.
+traces — for served requests, for every kind of rejection and failure, and for request heads
+aiohttp's parser refuses with a key in the refused line (nor does any answer).
 
 The served-request case of traces is also in tests/integration/exporters/test_otlp_traces.py
 and the log, /metrics and /admin/state case for a served and a 401 request in
@@ -11,6 +12,7 @@ tests/integration/sidecar/test_auth.py.
 from __future__ import annotations
 
 import hmac
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -40,6 +42,28 @@ def hash_key(key: str) -> str:
     result = subprocess.run(weighbridge_argv("hash-key", key), capture_output=True, text=True,
                             timeout=60, check=True)
     return result.stdout.strip()
+
+
+def malformed_heads(key: str) -> list[bytes]:
+    """Request heads aiohttp's parser refuses, the key in the line it refuses: a key file's
+    CRLF line end, a NUL after the key, a space before the colon, bare LF line ends."""
+    start = b"POST /v1/completions HTTP/1.1\r\nHost: sidecar\r\n"
+    end = b"Content-Length: 2\r\n\r\n{}"
+    lines = [f"Authorization: Bearer {key}\r\r\n", f"Authorization: Bearer {key}\x00\r\n",
+             f"Authorization : Bearer {key}\r\n", f"X-Api-Key: {key}\x01\r\n"]
+    bare_lf = f"POST /v1/completions HTTP/1.1\nHost: s\nAuthorization: Bearer {key}\n\n"
+    return [start + line.encode("latin-1") + end for line in lines] + [bare_lf.encode()]
+
+
+def exchange(url: str, raw: bytes) -> bytes:
+    """``raw`` sent on a new connection; what came back until the server closed it."""
+    target = httpx.URL(url)
+    with socket.create_connection((target.host, target.port), timeout=10) as sock:
+        sock.sendall(raw)
+        received = b""
+        while chunk := sock.recv(65536):
+            received += chunk
+        return received
 
 
 def test_hash_key_prints_the_stored_form() -> None:
@@ -123,6 +147,11 @@ def test_no_key_or_prompt_in_config_log_metrics_state_or_traces(tmp_path: Path) 
                 assert 400 <= failed.status_code < 500
                 assert_rejected(client.get("/admin/state", headers=auth(HASHED_KEY)), 403,
                                 "forbidden")
+            # Heads aiohttp's parser refuses, each quoting a key in the offending line.
+            answers = [exchange(url, head) for key in (HASHED_KEY, ENV_KEY, ADMIN)
+                       for head in malformed_heads(key)]
+            assert all(a.split(b" ")[1] == b"400" for a in answers), answers
+            with httpx.Client(base_url=url, timeout=30) as client:
                 state = client.get("/admin/state", headers=auth(ADMIN))
                 assert state.status_code == 200
                 metrics = client.get("/metrics").text
@@ -139,6 +168,7 @@ def test_no_key_or_prompt_in_config_log_metrics_state_or_traces(tmp_path: Path) 
         "log": log_path.read_text(errors="replace"),
         "metrics": metrics,
         "state": state.text,
+        "answers": b"".join(answers).decode("latin-1"),
         "spans": raw_spans.decode("latin-1"),
     }
     for where, text in texts.items():

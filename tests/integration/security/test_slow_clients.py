@@ -1,7 +1,7 @@
-"""Slow clients cannot hold the sidecar: headers or a body dribbled byte by byte are cut off
-after ``client_timeout_ms`` (a body with a 408 ``request_timeout``, counted as a rejection;
-headers by closing the connection), a crowd of dribblers costs bounded memory, and the
-sidecar serves everyone else meanwhile.
+"""Slow clients cannot hold the sidecar: headers dribbled byte by byte are cut off after
+``client_timeout_ms`` (by closing the connection), a body after ``client_body_timeout_ms``
+(a 408 ``request_timeout``, counted as a rejection), a crowd of dribblers costs bounded
+memory, and the sidecar serves everyone else meanwhile.
 
 Oversized bodies (413, also while reading a chunked body), deep JSON and invalid UTF-8 are
 in tests/integration/sidecar/test_bad_input.py.
@@ -39,6 +39,7 @@ def stack(processes: contextlib.ExitStack) -> Stack:
     return start_stack(processes, {
         "tenants": {"t": tenant("standard", KEY)},
         "client_timeout_ms": TIMEOUT_MS,
+        "client_body_timeout_ms": TIMEOUT_MS,  # the same bound for the head and the body
     })
 
 

@@ -93,6 +93,21 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("prompt-mixed", b'{"prompt": [1, "a"]}', "invalid_prompt"),
     ("prompt-object", b'{"prompt": {"text": "hi"}}', "invalid_prompt"),
     ("prompt-bools", b'{"prompt": [true, false]}', "invalid_prompt"),
+    # Token ids as vLLM refuses them (out of vocabulary); beyond 64 bits the parser's float
+    # would not serialise again for the backend.
+    ("token-id-beyond-64-bits", b'{"prompt": [18446744073709551616], "max_tokens": 1}',
+     "invalid_prompt"),
+    ("token-id-beyond-int64", b'{"prompt": [9223372036854775808], "max_tokens": 1}',
+     "invalid_prompt"),
+    ("token-id-negative", b'{"prompt": [5, -1], "max_tokens": 1}', "invalid_prompt"),
+    ("token-id-batch-beyond-64-bits",
+     b'{"prompt": [[1], [18446744073709551616]], "max_tokens": 1}', "invalid_prompt"),
+    # A field the sidecar never reads, nested deeper than it can forward (orjson reads 1,024
+    # levels and writes 255).
+    ("unread-field-too-deep", b'{"prompt": [1], "max_tokens": 1, "x": ' + b"[" * 300
+     + b"]" * 300 + b"}", "invalid_body"),
+    ("n-0", b'{"prompt": [1], "n": 0}', "invalid_n"),
+    ("n-string", b'{"prompt": [1], "n": "2"}', "invalid_n"),
 ]
 
 BAD_CHAT_BODIES: list[tuple[str, bytes, str]] = [
@@ -112,6 +127,19 @@ BAD_CHAT_BODIES: list[tuple[str, bytes, str]] = [
     ("max_completion_tokens-over-limit",
      b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 1000}',
      "max_tokens_too_large"),
+    # vLLM generates max_completion_tokens when it is set, whatever max_tokens says.
+    ("max_completion_tokens-over-limit-beside-max_tokens",
+     b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,'
+     b' "max_completion_tokens": 5000}', "max_tokens_too_large"),
+    ("unread-field-too-deep", b'{"messages": [{"role": "user", "content": "hi"}], "x": '
+     + b"{\"a\": " * 300 + b"1" + b"}" * 300 + b"}", "invalid_body"),
+]
+
+BAD_EMBEDDING_BODIES: list[tuple[str, bytes, str]] = [
+    ("token-id-beyond-64-bits", b'{"input": [18446744073709551616]}', "invalid_prompt"),
+    ("token-id-negative", b'{"input": [-3]}', "invalid_prompt"),
+    ("unread-field-too-deep", b'{"input": "hi", "x": ' + b"[" * 300 + b"]" * 300 + b"}",
+     "invalid_body"),
 ]
 
 
@@ -133,6 +161,16 @@ def test_bad_chat_body_is_400(stack: Stack, body: bytes, reason: str) -> None:
     expect_rejected(stack, post(stack, body, "/v1/chat/completions"), 400, reason)
     delta = settled(stack.sidecar) - before
     assert delta.arrived == 1 and delta.rejected == {reason: 1}
+
+
+@pytest.mark.parametrize(("body", "reason"), [(b, r) for _, b, r in BAD_EMBEDDING_BODIES],
+                         ids=[name for name, _, _ in BAD_EMBEDDING_BODIES])
+def test_bad_embeddings_body_is_400(stack: Stack, body: bytes, reason: str) -> None:
+    before, seen = ledger(stack.sidecar), backend_finished(stack.emulator)
+    expect_rejected(stack, post(stack, body, "/v1/embeddings"), 400, reason)
+    delta = settled(stack.sidecar) - before
+    assert delta.arrived == 1 and delta.rejected == {reason: 1}
+    assert backend_finished(stack.emulator) == seen
 
 
 @pytest.mark.parametrize("value", ["abc", "-5", "0", "nan", "inf", "-inf", "", "1e400",
@@ -250,6 +288,10 @@ def test_never_a_5xx_for_bad_input(stack: Stack) -> None:
         assert 400 <= response.status_code < 500 and "error" in response.json()
     for _, body, _ in BAD_CHAT_BODIES:
         response = post(stack, body, "/v1/chat/completions")
+        sent += 1
+        assert 400 <= response.status_code < 500 and "error" in response.json()
+    for _, body, _ in BAD_EMBEDDING_BODIES:
+        response = post(stack, body, "/v1/embeddings")
         sent += 1
         assert 400 <= response.status_code < 500 and "error" in response.json()
     delta = settled(stack.sidecar) - before
