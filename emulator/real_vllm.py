@@ -112,7 +112,10 @@ class RealVllmServer:
     num_kv_blocks: int = 64
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
+    # vLLM's default: on. Tests that need every prompt computed say so.
+    enable_prefix_caching: bool = True
+    # usage.prompt_tokens_details.cached_tokens in every answer (vLLM's default: off).
+    enable_prompt_tokens_details: bool = False
     seed: int = 0
     host: str = "127.0.0.1"
     port: int = 0  # 0: pick a free port at start()
@@ -191,6 +194,8 @@ class RealVllmServer:
             "--enable-prefix-caching" if self.enable_prefix_caching
             else "--no-enable-prefix-caching",
         ]
+        if self.enable_prompt_tokens_details:
+            cmd.append("--enable-prompt-tokens-details")
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -309,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-kv-blocks", type=int, default=d.num_kv_blocks)
     p.add_argument("--scheduling-policy", choices=["fcfs", "priority"], default="fcfs")
     p.add_argument("--no-chunked-prefill", action="store_true")
+    p.add_argument("--no-enable-prefix-caching", action="store_true")
+    p.add_argument("--enable-prompt-tokens-details", action="store_true")
     p.add_argument("--executor", choices=["uni", "mp"], default=d.executor)
     p.add_argument("--log", type=Path, default=None, help="server log file")
     p.add_argument("--env", action="append", default=[], help="extra KEY=VALUE for vLLM")
@@ -324,6 +331,8 @@ def main(argv: list[str] | None = None) -> int:
         num_kv_blocks=a.num_kv_blocks,
         scheduling_policy=a.scheduling_policy,
         enable_chunked_prefill=not a.no_chunked_prefill,
+        enable_prefix_caching=not a.no_enable_prefix_caching,
+        enable_prompt_tokens_details=a.enable_prompt_tokens_details,
         executor=a.executor,
         log_path=a.log,
         extra_args=list(a.extra),

@@ -238,6 +238,9 @@ EXPECTED_FAMILIES = {
     "vllm:num_preemptions": "counter",
     "vllm:prompt_tokens": "counter",
     "vllm:generation_tokens": "counter",
+    "vllm:prefix_cache_queries": "counter",
+    "vllm:prefix_cache_hits": "counter",
+    "vllm:prompt_tokens_cached": "counter",
     "vllm:request_success": "counter",
     "vllm:time_to_first_token_seconds": "histogram",
     "vllm:inter_token_latency_seconds": "histogram",
@@ -265,6 +268,7 @@ def test_metric_names_types_and_labels(backend: Backend) -> None:
     assert cache["kv_cache_size_tokens"] == str(64 * 32)
     assert cache["kv_cache_memory_bytes"] == str(64 * 32 * 2048)
     assert float(cache["kv_cache_max_concurrency"]) == 64 * 32 / backend.max_model_len
+    assert cache["enable_prefix_caching"] == "True"  # vLLM's default, the harness's too
 
 
 async def test_counters_rise_and_histogram_counts_match_requests(backend: Backend) -> None:
@@ -307,8 +311,11 @@ async def test_counters_rise_and_histogram_counts_match_requests(backend: Backen
     # Each request's tokens after its first are inter-token gaps.
     assert delta("vllm:inter_token_latency_seconds",
                  "vllm:inter_token_latency_seconds_count") == output_sum - n
+    # The steps computed every token but the prefix cache's hits (the prompts share a
+    # prefix, and earlier tests sent them too) and each request's last.
+    hits = delta("vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total")
     assert delta("vllm:iteration_tokens_total", "vllm:iteration_tokens_total_sum") >= (
-        prompt_sum + output_sum - n)
+        prompt_sum - hits + output_sum - n)
 
 
 # -- queueing and disconnects -------------------------------------------------------------------
