@@ -12,8 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, simulate
+from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.emulator.prefix_cache import BlockPool, RequestBlocks, hash_block
 from weighbridge.emulator.profiles import get_profile
+from weighbridge.simulation.engines import SimEngine
+from weighbridge.stack import parse_stack
 
 BS = 4
 
@@ -303,3 +306,12 @@ def test_coasting_leaves_the_pool_as_step_by_step_scheduling_does() -> None:
     warm = [model.kv.is_cached(h) for h in _hashes(list(_ids(300)))]
     assert len(ends) > 20 and 0 < warm.count(True) < 75  # it evicted some, tail first
     assert warm == sorted(warm, reverse=True)
+
+
+def test_stack_files_and_the_simulator_take_the_switch() -> None:
+    spec = parse_stack({"sidecar": {"tenants": {"a": {"tier": "standard",
+                                                      "api_keys": ["plain:k"]}}},
+                        "engines": {"emulator": {"enable_prefix_caching": False}}})
+    assert spec.engines.emulator.flags()["enable_prefix_caching"] is False
+    assert not SimEngine("e", spec.engines.emulator).model.kv.enable_caching
+    assert SimEngine("e", EmulatorOptions()).model.kv.enable_caching  # vLLM's default
