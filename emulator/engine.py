@@ -734,13 +734,22 @@ class StepModel:
         """Slots for ``num_new_tokens`` more tokens of ``seq`` (after its computed ones, or
         after ``hit``, the cached blocks a waiting sequence starts from), as vLLM's
         ``allocate_slots``; the blocks those tokens fill are cached at once."""
-        computed = seq.num_computed_tokens if hit is None else len(hit) * self.config.block_size
-        tokens = computed + num_new_tokens
-        if self.kv.blocks_to_allocate(seq.kv, tokens, hit or ()) > self.free_blocks:
-            return False
-        self.kv.allocate(seq.kv, tokens, hit or ())
-        if self.kv.enable_caching:
-            self.kv.cache(seq.kv, self._hashes(seq), min(tokens, seq.num_tokens))
+        block_size = self.config.block_size
+        kv = self.kv
+        if hit is None:  # a running sequence (most often a decode needing no new block)
+            tokens = seq.num_computed_tokens + num_new_tokens
+            needed = -(-tokens // block_size) - len(seq.kv.blocks)
+            if needed > 0:
+                if needed > kv.num_free_blocks:
+                    return False
+                kv.allocate(seq.kv, tokens)
+        else:
+            tokens = len(hit) * block_size + num_new_tokens
+            if kv.blocks_to_allocate(seq.kv, tokens, hit) > kv.num_free_blocks:
+                return False
+            kv.allocate(seq.kv, tokens, hit)
+        if kv.enable_caching and min(tokens, seq.num_tokens) // block_size > seq.kv.num_cached:
+            kv.cache(seq.kv, self._hashes(seq), min(tokens, seq.num_tokens))
         return True
 
     def _lookup(self, seq: Sequence) -> list[int]:
