@@ -1,7 +1,7 @@
 """aiohttp alone reading request bodies: the floor a test compares the sidecar's handling
-of the same bytes with. ``python -m tests.support.body_sink PORT``: ``POST`` to any path reads the body
-(up to the sidecar's default 4 MiB limit) and answers its length; ``GET /health`` answers
-200. On uvloop, as the sidecar runs."""
+of the same bytes with. ``python -m tests.support.body_sink PORT``: ``POST`` to any path
+reads the body (up to the sidecar's default 4 MiB limit) and answers its length; ``GET
+/health`` answers 200. On uvloop, as the sidecar runs."""
 
 from __future__ import annotations
 
