@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, TypeAdapter, ValidationError
 
+from weighbridge import output_budget
 from weighbridge.emulator import text
 from weighbridge.emulator.tiny_model import HIDDEN_SIZE
 
@@ -229,15 +230,15 @@ def parse_generation_request(
         raise ApiError(400, "the emulator supports n=1 only", param="n")
     prompt_ids = _prompt_ids(endpoint, body, vocab_size)
     prompt_tokens = len(prompt_ids)
-    # OpenAI's newer field name for chat; vLLM accepts both.
-    max_tokens = _int_field(body, "max_tokens", None)
-    if max_tokens is None and endpoint == "chat":
-        max_tokens = _int_field(body, "max_completion_tokens", None)
+    budget_field = output_budget.budget_field(endpoint == "chat", body)
+    max_tokens = _int_field(body, budget_field, None)
+    if max_tokens is None and endpoint != "chat":
+        max_tokens = output_budget.COMPLETIONS_DEFAULT_MAX_TOKENS
     _check_context(prompt_tokens, max_model_len)
     if max_tokens is not None and max_tokens > max_model_len:
-        raise ApiError(400, f"max_tokens={max_tokens} cannot be greater than "
+        raise ApiError(400, f"{budget_field}={max_tokens} cannot be greater than "
                        f"max_model_len={max_model_len}. Please request fewer output tokens. "
-                       f"(parameter=max_tokens, value={max_tokens})", param="max_tokens")
+                       f"(parameter={budget_field}, value={max_tokens})", param=budget_field)
     # vLLM 0.32 clamps a max_tokens that fits the model but not the context left.
     room = max_model_len - prompt_tokens
     max_tokens = room if max_tokens is None else min(max_tokens, room)
