@@ -577,7 +577,8 @@ class StepModel:
             if kind == 0:
                 self.kv.allocate(seq.kv, tokens_before[i] + k)
             else:
-                self.kv.cache(seq.kv, self._hashes(seq), tokens_before[i] + k)
+                tokens = tokens_before[i] + k
+                self.kv.cache(seq.kv, self._hashes(seq, tokens), tokens)
 
     def step(self, now: float) -> StepResult | None:
         """Schedule and complete one step in virtual time."""
@@ -748,15 +749,16 @@ class StepModel:
             if kv.blocks_to_allocate(seq.kv, tokens, hit) > kv.num_free_blocks:
                 return False
             kv.allocate(seq.kv, tokens, hit)
-        if kv.enable_caching and min(tokens, seq.num_tokens) // block_size > seq.kv.num_cached:
-            kv.cache(seq.kv, self._hashes(seq), min(tokens, seq.num_tokens))
+        cached = min(tokens, seq.num_tokens)
+        if kv.enable_caching and cached // block_size > seq.kv.num_cached:
+            kv.cache(seq.kv, self._hashes(seq, cached), cached)
         return True
 
     def _lookup(self, seq: Sequence) -> list[int]:
         """The cached blocks a waiting sequence starts from (none without prefix caching)."""
         if not self.kv.enable_caching:
             return []
-        return self.kv.longest_hit(self._hashes(seq), seq.num_tokens)
+        return self.kv.longest_hit(self._hashes(seq, seq.num_tokens), seq.num_tokens)
 
     def _admitted(self, seq: Sequence, computed: int) -> None:
         """A waiting sequence was admitted with ``computed`` tokens from the cache; vLLM
@@ -768,12 +770,13 @@ class StepModel:
         self.prefix_cache_hits += computed
         seq.num_cached_tokens = computed
 
-    def _hashes(self, seq: Sequence) -> list[BlockHash]:
-        """The hashes of ``seq``'s full blocks so far (vLLM's ``request.block_hashes``,
-        extended as tokens are appended)."""
+    def _hashes(self, seq: Sequence, tokens: int) -> list[BlockHash]:
+        """The hashes of ``seq``'s full blocks, at least those of its first ``tokens`` (vLLM's
+        ``request.block_hashes``; computed when first needed, so that coasting and step by
+        step scheduling leave the same list)."""
         hashes = seq.block_hashes
         block_size = self.config.block_size
-        full = seq.num_tokens // block_size
+        full = tokens // block_size
         while len(hashes) < full:
             start = len(hashes) * block_size
             hashes.append(hash_block(hashes[-1] if hashes else None,
