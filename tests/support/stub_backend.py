@@ -14,8 +14,8 @@ from weighbridge.launch import free_port
 class StubBackend:
     """A vLLM stand-in served from a thread: /health answers 200, /metrics answers
     ``metrics_status`` with ``metrics_text`` (500 by default: unreachable metrics), and
-    /v1/completions holds each request until the test calls ``release()``, counting how many
-    it holds at once."""
+    /v1/completions (and chat, answered alike) holds each request until the test calls
+    ``release()``, counting how many it holds at once."""
 
     def __init__(self) -> None:
         self.port = free_port()
@@ -69,6 +69,7 @@ class StubBackend:
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._completions)  # answered the same
         self._runner = web.AppRunner(app, handler_cancellation=True)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -94,8 +95,8 @@ class StubBackend:
             await self._release.wait()
         finally:
             self.holding -= 1
-        prompt = len(body["prompt"])
-        output = body.get("max_tokens") or 1
+        prompt = len(body.get("prompt") or body.get("messages") or ())
+        output = body.get("max_completion_tokens") or body.get("max_tokens") or 1
         return web.json_response({
             "id": "cmpl-stub", "object": "text_completion", "model": "stub",
             "choices": [{"index": 0, "text": " x" * output, "finish_reason": "length"}],
