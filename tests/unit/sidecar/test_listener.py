@@ -128,3 +128,33 @@ async def test_a_bare_lf_head_quotes_nothing(served: Served,
     answer = await exchange(served.port, raw)
     assert KEY.encode() not in answer
     assert KEY not in caplog.text
+
+
+def request(*header_lines: str) -> bytes:
+    return ("GET /healthz HTTP/1.1\r\n" + "".join(f"{h}\r\n" for h in header_lines)
+            + "\r\n").encode()
+
+
+# What the review found a hand-written front serving, each refused by aiohttp's own rules.
+REFUSED_HEADS = {
+    "no-host": request("Connection: close"),
+    "two-hosts": request("Host: a", "Host: b", "Connection: close"),
+    "8000-headers": request("Host: a", *(f"X-{i}: v" for i in range(8000))),
+    "60kb-line": request("Host: a", "X-Long: " + "v" * 60_000),
+}
+
+
+@pytest.mark.parametrize("raw", REFUSED_HEADS.values(), ids=REFUSED_HEADS.keys())
+async def test_heads_http_s_rules_refuse_are_400(served: Served, raw: bytes) -> None:
+    head, body = head_and_body(await exchange(served.port, raw))
+    assert head.split(b" ")[1] == b"400", head
+    assert orjson.loads(body)["error"]["code"] == "bad_request"
+
+
+
+async def test_a_later_keep_alive_does_not_undo_connection_close(served: Served) -> None:
+    """Connection: close, then keep-alive: answered, and the connection ends after the
+    answer (exchange reads until the server closes; a kept connection would time out)."""
+    answer = await exchange(served.port, request("Host: a", "Connection: close",
+                                                 "Connection: keep-alive"))
+    assert answer.startswith(b"HTTP/1.1 200 "), answer
