@@ -1,5 +1,6 @@
 """How well a simulated run agrees with a live one: per-tenant TTFT quantiles, token
-throughput and rejections by reason, each against a relative tolerance.
+throughput and rejections by reason, each against a relative tolerance, and (when both sides
+report cached tokens) the prefix cache's hit rate against an absolute one.
 
 A live figure is itself a sample: a p99 from 100 requests is the 99th of 100 draws and
 moves a lot from run to run. So a figure agrees when the simulated value is within the
@@ -22,10 +23,11 @@ from weighbridge.records import RequestRecord
 from weighbridge.rundir import read_records, read_run_info
 from weighbridge.statistics import percentile
 
-__all__ = ["TOLERANCES", "Check", "compare", "markdown"]
+__all__ = ["TOLERANCES", "Check", "compare", "hit_rate", "markdown"]
 
 # The issue's tolerances: TTFT quantiles, token throughput, rejections by reason.
-TOLERANCES = {"ttft": 0.20, "throughput": 0.05, "rejections": 0.10}
+TOLERANCES = {"ttft": 0.20, "throughput": 0.05, "rejections": 0.10,
+              "hit_rate": 0.05}  # points: the share of prompt tokens the cache supplied
 Z95 = 1.96
 
 
@@ -74,6 +76,14 @@ def _throughput(records: list[RequestRecord], end_s: float) -> float:
     return served / end_s
 
 
+def hit_rate(records: list[RequestRecord]) -> float | None:
+    """Cached over prompt tokens of the ok requests that reported cached tokens."""
+    reported = [r for r in records if r.status == "ok" and r.cached_tokens is not None
+                and r.prompt_tokens]
+    prompt = sum(r.prompt_tokens or 0 for r in reported)
+    return sum(r.cached_tokens or 0 for r in reported) / prompt if prompt else None
+
+
 def compare(live_dir: Path, sim_dir: Path,
             tolerances: dict[str, float] = TOLERANCES) -> list[Check]:
     live, sim = read_records(live_dir), read_records(sim_dir)
@@ -102,6 +112,11 @@ def compare(live_dir: Path, sim_dir: Path,
         spread = Z95 * math.sqrt(n)
         checks.append(Check(f"rejected: {reason}", n, sim_rej[reason],
                             max(0.0, (n - spread) * (1 - tol)), (n + spread) * (1 + tol)))
+    live_hits, sim_hits = hit_rate(live), hit_rate(sim)
+    if live_hits is not None and sim_hits is not None:
+        tol = tolerances["hit_rate"]
+        checks.append(Check("prefix cache hit rate (%)", live_hits * 100, sim_hits * 100,
+                            (live_hits - tol) * 100, (live_hits + tol) * 100))
     return checks
 
 
@@ -109,6 +124,8 @@ def markdown(case: str, checks: list[Check]) -> str:
     def fmt(figure: str, value: float) -> str:
         if "TTFT" in figure:
             return f"{value * 1000:,.0f} ms"
+        if "(%)" in figure:
+            return f"{value:.1f}%"
         return f"{value:,.0f}"
 
     lines = [f"| {case} | live | simulated | error | accepted range | agrees |",
