@@ -59,6 +59,8 @@ class GenerationRequest:
     # raise it (vLLM takes the larger).
     stream_interval: int | None = None
     prompt_ids: tuple[int, ...] = ()  # what the prefix cache hashes
+    # vLLM's return_token_ids: answers carry the output's (and prompt's) token ids.
+    return_token_ids: bool = False
 
 
 T = TypeVar("T")
@@ -271,6 +273,7 @@ def parse_generation_request(
         lora=lora,
         stream_interval=stream_interval,
         prompt_ids=prompt_ids,
+        return_token_ids=_bool_field(body, "return_token_ids", False),
     )
 
 
@@ -437,26 +440,33 @@ class ResponseShape:
             {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
              "finish_reason": None}
         ])
-        chunk["prompt_token_ids"] = None
+        chunk["prompt_token_ids"] = (list(self.request.prompt_ids)
+                                     if self.request.return_token_ids else None)
         chunk["prompt_text"] = None
         if self.request.include_usage and self.request.continuous_usage:
             chunk["usage"] = usage(self.request.prompt_tokens, 0)  # as vLLM's role chunk
         return chunk
 
     def delta_chunk(self, delta_text: str, finish_reason: str | None,
-                    completion_tokens: int) -> dict[str, Any]:
+                    completion_tokens: int, token_ids: Sequence[int] = (),
+                    first: bool = False) -> dict[str, Any]:
+        """A chunk of output; ``token_ids`` its tokens' ids, sent with ``return_token_ids``
+        (and the prompt's with the ``first`` chunk of a completion, as vLLM)."""
+        ids = list(token_ids) if self.request.return_token_ids else None
         if self.request.endpoint == "completions":
+            prompt = (list(self.request.prompt_ids)
+                      if self.request.return_token_ids and first else None)
             chunk = self._envelope("text_completion", [
                 {"index": 0, "text": delta_text, "logprobs": None,
                  "finish_reason": finish_reason, "stop_reason": None,
-                 "prompt_token_ids": None, "token_ids": None}
+                 "prompt_token_ids": prompt, "token_ids": ids}
             ])
         else:
             choice: dict[str, Any] = {"index": 0, "delta": {"content": delta_text},
                                       "logprobs": None, "finish_reason": finish_reason}
             if finish_reason:
                 choice["stop_reason"] = None
-            choice["token_ids"] = None
+            choice["token_ids"] = ids
             chunk = self._envelope("chat.completion.chunk", [choice])
         if self.request.include_usage and self.request.continuous_usage:
             chunk["usage"] = usage(self.request.prompt_tokens, completion_tokens)
@@ -477,13 +487,15 @@ class ResponseShape:
         return chunk
 
     def full_response(self, output_text: str, finish_reason: str, completion_tokens: int,
-                      cached_tokens: int = 0, created_cache_tokens: int = 0
-                      ) -> dict[str, Any]:
+                      cached_tokens: int = 0, created_cache_tokens: int = 0,
+                      token_ids: Sequence[int] = ()) -> dict[str, Any]:
+        ids = list(token_ids) if self.request.return_token_ids else None
         if self.request.endpoint == "completions":
+            prompt = list(self.request.prompt_ids) if self.request.return_token_ids else None
             body = self._envelope("text_completion", [
                 {"index": 0, "text": output_text, "logprobs": None,
-                 "finish_reason": finish_reason, "stop_reason": None, "token_ids": None,
-                 "prompt_logprobs": None, "prompt_token_ids": None}
+                 "finish_reason": finish_reason, "stop_reason": None, "token_ids": ids,
+                 "prompt_logprobs": None, "prompt_token_ids": prompt}
             ])
         else:
             body = self._envelope("chat.completion", [
@@ -492,7 +504,7 @@ class ResponseShape:
                              "annotations": None, "audio": None, "function_call": None,
                              "reasoning": None},
                  "logprobs": None, "finish_reason": finish_reason, "stop_reason": None,
-                 "token_ids": None}
+                 "token_ids": ids}
             ])
         body["service_tier"] = None
         body["system_fingerprint"] = SYSTEM_FINGERPRINT

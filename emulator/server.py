@@ -411,8 +411,10 @@ class Emulator:
             stream.wakeup.clear()
         seq = stream.seq
         output = text.generated_text(stream.seed, 0, seq.output_tokens)
-        body = shape.full_response(output, seq.finish_reason or "abort", seq.output_tokens,
-                                   seq.num_cached_tokens, seq.num_cache_creation_tokens)
+        body = shape.full_response(
+            output, seq.finish_reason or "abort", seq.output_tokens, seq.num_cached_tokens,
+            seq.num_cache_creation_tokens,
+            text.generated_token_ids(stream.seed, 0, seq.output_tokens))
         return _json_response(body)
 
     async def _stream(self, request: web.Request, req: GenerationRequest, shape: ResponseShape,
@@ -433,9 +435,11 @@ class Emulator:
                 # A slow reader gets the tokens it missed merged into one chunk, as vLLM does
                 # (with a stream interval, every chunk handed over since it last wrote).
                 delta = text.generated_text(stream.seed, sent, count)
+                ids = text.generated_token_ids(stream.seed, sent, count)
+                first = sent == 0
                 sent += count
                 reason = seq.finish_reason if done and seq.finish_reason != "abort" else None
-                await response.write(_sse(shape.delta_chunk(delta, reason, sent)))
+                await response.write(_sse(shape.delta_chunk(delta, reason, sent, ids, first)))
             if done:
                 break
         if req.include_usage:

@@ -37,12 +37,19 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN.findall(text)
 
 
-# Token ids, which the prefix cache hashes: a token's id is a 63-bit hash of its text (there
-# is no vocabulary to number), the chat framing tokens are named like a template's.
+# Token ids, which the prefix cache hashes. The generated words are a small vocabulary of
+# ids from 6 (0-5 are the tiny model's special tokens), so an answer's ids are valid in a
+# token-id prompt; any other token's id is a 63-bit hash of its text. The chat framing
+# tokens are named like a template's.
 BOS_ID = 1
+FIRST_WORD_ID = 6
+_WORD_IDS = {word: FIRST_WORD_ID + i for i, word in enumerate(_WORDS)}
 
 
 def token_id(token: str) -> int:
+    word = _WORD_IDS.get(token)
+    if word is not None:
+        return word
     return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=8).digest()) >> 1
 
 
@@ -78,8 +85,12 @@ def token_text(request_seed: int, index: int) -> str:
 
 
 def generated_token_id(request_seed: int, index: int) -> int:
-    """The id of output token ``index`` of a request (its text's, as a prompt would give it)."""
-    return token_id(token_text(request_seed, index))
+    """The id of output token ``index`` of a request (its word's, as a prompt would give it)."""
+    return _WORD_IDS[token_text(request_seed, index)]
+
+
+def generated_token_ids(request_seed: int, start: int, count: int) -> list[int]:
+    return [generated_token_id(request_seed, i) for i in range(start, start + count)]
 
 
 def generated_text(request_seed: int, start: int, count: int) -> str:

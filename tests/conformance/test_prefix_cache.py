@@ -244,3 +244,21 @@ def test_chat_with_a_shared_system_prompt(backend: Backend) -> None:
     # the first conversation's prompt (its blocks up to the reply).
     assert expected[1] >= 4 * BLOCK_SIZE and expected[2] >= len(sent[0]) // 32 * 32
     assert (counted.queries, counted.hits) == (sum(map(len, sent)), sum(cached))
+
+
+def test_a_next_turn_that_resends_the_answer_hits_its_decode_blocks(backend: Backend) -> None:
+    """Decode blocks are cached as they fill. 100 prompt tokens and 60 generated: the
+    first request computed 159 of them (its last sampled token never is), so 4 blocks; a
+    next turn of prompt + answer (the ids it returned, ``return_token_ids``) + 10 new hits
+    128, where the prompt alone would give 96."""
+    prompt = _ids("turns", 100)
+    r = httpx.post(backend.url + "/v1/completions", json={
+        "model": backend.model, "prompt": prompt, "max_tokens": 60, "ignore_eos": True,
+        "temperature": 0, "return_token_ids": True}, timeout=120)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    answer = choice["token_ids"]
+    assert len(answer) == 60 and choice["prompt_token_ids"] == prompt
+    with Counted(backend) as counted:
+        assert _complete(backend, prompt + answer + _ids("turns/next", 10)) == 128
+    assert (counted.queries, counted.hits) == (170, 128)

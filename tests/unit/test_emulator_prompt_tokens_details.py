@@ -96,3 +96,23 @@ def test_tokenize_answers_the_ids_as_vllm_s_endpoint() -> None:
         text.prompt_ids("hello")
     assert tokenize({"prompt": "hello", "add_special_tokens": False}, served_model="m",
                     vocab_size=2048) == text.prompt_ids("hello")[1:]
+
+
+def test_return_token_ids_gives_the_ids_an_answer_is_hashed_under() -> None:
+    """vLLM's return_token_ids: a completion's choice has the output's and the prompt's ids
+    (streamed: the prompt's with the first chunk); they are the ids the decode blocks hash,
+    inside the vocabulary, so a next turn can send them back."""
+    shape = ResponseShape.for_request(_request("completions", {
+        "prompt": [9, 8, 7], "max_tokens": 3, "return_token_ids": True}), "id")
+    ids = text.generated_token_ids(5, 0, 3)
+    assert all(6 <= i < 2048 for i in ids)
+    assert ids == [text.token_id(t) for t in text.tokenize(text.generated_text(5, 0, 3))]
+    choice = shape.full_response("x", "length", 3, token_ids=ids)["choices"][0]
+    assert (choice["token_ids"], choice["prompt_token_ids"]) == (ids, [9, 8, 7])
+    first = shape.delta_chunk("x", None, 1, ids[:1], first=True)["choices"][0]
+    later = shape.delta_chunk("y", None, 2, ids[1:2])["choices"][0]
+    assert (first["prompt_token_ids"], first["token_ids"]) == ([9, 8, 7], ids[:1])
+    assert (later["prompt_token_ids"], later["token_ids"]) == (None, ids[1:2])
+    plain = _shape("completions", details=False).full_response("x", "length", 3,
+                                                               token_ids=ids)["choices"][0]
+    assert plain["token_ids"] is None and plain["prompt_token_ids"] is None
