@@ -66,12 +66,20 @@ from typing import TYPE_CHECKING, Any
 from weighbridge.sidecar.admission import (
     AdmissionGate,
     GateLimits,
-    GateVerdict,
     ScrapedMetrics,
     derive_limits,
     vllm_priority,
 )
 from weighbridge.sidecar.catalog import ModelCatalog
+from weighbridge.sidecar.eligibility import (
+    HEADROOM_RULES,
+    OPEN_RULES,
+    BackendState,
+    Pass,
+    Standing,
+    eligible,
+    refine,
+)
 from weighbridge.sidecar.estimator import OutputEstimator
 from weighbridge.sidecar.kv import KvFootprint
 from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
@@ -522,92 +530,100 @@ class SchedulingCore:
         return None
 
     def _next_in_pool(self, pool: _Pool, now: float) -> Dispatch | None:
-        scheduler = pool.scheduler
-        members = pool.backends
-        if not scheduler.holds_requests:  # passthrough: no gate, any healthy backend
-            backend = self._router.pick(members.__contains__)
-            if backend is None:
-                self.holds[("", "no_healthy_backend")] += 1
-                return None
-            request = scheduler.next(now)
-            assert request is not None
-            return self._dispatch(pool, request, backend, now, self.share_slots(now, members))
-
-        tenant_aware = scheduler.uses_headroom
-        verdicts: dict[str, GateVerdict] = {}
-        kv_tight: set[str] = set()  # backends at their KV watermark: under-share tenants only
-        slots = 0
-        for name, gate in self.gates.items():
-            if name not in members or not self._router.is_healthy(name):
-                continue
-            verdict = gate.verdict(now)
-            limits = gate.limits
-            backlog = limits.max_backend_prefill_tokens
-            if (backlog is not None and verdict.mode != "closed" and gate.inflight > 0
-                    and self._router.prefill_tokens(name) >= backlog):
-                # Enough prompts already wait to be prefilled there.
-                verdict = GateVerdict("closed", "prefill_backlog", verdict.share_slots)
-            if tenant_aware and verdict.reason == "decode_slow":
-                # The engine decodes below the floor for everyone: more of the tenants that
-                # slowed it would slow it further, but a tenant under its share, beside
-                # others, may still start (its first token is what isolation protects; one
-                # more sequence costs the others little). Closing the gate to all turned a
-                # CPU-starved engine into seconds of queueing for the victim alone.
-                verdict = GateVerdict("headroom", "decode_slow", verdict.share_slots)
-            watermark = limits.kv_watermark
-            if tenant_aware and watermark is not None and verdict.mode != "closed":
-                footprint = self._kv[name]
-                footprint.set_block_size(limits.block_size)
-                if footprint.blocks() >= watermark:
-                    # Only tenants under their share of the watermark may add more: an
-                    # over-share tenant could make the engine preempt (sidecar.kv), an
-                    # under-share one is what the reserve is for.
-                    kv_tight.add(name)
-                    if verdict.mode == "open":
-                        verdict = GateVerdict("headroom", "kv_headroom", verdict.share_slots)
-            verdicts[name] = verdict
-            slots += verdict.share_slots
-        if not verdicts:
+        """The pool's next dispatch under the rules of sidecar.eligibility: the backends'
+        standings, then an open backend for anyone the open rules allow, then a backend in
+        headroom for anyone the headroom rules allow; else every closed gate's hold."""
+        if not pool.scheduler.holds_requests:
+            return self._passthrough(pool, now)
+        standings = self._standings(pool, now)
+        if not standings:
             self.holds[("", "no_healthy_backend")] += 1
             return None
+        slots = sum(s.verdict.share_slots for s in standings.values())
+        tenant_aware = pool.scheduler.uses_headroom
+        fair = self._globally_fair(pool, slots) if tenant_aware else None
+        dispatch = self._next_open(pool, standings, slots, fair, now)
+        if dispatch is None and tenant_aware:
+            dispatch = self._next_in_headroom(pool, standings, slots, fair, now)
+        if dispatch is None:
+            for name, standing in standings.items():
+                if standing.verdict.mode != "open":
+                    self.holds[(name, standing.verdict.reason)] += 1
+                    self.gates[name].holds[standing.verdict.reason] += 1
+        return dispatch
+
+    def _passthrough(self, pool: _Pool, now: float) -> Dispatch | None:
+        """No gate: the next request to any healthy backend."""
+        backend = self._router.pick(pool.backends.__contains__)
+        if backend is None:
+            self.holds[("", "no_healthy_backend")] += 1
+            return None
+        request = pool.scheduler.next(now)
+        assert request is not None
+        return self._dispatch(pool, request, backend, now,
+                              self.share_slots(now, pool.backends))
+
+    def _standings(self, pool: _Pool, now: float) -> dict[str, Standing]:
+        """Every healthy backend of the pool, its gate's verdict refined by the backend
+        rules."""
+        tenant_aware = pool.scheduler.uses_headroom
+        standings: dict[str, Standing] = {}
+        for name, gate in self.gates.items():
+            if name not in pool.backends or not self._router.is_healthy(name):
+                continue
+            footprint = self._kv[name]
+            footprint.set_block_size(gate.limits.block_size)
+            state = BackendState(gate, self._router.prefill_tokens(name), footprint,
+                                 tenant_aware)
+            standings[name] = refine(gate.verdict(now), name, state)
+        return standings
+
+    def _next_open(self, pool: _Pool, standings: dict[str, Standing], slots: int,
+                   fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
         # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
         # capacity for them.
-        usable = ("open",) if tenant_aware else ("open", "headroom")
+        usable = ("open",) if pool.scheduler.uses_headroom else ("open", "headroom")
         backend = self._router.pick(
-            lambda name: name in verdicts and verdicts[name].mode in usable)
-        if backend is not None:
-            eligible = self._paced(backend, scheduler)
-            fair = self._globally_fair(pool, slots) if tenant_aware else None
-            if fair is not None:
-                eligible = fair if eligible is None else _both(eligible, fair)
-            request = scheduler.next(now, eligible)
+            lambda name: name in standings and standings[name].verdict.mode in usable)
+        if backend is None:
+            return None
+        allowed = eligible(OPEN_RULES, self._pass(pool, standings[backend], slots, fair, now))
+        request = pool.scheduler.next(now, allowed)
+        if request is None:
+            self.holds[("", "prefill_budget" if fair is None else "global_share")] += 1
+            return None
+        return self._dispatch(pool, request, backend, now, slots)
+
+    def _next_in_headroom(self, pool: _Pool, standings: dict[str, Standing], slots: int,
+                          fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
+        # The global share binds in headroom too: work-conserving headroom with no light
+        # tenant around is ordinary capacity, and without the rule a replica serving a
+        # tenant over its share across replicas took it all (3 replicas, 8 slots: the
+        # tenant sending through one replica got 0.60-0.66 of the engine).
+        candidates = {name for name, s in standings.items() if s.verdict.mode == "headroom"}
+        while candidates:
+            backend = self._router.pick(lambda name: name in candidates)
+            if backend is None:
+                return None
+            candidates.discard(backend)
+            allowed = eligible(HEADROOM_RULES,
+                               self._pass(pool, standings[backend], slots, fair, now))
+            request = pool.scheduler.next(now, allowed)
             if request is not None:
                 return self._dispatch(pool, request, backend, now, slots)
-            self.holds[("", "prefill_budget" if fair is None else "global_share")] += 1
-        if tenant_aware:
-            candidates = {name for name, v in verdicts.items() if v.mode == "headroom"}
-            # The global share binds in headroom too: work-conserving headroom with no light
-            # tenant around is ordinary capacity, and without the rule a replica serving a
-            # tenant over its share across replicas took it all (3 replicas, 8 slots: the
-            # tenant sending through one replica got 0.60-0.66 of the engine).
-            fair = self._globally_fair(pool, slots) if candidates else None
-            while candidates:
-                backend = self._router.pick(lambda name: name in candidates)
-                if backend is None:
-                    break
-                candidates.discard(backend)
-                eligible = self._headroom_eligible(pool, backend, verdicts[backend], slots,
-                                                   backend in kv_tight, now)
-                if fair is not None:
-                    eligible = _both(eligible, fair)
-                request = scheduler.next(now, eligible)
-                if request is not None:
-                    return self._dispatch(pool, request, backend, now, slots)
-        for name, verdict in verdicts.items():
-            if verdict.mode != "open":
-                self.holds[(name, verdict.reason)] += 1
-                self.gates[name].holds[verdict.reason] += 1
         return None
+
+    def _pass(self, pool: _Pool, standing: Standing, slots: int,
+              fair: Callable[[str], bool] | None, now: float) -> Pass:
+        limits = self.gates[standing.backend].limits
+        # The light tenants are read (and the stale ones forgotten) only where a rule needs
+        # them.
+        wants_light = standing.kv_tight or (standing.verdict.reason == "headroom"
+                                            and not limits.headroom_always)
+        return Pass(standing, pool.scheduler, slots, self._kv[standing.backend],
+                    limits.max_prefill_tokens_inflight, self._prefilling,
+                    frozenset(self._light_tenants(pool, now)) if wants_light else frozenset(),
+                    limits.headroom_always, limits.kv_watermark or 0, fair)
 
     def _globally_fair(self, pool: _Pool, slots: int) -> Callable[[str], bool] | None:
         """With replicas sharing the backends (``set_foreign_load``): a tenant holding at
@@ -657,15 +673,6 @@ class SchedulingCore:
 
         return fair
 
-    def _paced(self, backend: str, scheduler: Scheduler) -> Callable[[str], bool] | None:
-        """Prefill pacing on ``backend``: a tenant with that many prompt tokens still in
-        prefill waits (tenant-aware policies; the FIFO baselines cannot pick around it)."""
-        cap = self.gates[backend].limits.max_prefill_tokens_inflight
-        if cap is None or not scheduler.uses_headroom:
-            return None
-        prefilling = self._prefilling
-        return lambda tenant: prefilling[tenant] < cap
-
     @staticmethod
     def _light_tenants(pool: _Pool, now: float) -> set[str]:
         """Tenants not backlogged upstream lately: the well-behaved the headroom is for."""
@@ -673,48 +680,6 @@ class SchedulingCore:
         for tenant in [t for t, at in light.items() if now - at > LIGHT_MEMORY_S]:
             del light[tenant]
         return set(light)
-
-    def _headroom_eligible(self, pool: _Pool, backend: str, verdict: GateVerdict, slots: int,
-                           kv_tight: bool, now: float) -> Callable[[str], bool]:
-        """Who may dispatch to a backend in headroom: under its weighted share of slots
-        (when the slot headroom is reached) and of the KV watermark (when that is), and
-        not held by prefill pacing."""
-        scheduler = pool.scheduler
-        slow = verdict.reason == "decode_slow"
-        slot_tight = verdict.reason == "headroom"
-        if slot_tight and not self.gates[backend].limits.headroom_always:
-            light = self._light_tenants(pool, now)
-            # Work-conserving headroom: kept for light tenants other than the asker.
-            slot_tight = bool(light)
-            reserved_for = light
-        else:
-            reserved_for = None
-        paced = self._paced(backend, scheduler)
-        footprint = self._kv[backend]
-        watermark = self.gates[backend].limits.kv_watermark or 0
-        # Above the KV watermark the reserve is for light tenants (not backlogged upstream:
-        # this request is their only one queued, or they were light lately), each up to its
-        # weighted share of the watermark. Backlogged tenants all stop at the watermark, so
-        # among them DRR's token accounting alone decides who fills the cache below it: a
-        # partition of KV blocks by weight is fair in memory, not in tokens, and skewed
-        # backlogged tenants' token shares by up to 1.23x (test_token_fairness_drr_vs_rr).
-        light = self._light_tenants(pool, now) if kv_tight else set()
-
-        def eligible(tenant: str) -> bool:
-            if slow and not (scheduler.share_fraction(tenant) < 1
-                             and scheduler.under_share(tenant, slots)):
-                return False  # a lone tenant keeps the decode floor; over-share ones wait
-            if (slot_tight and not scheduler.under_share(tenant, slots)
-                    and (reserved_for is None or reserved_for - {tenant})):
-                return False
-            if kv_tight and (
-                    (tenant not in light and scheduler.tenant_queued(tenant)[0] > 1)
-                    or footprint.tenant_blocks(tenant)
-                    >= scheduler.share_fraction(tenant) * watermark):
-                return False
-            return paced is None or paced(tenant)
-
-        return eligible
 
     def dispatch_ready(self, now: float) -> Iterator[Dispatch]:
         """Every dispatch possible now (the selector chain repeated until a gate closes or
@@ -963,8 +928,3 @@ class SchedulingCore:
             "throughput_tokens_per_s": sum(rates) if rates else None,
             "ledger": self.ledger.snapshot(),
         }
-
-
-def _both(first: Callable[[str], bool], second: Callable[[str], bool]) -> Callable[[str], bool]:
-    """A tenant eligible under both rules."""
-    return lambda tenant: first(tenant) and second(tenant)

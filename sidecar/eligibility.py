@@ -1,0 +1,205 @@
+"""The rules that decide where the next dispatch may go, and for whom: each a small pure
+class whose docstring is its reason, composed in one ordered list below.
+
+A dispatch pass (``SchedulingCore.next_dispatch``) first asks every healthy backend's gate
+for its verdict (``AdmissionGate.verdict``: open, headroom or closed, from the engine's own
+metrics), then refines it with the **backend rules** in order. A backend left *open* takes
+the next request of anyone the **open rules** allow; one in *headroom* takes the next of
+anyone the **headroom rules** allow (tenant-aware policies only; the FIFO baselines treat
+headroom as ordinary capacity, since they cannot choose a tenant). A rule reads the state it
+is handed and changes nothing, so the order of the lists is the whole composition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
+
+from weighbridge.sidecar.admission import AdmissionGate, GateVerdict
+from weighbridge.sidecar.kv import KvFootprint
+from weighbridge.sidecar.scheduler import Scheduler
+
+Eligible = Callable[[str], bool]  # tenant -> may it dispatch to this backend now
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """One backend's standing in a dispatch pass: its gate's verdict as the backend rules
+    refined it, and whether it is at its KV watermark (under-share tenants only)."""
+
+    backend: str
+    verdict: GateVerdict
+    kv_tight: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BackendState:
+    """What the backend rules read of one backend."""
+
+    gate: AdmissionGate
+    prefill_tokens: int  # prompt tokens dispatched there and not yet prefilled
+    kv: KvFootprint
+    tenant_aware: bool  # the policy can choose a tenant (headroom is meaningful)
+
+
+class BackendRule(Protocol):
+    def __call__(self, standing: Standing, state: BackendState) -> Standing: ...
+
+
+class PrefillBacklog:
+    """Enough prompts already wait to be prefilled on this backend
+    (``max_backend_prefill_tokens``): the gate closes until some of them start."""
+
+    def __call__(self, standing: Standing, state: BackendState) -> Standing:
+        backlog = state.gate.limits.max_backend_prefill_tokens
+        verdict = standing.verdict
+        if (backlog is not None and verdict.mode != "closed" and state.gate.inflight > 0
+                and state.prefill_tokens >= backlog):
+            return replace(standing, verdict=GateVerdict("closed", "prefill_backlog",
+                                                         verdict.share_slots))
+        return standing
+
+
+class DecodeFloor:
+    """The engine decodes below the floor for everyone: more of the tenants that slowed it
+    would slow it further, but a tenant under its share, beside others, may still start (its
+    first token is what isolation protects; one more sequence costs the others little).
+    Closing the gate to all turned a CPU-starved engine into seconds of queueing for the
+    victim alone."""
+
+    def __call__(self, standing: Standing, state: BackendState) -> Standing:
+        verdict = standing.verdict
+        if state.tenant_aware and verdict.reason == "decode_slow":
+            return replace(standing, verdict=GateVerdict("headroom", "decode_slow",
+                                                         verdict.share_slots))
+        return standing
+
+
+class KvWatermark:
+    """At the KV watermark only tenants under their share of it may add more: an over-share
+    tenant could make the engine preempt (sidecar.kv), an under-share one is what the
+    reserve above the watermark is for."""
+
+    def __call__(self, standing: Standing, state: BackendState) -> Standing:
+        watermark = state.gate.limits.kv_watermark
+        verdict = standing.verdict
+        if (not state.tenant_aware or watermark is None or verdict.mode == "closed"
+                or state.kv.blocks() < watermark):
+            return standing
+        if verdict.mode == "open":
+            verdict = GateVerdict("headroom", "kv_headroom", verdict.share_slots)
+        return Standing(standing.backend, verdict, kv_tight=True)
+
+
+BACKEND_RULES: tuple[BackendRule, ...] = (PrefillBacklog(), DecodeFloor(), KvWatermark())
+
+
+@dataclass(frozen=True, slots=True)
+class Pass:
+    """What the tenant rules read for one backend in one dispatch pass."""
+
+    standing: Standing
+    scheduler: Scheduler
+    slots: int  # the pool's share slots: what weighted shares are of
+    kv: KvFootprint
+    prefill_cap: int | None  # the backend's max_prefill_tokens_inflight
+    prefilling: Mapping[str, int]  # prompt tokens still in prefill, by tenant
+    light: frozenset[str]  # tenants not backlogged upstream lately
+    headroom_always: bool  # the slot headroom is kept with no light tenant around
+    kv_watermark: int
+    globally_fair: Eligible | None  # the replicas' global share (None: not binding)
+
+
+class TenantRule(Protocol):
+    def __call__(self, p: Pass) -> Eligible | None: ...
+
+
+class Pacing:
+    """A tenant with ``max_prefill_tokens_inflight`` prompt tokens still in prefill on this
+    backend waits: one tenant's long prompts must not fill the engine's prefill budget."""
+
+    def __call__(self, p: Pass) -> Eligible | None:
+        cap, prefilling = p.prefill_cap, p.prefilling
+        if cap is None or not p.scheduler.uses_headroom:
+            return None
+        return lambda tenant: prefilling.get(tenant, 0) < cap
+
+
+class GlobalShare:
+    """With replicas sharing the backends, a tenant at its weighted share of the slots
+    across every replica waits while a tenant of its tier, backlogged on another replica,
+    holds less than its own (SchedulingCore.set_foreign_load)."""
+
+    def __call__(self, p: Pass) -> Eligible | None:
+        return p.globally_fair
+
+
+class DecodeFloorShare:
+    """Below the decode floor a lone tenant keeps the engine to itself, and over-share
+    tenants wait (the headroom DecodeFloor opens is for under-share tenants beside
+    others)."""
+
+    def __call__(self, p: Pass) -> Eligible | None:
+        if p.standing.verdict.reason != "decode_slow":
+            return None
+        scheduler, slots = p.scheduler, p.slots
+        return lambda tenant: (scheduler.share_fraction(tenant) < 1
+                               and scheduler.under_share(tenant, slots))
+
+
+class SlotHeadroom:
+    """The slots above the share cap are for tenants under their weighted share; with
+    work-conserving headroom (``headroom_always`` off) they are kept only while a light
+    tenant other than the asker has been around lately."""
+
+    def __call__(self, p: Pass) -> Eligible | None:
+        if p.standing.verdict.reason != "headroom":
+            return None
+        scheduler, slots = p.scheduler, p.slots
+        if p.headroom_always:
+            return lambda tenant: scheduler.under_share(tenant, slots)
+        light = p.light
+        if not light:
+            return None
+        return lambda tenant: scheduler.under_share(tenant, slots) or not light - {tenant}
+
+
+class KvReserve:
+    """Above the KV watermark the reserve is for light tenants (not backlogged upstream:
+    this request is their only one queued, or they were light lately), each up to its
+    weighted share of the watermark. Backlogged tenants all stop at the watermark, so among
+    them DRR's token accounting alone decides who fills the cache below it: a partition of
+    KV blocks by weight is fair in memory, not in tokens, and skewed backlogged tenants'
+    token shares by up to 1.23x (test_token_fairness_drr_vs_rr)."""
+
+    def __call__(self, p: Pass) -> Eligible | None:
+        if not p.standing.kv_tight:
+            return None
+        scheduler, kv, watermark, light = p.scheduler, p.kv, p.kv_watermark, p.light
+        return lambda tenant: (
+            (tenant in light or scheduler.tenant_queued(tenant)[0] <= 1)
+            and kv.tenant_blocks(tenant) < scheduler.share_fraction(tenant) * watermark)
+
+
+OPEN_RULES: tuple[TenantRule, ...] = (Pacing(), GlobalShare())
+HEADROOM_RULES: tuple[TenantRule, ...] = (DecodeFloorShare(), SlotHeadroom(), KvReserve(),
+                                          Pacing(), GlobalShare())
+
+
+def eligible(rules: tuple[TenantRule, ...], p: Pass) -> Eligible | None:
+    """Every rule's predicate at once; None when no rule restricts anyone."""
+    predicates = [e for rule in rules if (e := rule(p)) is not None]
+    if not predicates:
+        return None
+    if len(predicates) == 1:
+        return predicates[0]
+    return lambda tenant: all(e(tenant) for e in predicates)
+
+
+def refine(gate_verdict: GateVerdict, backend: str, state: BackendState) -> Standing:
+    """The gate's verdict through every backend rule, in order."""
+    standing = Standing(backend, gate_verdict)
+    for rule in BACKEND_RULES:
+        standing = rule(standing, state)
+    return standing
