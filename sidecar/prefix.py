@@ -1,0 +1,149 @@
+"""Which prompt prefixes each backend's prefix cache holds, as far as the sidecar can tell.
+
+vLLM caches a prompt's KV in full blocks of ``block_size`` tokens, each named by a hash
+chained over every token before it, and a new request reuses its longest run of cached
+blocks from the start, but never its last token (vLLM always computes at least one). The
+sidecar sees the prompts it sends, so it keeps, per backend, the chained hashes of the
+blocks it sent there and predicts what a new prompt would find cached:
+
+- a token-id prompt is cut exactly as the engine cuts it, at the engine's block size;
+- a text prompt (the sidecar has no tokenizer) is cut into blocks of
+  ``TEXT_BLOCK_BYTES`` bytes of its UTF-8, and a cached block is worth
+  ``TEXT_BLOCK_BYTES / BYTES_PER_TOKEN`` tokens, the same estimate ``sidecar.prompt``
+  prices text with.
+
+Each backend's index is bounded by the engine's KV cache in blocks (``vllm:cache_config_info``)
+and forgets the least recently used block first, a prompt's last block before its first (as
+vLLM frees a request's blocks tail first into its free-block queue); what the engine reports (a request's ``usage.prompt_tokens_details.cached_tokens``) corrects it. The
+index is a pure, clock-free core: the caller says when a block was used by the order of its
+calls.
+
+Invariants (``tests/unit/sidecar/test_prefix.py``): an index never holds more than its
+capacity; a prediction never exceeds the prompt less one token and counts leading blocks
+only (a hit is a prefix); a prompt just sent is predicted whole, but for its last token;
+after ``correct`` with what the engine reported, the prediction for the same prompt is what
+was reported, within one block.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from weighbridge.sidecar.prompt import BYTES_PER_TOKEN
+
+TEXT_BLOCK_BYTES = 64  # 16 estimated tokens: vLLM's default block size
+_ROOT = 0x5EED  # the chain's start, so an empty prefix hashes to no block's value
+
+
+@dataclass(slots=True, eq=False)
+class PromptPrefix:
+    """A request's prompt as the prefix index reads it: its token ids (exact) or its text
+    (estimated), with the chained block hashes computed once per block size."""
+
+    token_ids: Sequence[int] | None = None
+    text: bytes | None = None
+    _blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @property
+    def exact(self) -> bool:
+        return self.token_ids is not None
+
+    def tokens_per_block(self, block_size: int) -> int:
+        """Prompt tokens one cached block is worth."""
+        return block_size if self.exact else TEXT_BLOCK_BYTES // BYTES_PER_TOKEN
+
+    def blocks(self, block_size: int) -> tuple[int, ...]:
+        """The chained hashes of the prompt's full blocks."""
+        found = self._blocks.get(block_size)
+        if found is None:
+            found = self._blocks[block_size] = self._hash(block_size)
+        return found
+
+    def _hash(self, block_size: int) -> tuple[int, ...]:
+        hashes: list[int] = []
+        parent = _ROOT
+        if self.token_ids is not None:
+            ids = self.token_ids
+            for start in range(0, len(ids) - block_size + 1, block_size):
+                parent = hash((parent, *ids[start:start + block_size]))
+                hashes.append(parent)
+        elif self.text is not None:
+            text = self.text
+            for start in range(0, len(text) - TEXT_BLOCK_BYTES + 1, TEXT_BLOCK_BYTES):
+                parent = hash((parent, text[start:start + TEXT_BLOCK_BYTES]))
+                hashes.append(parent)
+        return tuple(hashes)
+
+
+class PrefixIndex:
+    """One backend's cached blocks as the sidecar predicts them: an LRU set of chained
+    block hashes, at most ``capacity_blocks`` of them."""
+
+    def __init__(self, capacity_blocks: int, block_size: int = 16) -> None:
+        if capacity_blocks < 1 or block_size < 1:
+            raise ValueError("capacity_blocks and block_size must be at least 1")
+        self.capacity_blocks = capacity_blocks
+        self.block_size = block_size
+        self._blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def resize(self, capacity_blocks: int, block_size: int) -> None:
+        """The engine's cache shape became known (or changed): a new block size names other
+        blocks, so the index starts over; a smaller capacity forgets the oldest."""
+        if block_size != self.block_size:
+            self._blocks.clear()
+            self.block_size = block_size
+        self.capacity_blocks = max(1, capacity_blocks)
+        self._evict()
+
+    def matched_blocks(self, prefix: PromptPrefix) -> int:
+        """How many of the prompt's leading blocks the index holds."""
+        held = self._blocks
+        matched = 0
+        for block in prefix.blocks(self.block_size):
+            if block not in held:
+                break
+            matched += 1
+        return matched
+
+    def predict(self, prefix: PromptPrefix, prompt_tokens: int) -> int:
+        """The prompt tokens the engine would find cached: the matched blocks' tokens, never
+        the prompt's last token."""
+        cached = self.matched_blocks(prefix) * prefix.tokens_per_block(self.block_size)
+        return max(0, min(cached, prompt_tokens - 1))
+
+    def sent(self, prefix: PromptPrefix) -> None:
+        """The prompt was sent here: every full block of it is now (most recently) cached,
+        its first the most recent, so its tail goes first."""
+        held = self._blocks
+        for block in reversed(prefix.blocks(self.block_size)):
+            if block in held:
+                held.move_to_end(block)
+            else:
+                held[block] = None
+        self._evict()
+
+    def correct(self, prefix: PromptPrefix, reported_cached_tokens: int) -> None:
+        """What the engine said it found cached for this prompt: blocks past that point
+        are not (or no longer) cached there, and blocks up to it are."""
+        per_block = prefix.tokens_per_block(self.block_size)
+        blocks = prefix.blocks(self.block_size)
+        # The engine counts whole blocks; a text prompt's blocks are estimates of them.
+        found = min(len(blocks), -(-max(0, reported_cached_tokens) // per_block))
+        held = self._blocks
+        for block in reversed(blocks[:found]):
+            held[block] = None
+            held.move_to_end(block)
+        # A missing block takes its whole chain after it with it (only prefixes hit).
+        for block in blocks[found:found + 1]:
+            held.pop(block, None)
+        self._evict()
+
+    def _evict(self) -> None:
+        held = self._blocks
+        while len(held) > self.capacity_blocks:
+            held.popitem(last=False)
