@@ -12,11 +12,12 @@ blocks it sent there and predicts what a new prompt would find cached:
   ``TEXT_BLOCK_BYTES / BYTES_PER_TOKEN`` tokens, the same estimate ``sidecar.prompt``
   prices text with.
 
-Each backend's index is bounded by the engine's KV cache in blocks (``vllm:cache_config_info``)
-and forgets the least recently used block first, a prompt's last block before its first (as
-vLLM frees a request's blocks tail first into its free-block queue); what the engine reports (a request's ``usage.prompt_tokens_details.cached_tokens``) corrects it. The
-index is a pure, clock-free core: the caller says when a block was used by the order of its
-calls.
+Each backend's index is bounded by the engine's KV cache in blocks
+(``vllm:cache_config_info``) and forgets the least recently used block first, a prompt's
+last block before its first (as vLLM frees a request's blocks tail first into its free-block
+queue); what the engine reports (a request's ``usage.prompt_tokens_details.cached_tokens``)
+corrects it. The index is a pure, clock-free core: the caller says when a block was used by
+the order of its calls.
 
 Invariants (``tests/unit/sidecar/test_prefix.py``): an index never holds more than its
 capacity; a prediction never exceeds the prompt less one token and counts leading blocks
