@@ -31,6 +31,7 @@ from weighbridge.sidecar.eligibility import (
 from weighbridge.sidecar.kv import KvFootprint
 
 OPEN = GateVerdict("open", "", 8)
+OPEN_STANDING = Standing("b", OPEN)
 
 
 @dataclass
@@ -65,7 +66,7 @@ def state(g: AdmissionGate, prefill_tokens: int = 0, kv: KvFootprint | None = No
     return BackendState(g, prefill_tokens, kv or KvFootprint(), tenant_aware)
 
 
-def a_pass(standing: Standing = Standing("b", OPEN), shares: Shares | None = None,
+def a_pass(standing: Standing = OPEN_STANDING, shares: Shares | None = None,
            **fields: Any) -> Pass:
     p = Pass(standing, shares or Shares(), 8, KvFootprint(), None, {}, frozenset(), True, 0,
              None)
