@@ -99,7 +99,8 @@ class Headline:
         quiet, flood = self.victim_quiet_ttft_p99_s, self.victim_flood_ttft_p99_s
         if quiet is None or flood is None or quiet <= 0:
             return None
-        return flood / quiet
+        ratio = flood / quiet
+        return ratio if math.isfinite(ratio) else None  # a quiet p99 near 0 overflows
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "victim_ttft_ratio": self.victim_ratio}
