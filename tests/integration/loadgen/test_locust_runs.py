@@ -1,5 +1,6 @@
 """Acceptance 3 and 4: ``locust -f scenarios/`` runs the steady scenario against the
-emulator, alone and with ``--processes 2``, and leaves a complete run directory."""
+emulator, alone and with ``--processes 2``, and leaves a complete run directory. The single
+process run is scraped mid-run by its exporter too: one run for both checks."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import collections
 import contextlib
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
+import pytest
 
 from tests.support import locust
 from weighbridge.launch import ServerProcess, free_port
@@ -67,10 +70,39 @@ def _check_run_dir(run_dir: Path, result: subprocess.CompletedProcess[str]) -> l
     return records
 
 
-def test_steady_scenario_leaves_parquet_and_run_json(emulator: ServerProcess,
-                                                     tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
-    result = _run_locust(emulator.url, run_dir)
+@dataclass(frozen=True)
+class SteadyRun:
+    run_dir: Path
+    result: subprocess.CompletedProcess[str]
+    mid_run_metrics: str  # the exporter's exposition while the run went on
+
+
+@pytest.fixture(scope="module")
+def steady_run(emulator: ServerProcess, tmp_path_factory: pytest.TempPathFactory) -> SteadyRun:
+    """One 20 s run in one process, its exporter (``--exporter-port``) scraped while it runs:
+    the first scrape that shows every tenant."""
+    run_dir = tmp_path_factory.mktemp("steady") / "run"
+    port = free_port()
+    argv = locust.argv(emulator.url, run_dir, "20s", exporter_port=port)
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        text = ""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and 'tenant="gamma"' not in text:
+            time.sleep(0.5)
+            with contextlib.suppress(httpx.HTTPError):
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return SteadyRun(run_dir, subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr),
+                     text)
+
+
+def test_steady_scenario_leaves_parquet_and_run_json(steady_run: SteadyRun) -> None:
+    run_dir, result = steady_run.run_dir, steady_run.result
     records = _check_run_dir(run_dir, result)
     assert sorted(p.name for p in run_dir.glob("records-*.jsonl")) == ["records-local.jsonl"]
     # Per-tenant rows in Locust's own statistics.
@@ -100,25 +132,10 @@ def test_distributed_run_merges_workers_with_unique_ids(emulator: ServerProcess,
     assert set(info.generator["processes"]) == {"worker-0", "worker-1"}
 
 
-def test_exporter_serves_per_tenant_metrics_during_a_run(emulator: ServerProcess,
-                                                         tmp_path: Path) -> None:
+def test_exporter_serves_per_tenant_metrics_during_a_run(steady_run: SteadyRun) -> None:
     """--exporter-port wires exporters/loadgen.py: the tenants' series are live mid-run."""
-    port = free_port()
-    argv = locust.argv(emulator.url, tmp_path / "run", "8s", exporter_port=port)
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        text = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and 'tenant="gamma"' not in text:
-            time.sleep(0.5)
-            with contextlib.suppress(httpx.HTTPError):
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-3000:]
+    assert steady_run.result.returncode == 0, steady_run.result.stderr[-3000:]
+    text = steady_run.mid_run_metrics
     for tenant in ("alpha", "beta", "gamma"):
         assert f'weighbridge_client_requests_scheduled_total{{tenant="{tenant}"' in text, text
     assert "weighbridge_client_ttft_seconds_bucket" in text
