@@ -1,4 +1,4 @@
-"""schemathesis hooks for tests/integration/sidecar/test_openapi_fuzz.py (loaded by the `st`
+"""schemathesis hooks for tests/acceptance/sidecar/test_openapi_fuzz.py (loaded by the `st`
 command through ``SCHEMATHESIS_HOOKS``).
 
 schemathesis's own ``positive_data_acceptance`` check wants every schema-valid request
