@@ -109,7 +109,7 @@ class _Options:
     test_drop_every: int
     run_time_s: float | None
     trace: Path | None = None  # replay this trace with the scenario's tenants
-    trace_tenants: TenantRule = field(default_factory=lambda: TenantRule("hash"))
+    trace_tenants: TenantRule = field(default_factory=lambda: TenantRule("auto"))
     trace_speed: float = 1.0
     _rows: TraceRows | None = None
 
@@ -198,8 +198,9 @@ def _add_arguments(parser: Any) -> None:
     group.add_argument("--trace", default="",
                        help="Replay a trace (Mooncake JSONL, a run's records, CSV/Parquet) "
                             "at its times, sent by the scenario's tenants")
-    group.add_argument("--trace-tenants", default="hash",
-                       help="Which tenant sends each trace row: hash (of the first block), "
+    group.add_argument("--trace-tenants", default="auto",
+                       help="Which tenant sends each trace row: auto (column:tenant when "
+                            "every row names one, else hash), hash (of the first block), "
                             "round_robin, or column:NAME")
     group.add_argument("--trace-speed", type=float, default=1.0,
                        help="Replay the trace this many times as fast")
@@ -233,7 +234,7 @@ def _resolve(parsed: Any) -> _Options:
         raise ScenarioError(f"--trace-speed must be > 0, got {trace_speed}")
     trace = getattr(parsed, "trace", "") or ""
     try:
-        rule = TenantRule.parse(getattr(parsed, "trace_tenants", "") or "hash")
+        rule = TenantRule.parse(getattr(parsed, "trace_tenants", "") or "auto")
     except TraceError as exc:
         raise ScenarioError(f"--trace-tenants: {exc}") from None
     options = _Options(

@@ -19,7 +19,9 @@ Formats, told apart by their content:
 Traces carry no tenant of the tenants file, so a rule assigns one (:class:`TenantRule`):
 ``hash`` (a hash of the first block's id, so requests that share a first block share a
 tenant; a row without blocks by its request id), ``round_robin`` (row ``i`` to tenant
-``i mod n``), or ``column:NAME`` (the row's ``NAME`` value, which must name a tenant).
+``i mod n``), ``column:NAME`` (the row's ``NAME`` value, which must name a tenant), or
+``auto`` (the default: ``column:tenant`` when every row names a tenant, as our records do,
+else ``hash``).
 A speed factor divides the trace's times (2: twice as fast).
 
 Everything but reading the file is a pure function of the rows, the tenants and the seed:
@@ -203,16 +205,16 @@ def read_trace_rows(path: Path) -> TraceRows:
 class TenantRule:
     """Which tenant of the tenants file sends each row (see the module doc)."""
 
-    kind: str  # "hash" | "round_robin" | "column"
+    kind: str  # "auto" | "hash" | "round_robin" | "column"
     column: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> TenantRule:
-        if text in ("hash", "round_robin"):
+        if text in ("auto", "hash", "round_robin"):
             return cls(text)
         if text.startswith("column:") and len(text) > len("column:"):
             return cls("column", text.removeprefix("column:"))
-        raise TraceError(f"tenant rule {text!r}: one of hash, round_robin, column:NAME")
+        raise TraceError(f"tenant rule {text!r}: one of auto, hash, round_robin, column:NAME")
 
     def __str__(self) -> str:
         return f"column:{self.column}" if self.kind == "column" else self.kind
@@ -220,6 +222,10 @@ class TenantRule:
     def assign(self, rows: Sequence[TraceRow], names: Sequence[str]) -> list[str]:
         if not names:
             raise TraceError("no tenants to assign the trace's requests to")
+        if self.kind == "auto":
+            named = bool(rows) and all(row.tenant is not None for row in rows)
+            rule = TenantRule("column", "tenant") if named else TenantRule("hash")
+            return rule.assign(rows, names)
         if self.kind == "round_robin":
             return [names[i % len(names)] for i in range(len(rows))]
         if self.kind == "hash":

@@ -55,7 +55,7 @@ class Inputs:
     scenario: str | None = None  # a name in scenarios/ or a file; None: the stack's
     tenants_file: Path | None = None  # None: the stack's, else the scenario's own
     trace: Path | None = None  # replaces the scenario's clients
-    trace_tenants: str = "hash"  # a Mooncake trace's tenant rule (weighbridge.loadgen.trace)
+    trace_tenants: str = "auto"  # a Mooncake trace's tenant rule (weighbridge.loadgen.trace)
     trace_speed: float = 1.0  # divides the trace's times
     duration_s: float | None = None  # None: the scenario's (or the trace's) end
     stretch: float = 1.0

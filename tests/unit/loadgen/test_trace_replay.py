@@ -126,8 +126,17 @@ def test_round_robin_and_column_rules() -> None:
     assert TenantRule.parse("column:app").assign(rows, ["a", "b"]) == ["a", "b", "a", "b", "a"]
     with pytest.raises(TraceError, match="is not a tenant"):
         TenantRule.parse("column:app").assign(rows, ["a"])
-    with pytest.raises(TraceError, match="one of hash, round_robin, column:NAME"):
+    with pytest.raises(TraceError, match="one of auto, hash, round_robin, column:NAME"):
         TenantRule.parse("random")
+
+
+def test_the_auto_rule_keeps_the_tenants_a_trace_names_else_hashes() -> None:
+    named = [TraceRow(float(i), 10, 1, tenant="b" if i % 2 else "a") for i in range(4)]
+    auto = TenantRule.parse("auto")
+    assert auto.assign(named, ["a", "b"]) == ["a", "b", "a", "b"]
+    blocks = [TraceRow(float(i), 600, 1, (i % 2, 9)) for i in range(6)]
+    assert auto.assign(blocks, ["a", "b", "c"]) == TenantRule("hash").assign(blocks,
+                                                                             ["a", "b", "c"])
 
 
 def test_our_records_replay_by_their_tenant_column(tmp_path: Path) -> None:
