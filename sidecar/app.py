@@ -34,6 +34,7 @@ from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_over_capacity
 from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
 from weighbridge.sidecar.openapi import DEADLINE_MS, description_json
+from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.prompt import PromptError, json_integer, prompt_tokens
 from weighbridge.sidecar.proxy import (
     BACKEND_FAILED,
@@ -498,6 +499,7 @@ class Sidecar:
                            " ms to arrive", "invalid_request_error", close=True) from None
         body, tier, deadline_ms, prompt, max_tokens = self._parse(endpoint, tenant, raw, request)
         sequences = output_budget.sequences(body)
+        prefix = PromptPrefix.of(endpoint, body)
         now = self.clock()
         request_id = f"{self._id_prefix}{next(self._ids):x}"  # unique, without a uuid4 each
         # Offered load counts every request that reaches the checks, admitted or not: an
@@ -525,6 +527,7 @@ class Sidecar:
             deadline_s=self.core.deadline_for(tier, now, deadline_ms),
             model=body.get("model"),
             admitted=admitted,
+            prefix=prefix,
         )
         trace.admission(checks_ns, time.time_ns(),
                         result.reason if isinstance(result, Reject) else "queued", offered)
@@ -690,7 +693,8 @@ class Sidecar:
             output = usage.completion_tokens if usage else req.streamed_output_tokens
             if not stream and usage is not None:
                 self.core.on_tokens_streamed(req, output, now)
-            self.core.on_completed(req, prompt, output, now)
+            self.core.on_completed(req, prompt, output, now,
+                                   usage.cached_tokens if usage else None)
             self._count_tokens(req, prompt, output)
             streamed.settle(prompt, output)
             trace.usage(prompt, output)

@@ -84,6 +84,7 @@ from weighbridge.sidecar.estimator import OutputEstimator
 from weighbridge.sidecar.kv import KvFootprint
 from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
 from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
+from weighbridge.sidecar.prefix import PrefixIndex, PromptPrefix
 from weighbridge.sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter
 from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, MODEL_NOT_FOUND, Reject
 from weighbridge.sidecar.request import QueuedRequest, RequestState
@@ -235,6 +236,16 @@ class SchedulingCore:
         self._prefilling: Counter[str] = Counter()
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
         self.holds: Counter[tuple[str, str]] = Counter()
+        # Each backend's prefix cache as the sidecar predicts it (sidecar.prefix): empty
+        # until the engine's cache shape is known from its /metrics.
+        self._prefix = {name: PrefixIndex(0, gate.limits.block_size)
+                        for name, gate in self.gates.items()}
+        # Prompt tokens cached, by (tenant, backend): predicted at dispatch, and reported
+        # by the engine at the end, of the requests that have both.
+        self.cached_predicted: Counter[tuple[str, str]] = Counter()
+        self.cached_reported: Counter[tuple[str, str]] = Counter()
+        # prefix_aware's choices, by (backend, reason): affinity, load, bounded.
+        self.routing_decisions: Counter[tuple[str, str]] = Counter()
 
     # ------------------------------------------------------------------ pools
 
@@ -401,6 +412,7 @@ class SchedulingCore:
         deadline_s: float | None = None,
         model: str | None = None,
         admitted: Admit | Reject | None = None,
+        prefix: PromptPrefix | None = None,
     ) -> QueuedRequest | Reject:
         """Rate limit, early rejection, bounded queue, in that order; a request that passes
         all three is queued and returned. ``admitted``: the verdict of the limits several
@@ -438,6 +450,7 @@ class SchedulingCore:
             model=self.request_model(model),
             priority=priority,
             deadline_s=deadline_s,
+            prefix=prefix,
         )
         if admitted is None:
             admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now,
@@ -592,7 +605,27 @@ class SchedulingCore:
         if request is None:
             self.holds[("", "prefill_budget" if fair is None else "global_share")] += 1
             return None
+        if self._router.policy == "prefix_aware" and request.prefix is not None:
+            backend = self._affine(pool, request, backend, standings, usable, slots, fair, now)
         return self._dispatch(pool, request, backend, now, slots)
+
+    def _affine(self, pool: _Pool, request: QueuedRequest, chosen: str,
+                standings: dict[str, Standing], usable: tuple[str, ...], slots: int,
+                fair: Callable[[str], bool] | None, now: float) -> str:
+        """prefix_aware: the open backend the request's prefix is cached on, within the
+        router's bounded load, among those whose open rules let its tenant in."""
+        assert request.prefix is not None
+        cached: dict[str, int] = {}
+        for name, standing in standings.items():
+            if standing.verdict.mode not in usable:
+                continue
+            allowed = eligible(OPEN_RULES, self._pass(pool, standing, slots, fair, now))
+            if name == chosen or allowed is None or allowed(request.tenant):
+                cached[name] = self._prefix[name].predict(request.prefix,
+                                                          request.prompt_tokens)
+        backend, reason = self._router.prefer(cached, chosen, request.prompt_tokens)
+        self.routing_decisions[(backend, reason)] += 1
+        return backend
 
     def _next_in_headroom(self, pool: _Pool, standings: dict[str, Standing], slots: int,
                           fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
@@ -692,8 +725,15 @@ class SchedulingCore:
     ) -> Dispatch:
         request.backend = backend
         self.gates[backend].on_dispatched(now)
+        if request.prefix is not None:
+            index = self._prefix[backend]
+            request.predicted_cached_tokens = index.predict(request.prefix,
+                                                            request.prompt_tokens)
+            index.sent(request.prefix)
+        # The router's load counts what the engine computes: the cached prompt is free.
         self._router.on_dispatched(
-            request.id, backend, request.prompt_tokens, request.estimated_output_tokens
+            request.id, backend, request.prompt_tokens - request.predicted_cached_tokens,
+            request.estimated_output_tokens
         )
         self.ledger.dispatch(request.id)
         self._kv[backend].add(request.id, request.tenant, request.prompt_tokens,
@@ -780,8 +820,18 @@ class SchedulingCore:
         self._observe_served(pool, tokens, request.unfolded_s)
 
     def on_completed(
-        self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
+        self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float,
+        cached_tokens: int | None = None,
     ) -> None:
+        """``cached_tokens``: what the engine reported it found in its prefix cache
+        (``usage.prompt_tokens_details.cached_tokens``); None: not reported."""
+        if cached_tokens is not None and request.prefix is not None \
+                and request.backend is not None:
+            key = (request.tenant, request.backend)
+            self.cached_predicted[key] += request.predicted_cached_tokens
+            self.cached_reported[key] += cached_tokens
+            self._prefix[request.backend].settle(request.prefix,
+                                                 request.predicted_cached_tokens, cached_tokens)
         self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now)
         # The estimate is per sequence: a request of n answers reports all n's tokens.
         self.estimator.observe(request.tenant, request.endpoint,
@@ -855,6 +905,11 @@ class SchedulingCore:
         self._fold_streamed()
         self.gates[backend].observe(sample)
         self._router.observe_kv(backend, sample.kv_cache_usage)
+        # vllm:cache_config_info's cache shape bounds what the prefix index may hold.
+        kv_blocks = getattr(sample, "kv_blocks", None)
+        block_size = getattr(sample, "block_size", None)
+        if kv_blocks and block_size:
+            self._prefix[backend].resize(int(kv_blocks), int(block_size))
 
     def poll_period_s(self, backend: str | None = None) -> float:
         """How often to scrape ``backend`` (derived from its step time unless configured);
@@ -870,6 +925,10 @@ class SchedulingCore:
         self._router.mark_healthy(backend)
 
     # ------------------------------------------------------------------ admin
+
+    def prefix_index_blocks(self) -> dict[str, int]:
+        """Blocks each backend's prefix index holds (sidecar.prefix)."""
+        return {name: len(index) for name, index in self._prefix.items()}
 
     def offered_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
                        max_tokens: int | None, sequences: int = 1) -> int:

@@ -126,6 +126,48 @@ class CoreCollector(Collector):
         yield from self._stability(now, stats)
 
         yield from self._backends(now, stats)
+        yield from self._prefix_cache()
+
+    def _prefix_cache(self) -> Iterator[Metric]:
+        """The prefix index's predictions against what the engines reported, its size, and
+        prefix_aware's routing choices; every tenant and backend of the config from 0."""
+        core = self.core
+        tenants, backends = list(core.config.tenants), list(core.gates)
+        sources = (("predicted", core.cached_predicted), ("reported", core.cached_reported))
+        by_tenant = CounterMetricFamily(
+            "weighbridge_prefix_cached_tokens",
+            "Prompt tokens found in a prefix cache, as the sidecar predicted at dispatch and as "
+            "the engine reported (requests with both).", labels=["tenant", "source"])
+        by_backend = CounterMetricFamily(
+            "weighbridge_backend_prefix_cached_tokens",
+            "Prompt tokens found in the backend's prefix cache: predicted and reported.",
+            labels=["backend", "source"])
+        for source, counts in sources:
+            tenant_sum = dict.fromkeys(tenants, 0)
+            backend_sum = dict.fromkeys(backends, 0)
+            for (tenant, backend), n in counts.items():
+                tenant_sum[tenant] = tenant_sum.get(tenant, 0) + n
+                backend_sum[backend] = backend_sum.get(backend, 0) + n
+            for tenant, n in tenant_sum.items():
+                by_tenant.add_metric([tenant, source], n)
+            for backend, n in backend_sum.items():
+                by_backend.add_metric([backend, source], n)
+        yield from (by_tenant, by_backend)
+        blocks = GaugeMetricFamily("weighbridge_backend_prefix_index_blocks",
+                                   "Blocks the sidecar's prefix index holds for the backend.",
+                                   labels=["backend"])
+        for backend, n in core.prefix_index_blocks().items():
+            blocks.add_metric([backend], n)
+        yield blocks
+        decisions = CounterMetricFamily(
+            "weighbridge_routing_decisions",
+            "prefix_aware's choices of backend, by reason (affinity, load, bounded).",
+            labels=["backend", "reason"])
+        counts = core.routing_decisions
+        for backend in backends:
+            for reason in ("affinity", "load", "bounded"):
+                decisions.add_metric([backend, reason], counts.get((backend, reason), 0))
+        yield decisions
 
     @staticmethod
     def _models(stats: CoreStats) -> Iterator[Metric]:

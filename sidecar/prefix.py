@@ -15,15 +15,16 @@ blocks it sent there and predicts what a new prompt would find cached:
 Each backend's index is bounded by the engine's KV cache in blocks
 (``vllm:cache_config_info``) and forgets the least recently used block first, a prompt's
 last block before its first (as vLLM frees a request's blocks tail first into its free-block
-queue); what the engine reports (a request's ``usage.prompt_tokens_details.cached_tokens``)
-corrects it. The index is a pure, clock-free core: the caller says when a block was used by
-the order of its calls.
+queue). What the engine reports (a request's ``usage.prompt_tokens_details.cached_tokens``)
+corrects the bound: the engine keeps fewer blocks than its whole cache while requests run,
+so a prediction the engine did not meet shrinks the index to what it retains. The index is
+a pure, clock-free core: the caller says when a block was used by the order of its calls.
 
 Invariants (``tests/unit/sidecar/test_prefix.py``): an index never holds more than its
 capacity; a prediction never exceeds the prompt less one token and counts leading blocks
-only (a hit is a prefix); a prompt just sent is predicted whole, but for its last token;
-after ``correct`` with what the engine reported, the prediction for the same prompt is what
-was reported, within one block.
+only (a hit is a prefix); a prompt just sent or settled is predicted whole, but for its last
+token; a prediction the engine missed shrinks the index, one it met grows it back, never
+past the engine's cache.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from weighbridge.sidecar.prompt import BYTES_PER_TOKEN
+from weighbridge.sidecar.prompt import BYTES_PER_TOKEN, content_text
 
 TEXT_BLOCK_BYTES = 64  # 16 estimated tokens: vLLM's default block size
 _ROOT = 0x5EED  # the chain's start, so an empty prefix hashes to no block's value
@@ -46,6 +48,24 @@ class PromptPrefix:
     token_ids: Sequence[int] | None = None
     text: bytes | None = None
     _blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, endpoint: str, body: dict[str, Any]) -> PromptPrefix | None:
+        """The prompt of a body ``sidecar.prompt`` has validated: a completion's token ids
+        or text, a chat's messages as role and text in order; None for a batch of prompts
+        and for embeddings (one engine request per input, or no generation)."""
+        if endpoint.endswith("/chat/completions"):
+            parts = [f"{m.get('role')}\x00{content_text(m.get('content'), '')}\x00"
+                     for m in body["messages"]]
+            return cls(text="".join(parts).encode())
+        if endpoint.endswith("/embeddings"):
+            return None
+        prompt = body["prompt"]
+        if isinstance(prompt, str):
+            return cls(text=prompt.encode())
+        if prompt and all(type(p) is int for p in prompt):
+            return cls(token_ids=prompt)
+        return None
 
     @property
     def exact(self) -> bool:
@@ -80,12 +100,15 @@ class PromptPrefix:
 
 class PrefixIndex:
     """One backend's cached blocks as the sidecar predicts them: an LRU set of chained
-    block hashes, at most ``capacity_blocks`` of them."""
+    block hashes, at most ``capacity_blocks`` of them (0: the engine's cache is not known
+    yet, and nothing is predicted cached)."""
 
     def __init__(self, capacity_blocks: int, block_size: int = 16) -> None:
-        if capacity_blocks < 1 or block_size < 1:
-            raise ValueError("capacity_blocks and block_size must be at least 1")
+        if capacity_blocks < 0 or block_size < 1:
+            raise ValueError("capacity_blocks must be at least 0 and block_size at least 1")
         self.capacity_blocks = capacity_blocks
+        # What the engine is learned to keep (``settle``): at most its whole cache.
+        self.retained_blocks = capacity_blocks
         self.block_size = block_size
         self._blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
 
@@ -98,7 +121,9 @@ class PrefixIndex:
         if block_size != self.block_size:
             self._blocks.clear()
             self.block_size = block_size
-        self.capacity_blocks = max(1, capacity_blocks)
+        if capacity_blocks != self.capacity_blocks:
+            self.capacity_blocks = max(0, capacity_blocks)
+            self.retained_blocks = self.capacity_blocks
         self._evict()
 
     def matched_blocks(self, prefix: PromptPrefix) -> int:
@@ -128,23 +153,27 @@ class PrefixIndex:
                 held[block] = None
         self._evict()
 
-    def correct(self, prefix: PromptPrefix, reported_cached_tokens: int) -> None:
-        """What the engine said it found cached for this prompt: blocks past that point
-        are not (or no longer) cached there, and blocks up to it are."""
+    def settle(self, prefix: PromptPrefix, predicted_tokens: int,
+               reported_tokens: int) -> None:
+        """A request sent here ended, and the engine said it had found
+        ``reported_tokens`` of its prompt cached where the index predicted
+        ``predicted_tokens``. Blocks the index counted that the engine no longer held mean
+        the engine keeps fewer blocks than the index does (its running requests hold the
+        rest of its cache): the index shrinks by that many, least recently used first; a
+        prediction met grows it back by a block, or by what the engine held beyond it. The
+        prompt itself is cached now either way (the request computed what was missing)."""
         per_block = prefix.tokens_per_block(self.block_size)
-        blocks = prefix.blocks(self.block_size)
-        # The engine counts whole blocks; a text prompt's blocks are estimates of them.
-        found = min(len(blocks), -(-max(0, reported_cached_tokens) // per_block))
-        held = self._blocks
-        for block in reversed(blocks[:found]):
-            held[block] = None
-            held.move_to_end(block)
-        # A missing block takes its whole chain after it with it (only prefixes hit).
-        for block in blocks[found:found + 1]:
-            held.pop(block, None)
-        self._evict()
+        missed = (predicted_tokens - reported_tokens) // per_block
+        if missed > 0:
+            self.retained_blocks = max(0, min(len(self._blocks), self.retained_blocks)
+                                       - missed)
+        else:
+            # Met: one block more, or as many as the engine held beyond the prediction.
+            grown = max(1, (reported_tokens - predicted_tokens) // per_block)
+            self.retained_blocks = min(self.capacity_blocks, self.retained_blocks + grown)
+        self.sent(prefix)
 
     def _evict(self) -> None:
         held = self._blocks
-        while len(held) > self.capacity_blocks:
+        while len(held) > self.retained_blocks:
             held.popitem(last=False)

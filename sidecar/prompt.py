@@ -24,7 +24,7 @@ def _text_tokens(text: str) -> int:
     return max(1, -(-len(text.encode()) // BYTES_PER_TOKEN))
 
 
-def _content_text(content: Any, where: str) -> str:
+def content_text(content: Any, where: str) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
@@ -52,7 +52,7 @@ def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
         for i, message in enumerate(messages):
             if not isinstance(message, dict):
                 raise PromptError(f"messages[{i}] must be an object")
-            text = _content_text(message.get("content"), f"messages[{i}]")
+            text = content_text(message.get("content"), f"messages[{i}]")
             total += CHAT_TOKENS_PER_MESSAGE + (_text_tokens(text) if text else 0)
         return total
     # /v1/embeddings takes its text or token ids in `input`, in the forms of `prompt`.

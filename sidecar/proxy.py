@@ -51,6 +51,9 @@ class BackendFailed(Exception):
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    # What the engine found in its prefix cache (vLLM's --enable-prompt-tokens-details);
+    # None: not reported.
+    cached_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -91,7 +94,11 @@ def _usage_of(obj: object) -> Usage | None:
     if c is None and isinstance(p, int) and usage.get("total_tokens") == p:
         c = 0  # an embeddings answer: OpenAI's usage there has no completion_tokens
     if isinstance(p, int) and isinstance(c, int):
-        return Usage(p, c)
+        details = usage.get("prompt_tokens_details")
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if not isinstance(cached, int) or isinstance(cached, bool) or not 0 <= cached <= p:
+            cached = None  # absent, or not a count of this prompt's tokens
+        return Usage(p, c, cached)
     return None
 
 

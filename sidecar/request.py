@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from weighbridge.config import CostModel
+from weighbridge.sidecar.prefix import PromptPrefix
 
 
 class RequestState(Enum):
@@ -47,6 +48,7 @@ class QueuedRequest:
     priority: int = 0  # the client's own ordering among its requests, lower first (as vLLM)
     deadline_s: float | None = None  # absolute, same clock as arrival_s
     sequences: int = 1  # the answers it generates (the body's `n`)
+    prefix: PromptPrefix | None = None  # what the prefix index reads of the prompt
 
     # ---- set by the scheduler -----------------------------------------------------------
     seq: int = -1  # arrival order within the scheduler: the stable FIFO tie-break
@@ -64,6 +66,8 @@ class QueuedRequest:
     backend: str | None = None
     # ---- set by the rate limiter --------------------------------------------------------
     admitted_tokens: int = 0  # the token estimate charged at admission, settled at the end
+    # ---- set at dispatch ----------------------------------------------------------------
+    predicted_cached_tokens: int = 0  # prompt tokens its backend's prefix cache should hold
     # Admitted by the limits every replica shares (sidecar.shared), which then get its
     # refund or settlement; False: by this process's own limiter.
     shared_limits: bool = False

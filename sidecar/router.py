@@ -4,7 +4,14 @@
 tokens not yet prefilled plus the expected remaining output of every request the sidecar has
 in flight there, tie-broken by KV-cache usage. Request counts hide the difference between a
 backend running 30 short chats and one running 30 long generations; tokens do not.
-``least_requests`` and ``round_robin`` are the baselines. Unhealthy backends and those the
+``prefix_aware`` picks as ``least_tokens`` does, then lets the prefix cache move the
+request (``prefer``): among the backends that may take it, the one whose cache is predicted
+to hold the most of its prompt (sidecar.prefix), so a conversation's turns go back to the
+engine that holds its history; a bounded-load rule (consistent hashing with bounded loads'
+rule, in tokens) keeps a hot conversation or tenant from piling onto one engine: no backend
+whose load passes ``LOAD_BOUND`` times the mean load, plus the request's own prompt, is
+chosen while another can take it. ``least_requests`` and ``round_robin`` are the
+baselines. Unhealthy backends and those the
 caller says cannot take work (closed admission gate) are skipped; ``pick`` returns None when
 no backend can take work.
 
@@ -14,11 +21,15 @@ records the choice, and moves the round-robin pointer past it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
 from weighbridge.config import Routing
+
+# (1 + epsilon) of consistent hashing with bounded loads: the most a backend may carry,
+# over the mean of those that may take a request, for prefix affinity to pick it.
+LOAD_BOUND = 1.25
 
 
 @dataclass(slots=True)
@@ -89,7 +100,7 @@ class Router:
         ]
         if not candidates:
             return None
-        if self.policy == "least_tokens":
+        if self.policy in ("least_tokens", "prefix_aware"):
             best = min(
                 candidates,
                 key=lambda b: (
@@ -105,6 +116,29 @@ class Router:
             count = len(self._backends)
             best = min(candidates, key=lambda b: (b.index - self._next_rr) % count)
         return best.name
+
+    def prefer(self, cached: Mapping[str, int], chosen: str,
+               prompt_tokens: int) -> tuple[str, str]:
+        """``prefix_aware``: the backend for a request ``pick`` gave ``chosen``, among the
+        backends that may take it, each with the prompt tokens its prefix cache is predicted
+        to hold (``cached``, ``chosen`` included): the one holding the most among those
+        within the load bound, the least loaded of equals. Returns it and why:
+        ``affinity`` (its cache holds part of the prompt), ``load`` (none does: ``chosen``,
+        the least loaded), ``bounded`` (a backend holding more was over the bound)."""
+        if len(cached) < 2 or max(cached.values()) <= 0:
+            return chosen, "load"
+        loads = {name: self._by_name[name].outstanding_tokens for name in cached}
+        # The request's own prompt is slack: at low load one request more is no pile-up.
+        bound = LOAD_BOUND * sum(loads.values()) / len(loads) + prompt_tokens
+
+        def rank(name: str) -> tuple[int, int, int]:
+            return -cached[name], loads[name], self._by_name[name].index
+
+        best = min(cached, key=rank)
+        if loads[best] <= bound:
+            return best, "affinity"
+        within = min((name for name in cached if loads[name] <= bound), key=rank)
+        return within, "bounded" if cached[within] < cached[best] else "affinity"
 
     # ------------------------------------------------------------------ requests
 

@@ -64,7 +64,7 @@ __all__ = [
 CostModel = Literal["tokens", "requests"]
 # The one served endpoint that generates nothing (prefill only, never streamed).
 EMBEDDINGS = "/v1/embeddings"
-Routing = Literal["least_tokens", "least_requests", "round_robin"]
+Routing = Literal["least_tokens", "prefix_aware", "least_requests", "round_robin"]
 
 
 

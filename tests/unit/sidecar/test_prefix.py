@@ -14,7 +14,7 @@ BLOCK = 4
 
 # Prompts over a small vocabulary, branching off each other, so prefixes are shared.
 prompts = st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=40)
-events = st.lists(st.tuples(st.sampled_from(["send", "correct"]), prompts,
+events = st.lists(st.tuples(st.sampled_from(["send", "settle"]), prompts,
                             st.integers(min_value=0, max_value=48)), max_size=60)
 
 
@@ -40,12 +40,13 @@ def test_the_index_keeps_its_invariants(events: list[tuple[str, list[int], int]]
         if kind == "send":
             index.sent(prefix)
         else:
-            index.correct(prefix, reported)
-        assert len(index) <= capacity
+            predicted = index.predict(prefix, len(ids))
+            index.settle(prefix, predicted, min(reported, len(ids) - 1))
+        assert len(index) <= index.retained_blocks <= capacity
     predicted = index.predict(prefix_of(probe), len(probe))
     assert 0 <= predicted <= len(probe) - 1
     assert predicted % BLOCK == 0 or predicted == len(probe) - 1
-    # A hit is a prefix: no more than the probe shares with some prompt sent or corrected.
+    # A hit is a prefix: no more than the probe shares with some prompt sent or settled.
     best = max((shared_blocks(probe, ids) for _, ids, _ in events), default=0)
     assert predicted <= best * BLOCK
 
@@ -67,16 +68,21 @@ def test_a_shared_prefix_is_predicted_to_its_last_full_shared_block(
     assert index.predict(prefix_of(second), len(second)) == expected
 
 
-@given(ids=st.lists(st.integers(0, 3), min_size=BLOCK * 3, max_size=40),
-       reported=st.integers(min_value=0, max_value=48))
-def test_a_correction_makes_the_prediction_what_the_engine_reported(
-        ids: list[int], reported: int) -> None:
-    index = PrefixIndex(64, BLOCK)
-    index.sent(prefix_of(ids))
-    index.correct(prefix_of(ids), reported)
-    blocks = len(ids) // BLOCK
-    expected = min(-(-reported // BLOCK), blocks) * BLOCK
-    assert index.predict(prefix_of(ids), len(ids)) == min(expected, len(ids) - 1)
+def test_a_missed_prediction_shrinks_the_index_and_a_met_one_grows_it() -> None:
+    index = PrefixIndex(10, BLOCK)
+    first, second = list(range(BLOCK * 4)), [9] * (BLOCK * 4)
+    index.sent(prefix_of(first))
+    index.sent(prefix_of(second))
+    assert len(index) == 8
+    # The engine had kept only 1 of the 3 blocks predicted: it retains 2 fewer than held.
+    index.settle(prefix_of(second), 3 * BLOCK, BLOCK)
+    assert index.retained_blocks == 6 and len(index) == 6
+    # The settled prompt is cached now, whole; the older one lost its tail first.
+    assert index.predict(prefix_of(second), len(second)) == len(second) - 1
+    assert index.predict(prefix_of(first), len(first)) == 2 * BLOCK
+    # The engine held 2 blocks more than predicted: the index may keep them again.
+    index.settle(prefix_of(first), 2 * BLOCK, 4 * BLOCK - 1)
+    assert index.retained_blocks == 7
 
 
 def test_the_tail_of_a_prompt_is_forgotten_before_its_head() -> None:

@@ -1,0 +1,124 @@
+"""Prefix-aware routing and the cost of a cached prompt, in the scheduling core: a
+conversation's next turn goes back to the backend that holds its history, unless that
+backend is over the bounded-load rule; the router's load counts the prompt the engine
+computes; the engine's reported cached tokens correct the index and are counted beside the
+prediction."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.unit.sidecar.test_core import arrive, make_config
+from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.prefix import PromptPrefix
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.router import LOAD_BOUND, Router
+from weighbridge.vllm_metrics import BackendSample
+
+BLOCK = 16
+OPEN = GateLimits(max_inflight=1000)
+
+
+def cache_shape(at: float, blocks: int = 1000) -> BackendSample:
+    """A scrape saying the engine's cache: ``blocks`` of ``BLOCK`` tokens, nothing waiting."""
+    return BackendSample(at, 0, 0, 0.1, 0, 0, 0, kv_blocks=blocks, block_size=BLOCK)
+
+
+def core_with(routing: str, **overrides: Any) -> SchedulingCore:
+    core = SchedulingCore(make_config(routing=routing, **overrides), gate_limits=OPEN)
+    for backend in core.gates:
+        core.on_backend_metrics(backend, cache_shape(0.0))
+    return core
+
+
+def turn(core: SchedulingCore, history: list[int], now: float, tenant: str = "a"):
+    request = arrive(core, tenant, now, prompt_tokens=len(history), max_tokens=8,
+                     prefix=PromptPrefix(token_ids=history))
+    assert isinstance(request, QueuedRequest)
+    (dispatch,) = core.dispatch_ready(now)
+    return dispatch
+
+
+def test_the_next_turn_goes_back_to_the_backend_holding_its_history() -> None:
+    core = core_with("prefix_aware")
+    history = list(range(200))
+    first = turn(core, history, 0.0)
+    core.on_completed(first.request, 200, 8, 0.1, cached_tokens=0)
+    # Another conversation makes the first backend the busier one ...
+    other = turn(core, [7] * 64, 0.2, tenant="b")
+    assert other.backend != first.backend or core.router.outstanding_tokens(first.backend)
+    # ... and the next turn still goes where its 192 cached tokens are.
+    second = turn(core, history + list(range(300, 340)), 0.3)
+    assert second.backend == first.backend
+    assert second.request.predicted_cached_tokens == 192
+    assert core.routing_decisions[(first.backend, "affinity")] == 1
+
+
+def test_least_tokens_ignores_the_cache_but_counts_it_free() -> None:
+    core = core_with("least_tokens")
+    history = list(range(200))
+    first = turn(core, history, 0.0)
+    core.on_completed(first.request, 200, 8, 0.1, cached_tokens=0)
+    second = turn(core, history, 0.2)
+    # Whichever backend it went to, the router's load is the prompt it must compute.
+    cached = second.request.predicted_cached_tokens
+    assert cached == (192 if second.backend == first.backend else 0)
+    assert core.router.outstanding_tokens(second.backend) == 200 - cached + 8
+    assert not core.routing_decisions
+
+
+def test_a_backend_over_the_load_bound_loses_its_affinity() -> None:
+    core = core_with("prefix_aware")
+    history = list(range(160))
+    first = turn(core, history, 0.0)
+    core.on_completed(first.request, 160, 8, 0.1, cached_tokens=0)
+    hot = first.backend
+    # A long prefix-free prompt in flight on the backend with the history (least tokens
+    # sends it to the first of two idle backends, as it sent the first turn).
+    big = arrive(core, "b", 0.2, prompt_tokens=4000, max_tokens=8)
+    assert isinstance(big, QueuedRequest)
+    (d,) = core.dispatch_ready(0.2)
+    assert d.backend == hot
+    loads = {b: core.router.outstanding_tokens(b) for b in core.gates}
+    assert loads[hot] > LOAD_BOUND * sum(loads.values()) / len(loads) + len(history)
+    again = turn(core, history, 1.0)
+    assert again.backend != hot
+    assert core.routing_decisions[(again.backend, "bounded")] == 1
+
+
+def test_what_the_engine_reports_corrects_the_index_and_is_counted() -> None:
+    core = core_with("prefix_aware")
+    history = list(range(100))
+    first = turn(core, history, 0.0)
+    core.on_completed(first.request, 100, 8, 0.1, cached_tokens=0)
+    second = turn(core, history, 0.2)
+    assert second.request.predicted_cached_tokens == 96
+    # The engine evicted all but the first block meanwhile.
+    core.on_completed(second.request, 100, 8, 0.3, cached_tokens=16)
+    key = ("a", second.backend)
+    assert (core.cached_predicted[key], core.cached_reported[key]) == (96, 16)
+    third = turn(core, history, 0.4)
+    assert third.request.predicted_cached_tokens == 16
+
+
+def test_an_unknown_cache_predicts_nothing() -> None:
+    core = SchedulingCore(make_config(routing="prefix_aware"), gate_limits=OPEN)
+    history = list(range(100))
+    first = turn(core, history, 0.0)
+    core.on_completed(first.request, 100, 8, 0.1)
+    assert turn(core, history, 0.2).request.predicted_cached_tokens == 0
+
+
+def test_prefer_takes_the_most_cached_within_the_load_bound() -> None:
+    router = Router(["x", "y", "z"], "prefix_aware")
+    router.on_dispatched("r", "x", 50, 0)
+    assert router.prefer({"x": 100, "y": 0, "z": 0}, "y", 120) == ("x", "affinity")
+    assert router.prefer({"x": 0, "y": 0, "z": 0}, "y", 120) == ("y", "load")
+    # Equal hits: the less loaded.
+    assert router.prefer({"x": 64, "y": 64, "z": 0}, "z", 120) == ("y", "affinity")
+    router.on_dispatched("s", "x", 1000, 0)
+    # x carries 1,050 against a mean of 350: over the bound (437.5 + the prompt's 120), so
+    # the next best holder takes it, or the least loaded when none holds any.
+    assert router.prefer({"x": 100, "y": 32, "z": 0}, "z", 120) == ("y", "bounded")
+    assert router.prefer({"x": 100, "y": 0, "z": 0}, "y", 120) == ("y", "bounded")
