@@ -21,6 +21,7 @@ tenant, the report's ``prefix_cache_hit_rate`` (weighbridge.analysis).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,9 +56,11 @@ class Figures:
     output_tps: float
     decode_tps_p50: float
     tenants: dict[str, float | None]  # the report's per-tenant hit rate
+    neighbours: str = ""  # what else ran: load average, other vLLM servers
 
 
-def figures(name: str, run_dir: Path, duration_s: float) -> Figures:
+def figures(name: str, loaded: tuple[Path, str], duration_s: float) -> Figures:
+    run_dir, neighbours = loaded
     records: list[RequestRecord] = read_records(run_dir)
     ok = [r for r in records if r.status == "ok"]
     ttfts = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
@@ -68,14 +71,20 @@ def figures(name: str, run_dir: Path, duration_s: float) -> Figures:
         ttft_p50_s=percentile(ttfts, 0.5), ttft_p90_s=percentile(ttfts, 0.9),
         output_tps=sum(r.output_tokens or 0 for r in ok) / duration_s,
         decode_tps_p50=percentile(decode, 0.5),
-        tenants={n: t["prefix_cache_hit_rate"] for n, t in s["tenants"].items()})
+        tenants={n: t["prefix_cache_hit_rate"] for n, t in s["tenants"].items()},
+        neighbours=neighbours)
 
 
-def _load(ctx: BenchContext, name: str, url: str, out: Path) -> Path:
+def _load(ctx: BenchContext, name: str, url: str, out: Path, pgid: int) -> tuple[Path, str]:
+    """The run's directory, and what else the machine ran meanwhile: another vLLM server
+    halves real vLLM's speed (both spin on the same two cores)."""
     ctx.log(f"  {name}: chat_sessions for 60 s ...")
     run = LoadRun(scenario=SCENARIO, host=url, run_dir=out / name,
                   log_path=out / f"{name}.log", run_id=name, seed=SEED)
-    return run.run()
+    others = set(fidelity._foreign_vllm((pgid,)))
+    run_dir = run.run()
+    others |= set(fidelity._foreign_vllm((pgid,)))
+    return run_dir, (f"load {os.getloadavg()[0]:.1f}, {len(others)} other vLLM process(es)")
 
 
 def _pct(x: float | None) -> str:
@@ -93,13 +102,15 @@ def run(ctx: BenchContext) -> BenchResult:
         ctx.log(f"  starting real vLLM ({'cache on' if caching else 'cache off'}) ...")
         with RealVllmServer(model_name=fidelity.MODEL, enable_prefix_caching=caching,
                             enable_prompt_tokens_details=True, **engine) as vllm:
-            runs[name] = figures(name, _load(ctx, name, vllm.url, out), duration)
+            assert vllm.pid is not None
+            runs[name] = figures(name, _load(ctx, name, vllm.url, out, vllm.pid), duration)
     with emulator_process(name="bench-fidelity-sessions-emulator", model_name=fidelity.MODEL,
                           profile=fidelity.PROFILE, vocab_size=fidelity.VOCAB,
                           enable_prompt_tokens_details=True,
                           **fidelity._overrides(profile), **engine) as emulator:
-        runs["emulator"] = figures("emulator", _load(ctx, "emulator", emulator.url, out),
-                                   duration)
+        assert emulator.pid is not None
+        runs["emulator"] = figures(
+            "emulator", _load(ctx, "emulator", emulator.url, out, emulator.pid), duration)
     vllm, emu, off = runs["vllm"], runs["emulator"], runs["vllm-no-cache"]
 
     def ratio(e: float, v: float) -> float:
@@ -115,10 +126,10 @@ def run(ctx: BenchContext) -> BenchResult:
     passed = all(checks.values())
     rows = [(f.name, f"{f.requests:,}", f"{f.ok:,}", _pct(f.hit_rate),
              f"{f.ttft_p50_s * 1000:,.1f}", f"{f.ttft_p90_s * 1000:,.1f}",
-             f"{f.output_tps:,.0f}", f"{f.decode_tps_p50:,.0f}")
+             f"{f.output_tps:,.0f}", f"{f.decode_tps_p50:,.0f}", f.neighbours)
             for f in (vllm, emu, off)]
     main = Table(("run", "requests", "ok", "hit rate", "TTFT p50 ms", "TTFT p90 ms",
-                  "output tok/s", "decode tok/s p50"), rows)
+                  "output tok/s", "decode tok/s p50", "meanwhile"), rows)
     tenants = sorted(vllm.tenants)
     per_tenant = Table(("tenant", "vLLM, cache on", "emulator", "vLLM, cache off"),
                        [(t, _pct(vllm.tenants.get(t)), _pct(emu.tenants.get(t)),
