@@ -739,8 +739,10 @@ class SchedulingCore:
         self._kv[backend].add(request.id, request.tenant, request.prompt_tokens,
                              request.estimated_output_tokens)
         self._reported[request.id] = 0
-        self._prefilling[request.tenant] += request.prompt_tokens
+        # Pacing counts what the engine prefills: a cached prompt costs it nothing.
+        self._prefilling[request.tenant] += request.computed_prompt_tokens
         scheduler = pool.scheduler
+        scheduler.discount_cached(request)
         if scheduler.tenant_queued(request.tenant)[0] == 0:
             pool.light[request.tenant] = now
         else:
@@ -832,7 +834,8 @@ class SchedulingCore:
             self.cached_reported[key] += cached_tokens
             self._prefix[request.backend].settle(request.prefix,
                                                  request.predicted_cached_tokens, cached_tokens)
-        self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now)
+        self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now,
+                  request.predicted_cached_tokens if cached_tokens is None else cached_tokens)
         # The estimate is per sequence: a request of n answers reports all n's tokens.
         self.estimator.observe(request.tenant, request.endpoint,
                                round(output_tokens / request.sequences))
@@ -858,7 +861,11 @@ class SchedulingCore:
         prompt_tokens: int,
         output_tokens: int,
         now: float,
+        cached_tokens: int | None = None,
     ) -> None:
+        """``cached_tokens``: the prompt tokens the engine found cached (default: as
+        predicted at dispatch); the DRR charge settles to the tokens it computed, the rate
+        limits to every token."""
         if request.state is RequestState.QUEUED:
             # Ended before dispatch (client gone, shutdown): leaves the queue, refunded.
             self.ledger.end(request.id, outcome)  # raises on a second end, before any change
@@ -870,7 +877,9 @@ class SchedulingCore:
         # state (a tenant going idle forfeits its credit) that a later charge would meet.
         self._fold_streamed()
         pool = self._pool_of.pop(request.id)
-        pool.scheduler.on_finished(request, prompt_tokens, output_tokens)
+        cached = request.predicted_cached_tokens if cached_tokens is None else cached_tokens
+        computed = prompt_tokens - max(0, min(cached, prompt_tokens - 1))
+        pool.scheduler.on_finished(request, computed, output_tokens)
         actual = prompt_tokens + output_tokens
         self._settle(request, actual, now)
         reported = self._release_backend(request, now)
@@ -889,7 +898,7 @@ class SchedulingCore:
         return self._reported.pop(request.id, 0)
 
     def _end_prefill(self, request: QueuedRequest) -> None:
-        left = self._prefilling[request.tenant] - request.prompt_tokens
+        left = self._prefilling[request.tenant] - request.computed_prompt_tokens
         if left > 0:
             self._prefilling[request.tenant] = left
         else:

@@ -78,6 +78,11 @@ class QueuedRequest:
         return self.prompt_tokens + self.estimated_output_tokens
 
     @property
+    def computed_prompt_tokens(self) -> int:
+        """The prompt tokens its engine computes: the rest its prefix cache holds."""
+        return self.prompt_tokens - self.predicted_cached_tokens
+
+    @property
     def effective_priority(self) -> int:
         return self.priority + self.demotion
 

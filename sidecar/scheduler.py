@@ -372,12 +372,28 @@ class Scheduler:
         if request.state is not RequestState.DISPATCHED or not self._charge_streamed \
                 or self.endpoint(request.endpoint).cost != "tokens":
             return
-        excess = request.prompt_tokens + request.streamed_output_tokens - request.charged
+        excess = (request.computed_prompt_tokens + request.streamed_output_tokens
+                  - request.charged)
         if excess > 0:
             turns = self._turns(request, excess)
             self._tiers[request.tier].drr.adjust(request.tenant, turns)
             self._book(request.tier, request.tenant, turns)
             request.charged += excess
+
+    def discount_cached(self, request: QueuedRequest) -> None:
+        """The request's backend is predicted to hold part of its prompt in its prefix cache
+        (``predicted_cached_tokens``, set at dispatch): that part is refunded, for the
+        engine does not compute it. Its end settles the charge with what the engine
+        reported."""
+        cached = request.predicted_cached_tokens
+        if (request.state is not RequestState.DISPATCHED or cached <= 0
+                or not self._traits.costs_tokens
+                or self.endpoint(request.endpoint).cost != "tokens"):
+            return
+        turns = -self._turns(request, cached)
+        self._tiers[request.tier].drr.adjust(request.tenant, turns)
+        self._book(request.tier, request.tenant, turns)
+        request.charged -= cached
 
     def on_finished(self, request: QueuedRequest, prompt_tokens: int, output_tokens: int) -> None:
         """A dispatched request ended (completed, failed or cancelled mid-stream): settle

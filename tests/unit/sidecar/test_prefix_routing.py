@@ -122,3 +122,22 @@ def test_prefer_takes_the_most_cached_within_the_load_bound() -> None:
     # the next best holder takes it, or the least loaded when none holds any.
     assert router.prefer({"x": 100, "y": 32, "z": 0}, "z", 120) == ("y", "bounded")
     assert router.prefer({"x": 100, "y": 0, "z": 0}, "y", 120) == ("y", "bounded")
+
+
+def test_the_drr_charge_and_pacing_count_the_prompt_the_engine_computes() -> None:
+    core = core_with("least_tokens", backends=[{"url": "http://127.0.0.1:8001",
+                                                "name": "b1"}])
+    history = list(range(200))
+    first = turn(core, history, 0.0)
+    assert first.request.charged == 200 + 8  # nothing cached yet: the whole prompt
+    core.on_completed(first.request, 200, 8, 0.1, cached_tokens=0)
+    second = turn(core, history + [1] * 40, 0.2)
+    # 192 of the 240 tokens are predicted cached: charged for the 48 computed, and pacing
+    # counts those 48 in prefill.
+    assert second.request.predicted_cached_tokens == 192
+    assert second.request.charged == 48 + 8
+    assert core._prefilling["a"] == 48
+    # The engine reports 176 cached: the charge settles to the 64 it computed.
+    core.on_completed(second.request, 240, 8, 0.3, cached_tokens=176)
+    assert second.request.charged == 64 + 8
+    assert "a" not in core._prefilling
