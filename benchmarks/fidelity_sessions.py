@@ -13,10 +13,11 @@ vLLM first, as ``python -m benchmarks fidelity`` does ($WEIGHBRIDGE_FIDELITY_CAL
 cpu-tiny as shipped). A third run sends the same traffic to real vLLM with
 ``--no-enable-prefix-caching``: what the cache buys, per tenant, as the report reads it.
 
-Figures per run, over the requests that ended ok: the hit rate (cached over prompt tokens,
-``usage.prompt_tokens_details``), TTFT p50 and p90 (from the scheduled send), output tokens/s
-(their output tokens over the scenario's 60 s) and the per-stream decode speed p50; per
-tenant, the report's ``prefix_cache_hit_rate`` (weighbridge.analysis).
+Figures per run: the hit rate (cached over prompt tokens of the requests that reported them,
+``usage.prompt_tokens_details``); over the requests that ended ok, TTFT p50 and p90 (from
+the scheduled send), output tokens/s (their output tokens over the scenario's 60 s) and the
+per-stream decode speed p50; per tenant, the report's ``prefix_cache_hit_rate``
+(weighbridge.analysis).
 """
 
 from __future__ import annotations
@@ -154,7 +155,7 @@ def run(ctx: BenchContext) -> BenchResult:
                "Load: `locust -f scenarios/ --headless --scenario chat_sessions --seed 0` "
                "(weighbridge.loadrun), 60 s, straight to each server (no sidecar); the run "
                f"directories are kept in {out}.",
-               "Hit rate: cached over prompt tokens of the ok requests "
+               "Hit rate: cached over prompt tokens of the requests that reported them "
                "(usage.prompt_tokens_details.cached_tokens). Chat prompts are the tenants' "
                "words under each server's own tokenizer and chat template, so prompt sizes "
                "differ a little between the two; the hit rate is a ratio of each side's own.",

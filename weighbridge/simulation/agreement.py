@@ -77,11 +77,12 @@ def _throughput(records: list[RequestRecord], end_s: float) -> float:
 
 
 def hit_rate(records: list[RequestRecord]) -> float | None:
-    """Cached over prompt tokens of the ok requests that reported cached tokens."""
-    reported = [r for r in records if r.status == "ok" and r.cached_tokens is not None
-                and r.prompt_tokens]
-    prompt = sum(r.prompt_tokens or 0 for r in reported)
-    return sum(r.cached_tokens or 0 for r in reported) / prompt if prompt else None
+    """Cached over prompt tokens of the requests that reported cached tokens (the report's
+    ``prefix_cache_hit_rate``, from the records alone)."""
+    reported = [r for r in records if r.computed_prompt_tokens is not None]
+    cached = sum(r.cached_tokens or 0 for r in reported)
+    total = cached + sum(r.computed_prompt_tokens or 0 for r in reported)
+    return cached / total if total else None
 
 
 def compare(live_dir: Path, sim_dir: Path,
