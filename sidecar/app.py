@@ -693,8 +693,14 @@ class Sidecar:
             output = usage.completion_tokens if usage else req.streamed_output_tokens
             if not stream and usage is not None:
                 self.core.on_tokens_streamed(req, output, now)
+            reporting = dispatch.backend not in self.core.unreported
             self.core.on_completed(req, prompt, output, now,
                                    usage.cached_tokens if usage else None)
+            if reporting and dispatch.backend in self.core.unreported:
+                log.warning("backend %s answers without usage.prompt_tokens_details."
+                            "cached_tokens (run vLLM with --enable-prompt-tokens-details): "
+                            "its prompts are charged and routed as if nothing were cached",
+                            dispatch.backend)
             self._count_tokens(req, prompt, output)
             streamed.settle(prompt, output)
             trace.usage(prompt, output)

@@ -246,6 +246,9 @@ class SchedulingCore:
         self.cached_reported: Counter[tuple[str, str]] = Counter()
         # prefix_aware's choices, by (backend, reason): affinity, load, bounded.
         self.routing_decisions: Counter[tuple[str, str]] = Counter()
+        # Backends whose answers lack cached_tokens (vLLM without
+        # --enable-prompt-tokens-details): charged the whole prompt, as if nothing cached.
+        self.unreported: set[str] = set()
 
     # ------------------------------------------------------------------ pools
 
@@ -827,6 +830,11 @@ class SchedulingCore:
     ) -> None:
         """``cached_tokens``: what the engine reported it found in its prefix cache
         (``usage.prompt_tokens_details.cached_tokens``); None: not reported."""
+        if cached_tokens is None and request.prefix is not None \
+                and request.backend is not None and request.backend not in self.unreported:
+            # Predictions no answer can settle: off for this backend, the full charge back.
+            self.unreported.add(request.backend)
+            self._prefix[request.backend].resize(0, self._prefix[request.backend].block_size)
         if cached_tokens is not None and request.prefix is not None \
                 and request.backend is not None:
             key = (request.tenant, request.backend)
@@ -834,8 +842,9 @@ class SchedulingCore:
             self.cached_reported[key] += cached_tokens
             self._prefix[request.backend].settle(request.prefix,
                                                  request.predicted_cached_tokens, cached_tokens)
+        # Unreported, nothing is known cached: the whole prompt is charged.
         self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now,
-                  request.predicted_cached_tokens if cached_tokens is None else cached_tokens)
+                  cached_tokens or 0)
         # The estimate is per sequence: a request of n answers reports all n's tokens.
         self.estimator.observe(request.tenant, request.endpoint,
                                round(output_tokens / request.sequences))
@@ -914,10 +923,13 @@ class SchedulingCore:
         self._fold_streamed()
         self.gates[backend].observe(sample)
         self._router.observe_kv(backend, sample.kv_cache_usage)
-        # vllm:cache_config_info's cache shape bounds what the prefix index may hold.
+        # vllm:cache_config_info's cache shape bounds what the prefix index may hold; an
+        # engine without prefix caching, or whose answers say nothing of it, holds none.
         kv_blocks = getattr(sample, "kv_blocks", None)
         block_size = getattr(sample, "block_size", None)
-        if kv_blocks and block_size:
+        if getattr(sample, "prefix_caching", None) is False or backend in self.unreported:
+            kv_blocks = 0
+        if kv_blocks is not None and block_size:
             self._prefix[backend].resize(int(kv_blocks), int(block_size))
 
     def poll_period_s(self, backend: str | None = None) -> float:
@@ -990,7 +1002,9 @@ class SchedulingCore:
             "rate_limits": self.rate_limiter.snapshot(now),
             "backends": {
                 name: {**routing[name], "gate": gate.snapshot(now),
-                       "kv_footprint_blocks": self._kv[name].blocks()}
+                       "kv_footprint_blocks": self._kv[name].blocks(),
+                       "prefix_index": self._prefix[name].snapshot(
+                           reported=name not in self.unreported)}
                 for name, gate in self.gates.items()
             },
             "throughput_tokens_per_s": sum(rates) if rates else None,

@@ -126,6 +126,13 @@ class PrefixIndex:
             self.retained_blocks = self.capacity_blocks
         self._evict()
 
+    def snapshot(self, reported: bool = True) -> dict[str, int | bool]:
+        """What /admin/state shows of the index; ``reported``: the engine's answers say what
+        they found cached (the index is off without)."""
+        return {"blocks": len(self._blocks), "retained_blocks": self.retained_blocks,
+                "capacity_blocks": self.capacity_blocks, "block_size": self.block_size,
+                "reported": reported}
+
     def matched_blocks(self, prefix: PromptPrefix) -> int:
         """How many of the prompt's leading blocks the index holds."""
         held = self._blocks

@@ -52,6 +52,8 @@ class BackendSample:
     # None when the server does not export them.
     kv_blocks: int | None = None
     block_size: int | None = None
+    # Its enable_prefix_caching label; None when not exported.
+    prefix_caching: bool | None = None
     # How long the scrape took, request sent to body read, on the sidecar's clock; None
     # where no one timed it. The engine's API server spends about this much serving one
     # scrape, in time it does not spend streaming tokens (sidecar.admission: the poll
@@ -62,6 +64,9 @@ class BackendSample:
 def _cache_labels(line: str, found: dict[str, int]) -> None:
     """Add vllm:cache_config_info's num_gpu_blocks (summed over engines) and block_size (the
     largest: one block size per server in practice) from one sample line."""
+    caching = re.search(r'[{,]\s*enable_prefix_caching="(True|False)"', line)
+    if caching is not None:
+        found["prefix_caching"] = int(caching.group(1) == "True")
     for label, field in _CACHE_LABELS.items():
         match = re.search(r'[{,]\s*' + label + r'="(\d+)"', line)
         if match is None:
@@ -146,4 +151,5 @@ def parse_vllm_metrics(text: str, at_s: float) -> BackendSample:
         queue_time_count=values.get("queue_time_count"),
         kv_blocks=cache.get("kv_blocks") or None,
         block_size=cache.get("block_size") or None,
+        prefix_caching=bool(cache["prefix_caching"]) if "prefix_caching" in cache else None,
     )

@@ -6,6 +6,7 @@ prediction."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from tests.unit.sidecar.test_core import arrive, make_config
@@ -141,3 +142,29 @@ def test_the_drr_charge_and_pacing_count_the_prompt_the_engine_computes() -> Non
     core.on_completed(second.request, 240, 8, 0.3, cached_tokens=176)
     assert second.request.charged == 64 + 8
     assert "a" not in core._prefilling
+
+
+def test_an_engine_without_prefix_caching_is_predicted_to_hold_nothing() -> None:
+    core = SchedulingCore(make_config(routing="prefix_aware"), gate_limits=OPEN)
+    for backend in core.gates:
+        core.on_backend_metrics(backend, replace(cache_shape(0.0), prefix_caching=False))
+    history = list(range(100))
+    first = turn(core, history, 0.0)
+    core.on_completed(first.request, 100, 8, 0.1, cached_tokens=0)
+    assert turn(core, history, 0.2).request.predicted_cached_tokens == 0
+
+
+def test_answers_without_cached_tokens_turn_the_backend_s_index_off() -> None:
+    core = core_with("prefix_aware", backends=[{"url": "http://127.0.0.1:8001",
+                                                 "name": "b1"}])
+    history = list(range(100))
+    first = turn(core, history, 0.0)
+    core.on_completed(first.request, 100, 8, 0.1)  # no prompt_tokens_details
+    assert core.unreported == {"b1"}
+    second = turn(core, history, 0.2)
+    assert second.request.predicted_cached_tokens == 0
+    assert second.request.charged == 100 + 8  # the full charge, as without a prefix cache
+    core.on_backend_metrics("b1", cache_shape(0.3))  # a later scrape does not turn it back
+    core.on_completed(second.request, 100, 8, 0.4)
+    assert turn(core, history, 0.5).request.predicted_cached_tokens == 0
+    assert core.snapshot(0.5)["backends"]["b1"]["prefix_index"]["reported"] is False

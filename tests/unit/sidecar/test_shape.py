@@ -51,15 +51,19 @@ def test_the_real_exposition_format_is_read() -> None:
         'vllm:num_requests_running{engine="0",model_name="m"} 24.0',
         'vllm:generation_tokens_total{engine="0",model_name="m"} 1000.0',
         'vllm:cache_config_info{block_size="32",cache_dtype="auto",engine="0",'
-        'num_gpu_blocks="572",num_gpu_blocks_override="None"} 1.0',
+        'enable_prefix_caching="True",num_gpu_blocks="572",num_gpu_blocks_override="None"} 1.0',
         'vllm:request_queue_time_seconds_sum{engine="0",model_name="m"} 4.5',
         'vllm:request_queue_time_seconds_count{engine="0",model_name="m"} 9.0',
     ])
     sample = parse_vllm_metrics(text, 1.0)
     assert (sample.kv_blocks, sample.block_size) == (572, 32)
     assert (sample.queue_time_sum, sample.queue_time_count) == (4.5, 9.0)
+    assert sample.prefix_caching is True
+    off = parse_vllm_metrics(text.replace('"True"', '"False"'), 1.0)
+    assert off.prefix_caching is False
     bare = parse_vllm_metrics("\n".join(text.splitlines()[:3]), 1.0)
     assert bare.kv_blocks is None and bare.queue_time_count is None
+    assert bare.prefix_caching is None
 
 
 def test_a_momentary_queue_is_not_saturation() -> None:
