@@ -361,7 +361,7 @@ def _begin_run(environment: Environment) -> None:
     limit = workload.end_s if options.run_time_s is None else min(
         workload.end_s, options.run_time_s - (t0_wall - time.time()))
     info = RunInfo(
-        run_id=run_id, scenario=options.scenario.name,
+        run_id=run_id, scenario=workload.scenario,
         started_at=dt.datetime.fromtimestamp(t0_wall, dt.UTC), target=host,
         git_commit=_git_commit(), tenants=workload.tenant_infos(),
         phases=workload.phase_infos(limit),
