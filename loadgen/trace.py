@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from weighbridge.loadgen.plan import Message, RequestPlan
 from weighbridge.loadgen.tenants import ENDPOINT_PATHS, TenantSpec
-from weighbridge.records import ADDED_FIELDS, FIELD_NAMES
+from weighbridge.records import ADDED_FIELDS, FIELD_NAMES, read_jsonl, records_to_table
 
 __all__ = ["TenantRule", "TraceError", "TraceRow", "TraceRows", "read_trace_rows",
            "trace_plans"]
@@ -144,8 +144,6 @@ def _table(path: Path) -> pa.Table:
     if suffix in (".parquet", ".pq"):
         return pq.read_table(path)
     if suffix == ".jsonl":  # a run's records-*.jsonl
-        from weighbridge.records import read_jsonl, records_to_table
-
         return records_to_table(read_jsonl(path))
     raise TraceError(f"{path}: a trace is Mooncake .jsonl, records .jsonl, .csv or .parquet")
 
