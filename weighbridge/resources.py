@@ -3,8 +3,9 @@ deployment files (Prometheus configuration and rules, Grafana provisioning, the 
 
 They live at the repository's root (``scenarios/``, ``deploy/``), where the docs and
 docker-compose.yml name them, and install as the packages ``weighbridge.scenarios`` and
-``weighbridge.deploy`` (pyproject.toml's package-dir). importlib.resources finds them the
-same way in a checkout, an editable install and a wheel installed anywhere.
+``weighbridge.deploy`` (``weighbridge/scenarios`` and ``weighbridge/deploy`` are symbolic
+links to them, as for the parts). importlib.resources finds them the same way in a checkout,
+an editable install and a wheel installed anywhere.
 """
 
 from __future__ import annotations

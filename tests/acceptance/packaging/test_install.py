@@ -37,8 +37,10 @@ def _venv(where: Path) -> Path:
 
 
 def _pip(python: Path, *args: str) -> str:
-    done = subprocess.run([str(python), "-m", "pip", "install", "--no-compile", *args],
-                          capture_output=True, text=True, timeout=600)
+    """pip install into the venv of ``python``, run by this environment's pip: the version
+    `make` upgrades to, not the venv's bundled one (older pips hide the build's warnings)."""
+    done = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install",
+                           "--no-compile", *args], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout + done.stderr
 
