@@ -27,7 +27,7 @@ from weighbridge.loadgen.trace import (
     read_trace_rows,
     trace_plans,
 )
-from weighbridge.records import RequestRecord, write_parquet
+from weighbridge.records import RecordAppender, RequestRecord, read_parquet, write_parquet
 from weighbridge.simulation.run import Inputs, run_policy
 from weighbridge.simulation.trace import trace_clients
 from weighbridge.stack import load_stack
@@ -156,6 +156,12 @@ def test_our_records_replay_by_their_tenant_column(tmp_path: Path) -> None:
     assert {p.tenant for p in plans} == {r.tenant for r in trace.rows}
     assert all(p.messages is None for p in plans)  # records hold no content: prefix-free
     assert sorted(p.scheduled_s for p in plans) == sorted(r.t_s / 2 for r in trace.rows)
+    # A run's records-*.jsonl (one still going, or a worker's) reads the same.
+    jsonl = tmp_path / "records-local.jsonl"
+    with RecordAppender(jsonl) as sink:
+        for r in read_parquet(path):
+            sink.append(r)
+    assert read_trace_rows(jsonl) == trace
 
 
 def test_a_trace_cannot_be_sent_by_embeddings_tenants() -> None:
