@@ -135,4 +135,5 @@ class SimEngine:
             prompt_tokens_total=float(self.prompt_tokens_total),
             preemptions_total=float(self.preemptions_total),
             queue_time_sum=self.queue_time_sum, queue_time_count=float(self.queue_time_count),
-            kv_blocks=model.config.num_kv_blocks, block_size=model.config.block_size)
+            kv_blocks=model.config.num_kv_blocks, block_size=model.config.block_size,
+            prefix_caching=model.config.enable_prefix_caching)
