@@ -6,7 +6,8 @@ The trace has the structure Mooncake's published traces have: a few system promp
 many conversations start with (their hash ids shared), conversations whose later turns
 repeat every block of the earlier ones and add new ones, and one-off requests that share
 nothing. Timestamps are Poisson arrivals in milliseconds; hash ids name 512-token blocks,
-numbered in the order they first appear. The same arguments write the same file.
+numbered as the generator makes them (the system prompts' first). The same arguments write
+the same file.
 """
 
 from __future__ import annotations
