@@ -22,8 +22,6 @@ from tests.conformance.backends import (
 from tests.support import metrics
 from tests.support.metrics import Scrape
 
-pytestmark = pytest.mark.integration
-
 # Token ids 0-5 are the tiny model's special tokens; prompts use ids from 6 up.
 PROMPT_IDS = [(7 * i + 3) % 97 + 6 for i in range(37)]
 

@@ -32,8 +32,6 @@ from tests.support import metrics
 from weighbridge.emulator.real_vllm import tiny_model_dir
 from weighbridge.launch import emulator_process
 
-pytestmark = pytest.mark.integration
-
 ADAPTER = "zero-adapter"
 RANK = 8
 TARGETS = ("q_proj", "v_proj")

@@ -35,8 +35,6 @@ from tests.conformance.conftest import _vocab_size
 from tests.support import metrics
 from weighbridge.launch import emulator_process
 
-pytestmark = pytest.mark.integration
-
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 
 

@@ -22,8 +22,6 @@ from tests.conformance.test_prefix_cache import HITS, QUERIES, _ids
 from tests.support import metrics
 from weighbridge.launch import emulator_process
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def emulator_off_backend() -> Iterator[Backend]:

@@ -23,8 +23,6 @@ from tests.conformance.backends import (
 )
 from weighbridge.launch import emulator_process
 
-pytestmark = pytest.mark.integration
-
 SERVER_INTERVAL = 4
 MAX_TOKENS = 16
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from tests.support.ledger import ledger, settled
 from tests.support.stack import ADMIN_KEY, start_emulator, start_sidecar, tenant
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.timeout(180)
 
 KEY = "sk-fuzz"
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True,

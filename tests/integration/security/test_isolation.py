@@ -25,7 +25,7 @@ from tests.support.ledger import ledger, settled
 from tests.support.stack import ADMIN_KEY, auth, start_sidecar, tenant
 from tests.support.stub_backend import StubBackend
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 # vLLM priorities of the default tiers (lower runs first).
 PRIORITY = {"interactive": 0, "standard": 5, "batch": 10}

@@ -26,7 +26,7 @@ from tests.support.stack import (
     tenant,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 KEY = "sk-large"
 LIMIT = 4 << 20  # the default max_body_bytes

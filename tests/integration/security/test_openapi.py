@@ -23,7 +23,7 @@ from tests.support.stub_backend import StubBackend
 from weighbridge.config import parse_config
 from weighbridge.sidecar.app import Sidecar
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 REPO = Path(__file__).resolve().parents[3]
 SPEC: dict[str, Any] = yaml.safe_load((REPO / "sidecar/openapi.yaml").read_text())

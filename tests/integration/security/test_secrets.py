@@ -28,7 +28,7 @@ from weighbridge import config as config_module
 from weighbridge.config import parse_config
 from weighbridge.launch import emulator_process, sidecar_process, weighbridge_argv
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 HASHED_KEY = "sk-hashed-8c1e"  # configured as `weighbridge hash-key` prints it
 ENV_KEY = "sk-from-env-51d0"  # configured as env:WB_SECRET_KEY

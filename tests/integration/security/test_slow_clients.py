@@ -27,7 +27,7 @@ from tests.support.stack import (
     tenant,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+pytestmark = pytest.mark.timeout(90)
 
 KEY = "sk-slow-client"
 TIMEOUT_MS = 1500

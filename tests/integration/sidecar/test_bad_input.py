@@ -20,7 +20,7 @@ from tests.support.stack import (
     tenant,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = pytest.mark.timeout(60)
 
 MAX_BODY_BYTES = 4096
 MAX_TOKENS_LIMIT = 64
