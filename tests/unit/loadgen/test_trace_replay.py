@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
+import runpy
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,12 @@ from weighbridge.stack import load_stack
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "scripts" / "sample_mooncake_trace.py"
+
+
+def write_sample(out: Path, *args: str) -> None:
+    """The sample script's main, run in process (unit tests start no child process)."""
+    script = runpy.run_path(str(SAMPLE))
+    assert script["main"](["--out", str(out), *args]) == 0
 
 
 def _tenants(*names: str, endpoint: str = "completions") -> list[TenantSpec]:
@@ -177,8 +182,7 @@ def test_the_sample_script_writes_a_reproducible_trace_with_shared_prefixes(
         tmp_path: Path) -> None:
     out_a, out_b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     for out in (out_a, out_b):
-        subprocess.run([sys.executable, str(SAMPLE), "--out", str(out), "--requests", "80"],
-                       check=True, capture_output=True)
+        write_sample(out, "--requests", "80")
     assert out_a.read_bytes() == out_b.read_bytes()
     trace = read_trace_rows(out_a)
     assert trace.format == "mooncake" and len(trace.rows) == 80
@@ -199,8 +203,7 @@ def test_the_sample_script_writes_a_reproducible_trace_with_shared_prefixes(
 
 def test_the_simulator_sends_the_plans_the_load_generator_sends(tmp_path: Path) -> None:
     trace_file = tmp_path / "sample.jsonl"
-    subprocess.run([sys.executable, str(SAMPLE), "--out", str(trace_file), "--requests", "40",
-                    "--rate", "20"], check=True, capture_output=True)
+    write_sample(trace_file, "--requests", "40", "--rate", "20")
     stack = load_stack(REPO / "deploy" / "stacks" / "chat-sessions.yaml")
     inputs = Inputs(stack=stack, trace=trace_file, trace_speed=2.0, seed=5)
     outcome = run_policy(inputs, None, tmp_path / "run")
