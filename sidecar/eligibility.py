@@ -7,7 +7,9 @@ metrics), then refines it with the **backend rules** in order. A backend left *o
 the next request of anyone the **open rules** allow; one in *headroom* takes the next of
 anyone the **headroom rules** allow (tenant-aware policies only; the FIFO baselines treat
 headroom as ordinary capacity, since they cannot choose a tenant). A rule reads the state it
-is handed and changes nothing, so the order of the lists is the whole composition.
+is handed and changes nothing, so the order of the lists is the whole composition. (The
+records they read are plain slotted dataclasses, not frozen ones: a dispatch decision builds
+several, and a frozen one costs nine times as much to make.)
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from weighbridge.sidecar.scheduler import Scheduler
 Eligible = Callable[[str], bool]  # tenant -> may it dispatch to this backend now
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Standing:
     """One backend's standing in a dispatch pass: its gate's verdict as the backend rules
     refined it, and whether it is at its KV watermark (under-share tenants only)."""
@@ -33,7 +35,7 @@ class Standing:
     kv_tight: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class BackendState:
     """What the backend rules read of one backend."""
 
@@ -95,7 +97,7 @@ class KvWatermark:
 BACKEND_RULES: tuple[BackendRule, ...] = (PrefillBacklog(), DecodeFloor(), KvWatermark())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Pass:
     """What the tenant rules read for one backend in one dispatch pass."""
 

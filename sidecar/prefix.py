@@ -43,10 +43,12 @@ _ROOT = 0x5EED  # the chain's start, so an empty prefix hashes to no block's val
 @dataclass(slots=True, eq=False)
 class PromptPrefix:
     """A request's prompt as the prefix index reads it: its token ids (exact) or its text
-    (estimated), with the chained block hashes computed once per block size."""
+    (estimated; a chat's ``messages`` become text when first read), with the chained block
+    hashes computed once per block size, when an index first asks for them."""
 
     token_ids: Sequence[int] | None = None
     text: bytes | None = None
+    messages: Sequence[dict[str, Any]] | None = None
     _blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
@@ -55,9 +57,7 @@ class PromptPrefix:
         or text, a chat's messages as role and text in order; None for a batch of prompts
         and for embeddings (one engine request per input, or no generation)."""
         if endpoint.endswith("/chat/completions"):
-            parts = [f"{m.get('role')}\x00{content_text(m.get('content'), '')}\x00"
-                     for m in body["messages"]]
-            return cls(text="".join(parts).encode())
+            return cls(messages=body["messages"])
         if endpoint.endswith("/embeddings"):
             return None
         prompt = body["prompt"]
@@ -90,7 +90,11 @@ class PromptPrefix:
             for start in range(0, len(ids) - block_size + 1, block_size):
                 parent = hash((parent, *ids[start:start + block_size]))
                 hashes.append(parent)
-        elif self.text is not None:
+        elif self.text is not None or self.messages is not None:
+            if self.text is None:
+                assert self.messages is not None
+                self.text = "".join(f"{m.get('role')}\x00{content_text(m.get('content'), '')}\x00"
+                                    for m in self.messages).encode()
             text = self.text
             for start in range(0, len(text) - TEXT_BLOCK_BYTES + 1, TEXT_BLOCK_BYTES):
                 parent = hash((parent, text[start:start + TEXT_BLOCK_BYTES]))
@@ -146,12 +150,16 @@ class PrefixIndex:
     def predict(self, prefix: PromptPrefix, prompt_tokens: int) -> int:
         """The prompt tokens the engine would find cached: the matched blocks' tokens, never
         the prompt's last token."""
+        if not self._blocks:
+            return 0  # nothing held (or the index is off): no prompt need be hashed
         cached = self.matched_blocks(prefix) * prefix.tokens_per_block(self.block_size)
         return max(0, min(cached, prompt_tokens - 1))
 
     def sent(self, prefix: PromptPrefix) -> None:
         """The prompt was sent here: every full block of it is now (most recently) cached,
         its first the most recent, so its tail goes first."""
+        if not self.retained_blocks:
+            return  # the index is off
         held = self._blocks
         for block in reversed(prefix.blocks(self.block_size)):
             if block in held:
