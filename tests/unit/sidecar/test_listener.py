@@ -158,3 +158,25 @@ async def test_a_later_keep_alive_does_not_undo_connection_close(served: Served)
     answer = await exchange(served.port, request("Host: a", "Connection: close",
                                                  "Connection: keep-alive"))
     assert answer.startswith(b"HTTP/1.1 200 "), answer
+
+
+async def test_a_401_from_the_head_alone_keeps_the_connection_for_the_body(
+        served: Served) -> None:
+    """The key is refused before the body is read; the body that follows is read and
+    discarded (aiohttp's lingering read), not met with a reset, and the connection answers
+    the next request."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.port)
+    try:
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: s\r\nAuthorization: Bearer nope"
+                     b"\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 401 "), head
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        await asyncio.wait_for(reader.readexactly(length), 10)
+        writer.write(b'{"prompt": [1]}' + HEALTHZ)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 10)
+        assert answer.startswith(b"HTTP/1.1 200 "), answer
+    finally:
+        writer.close()
