@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from weighbridge.emulator.real_vllm import RealVllmServer
+from weighbridge.emulator.real_vllm import RealVllmServer, tiny_model_dir
+from weighbridge.launch import emulator_process
 
 # The engine shape both backends get. The CPU attention backend wants blocks of 32 tokens;
 # 64 blocks hold two maximal sequences.
@@ -26,6 +29,27 @@ class Backend:
     model: str
     max_num_seqs: int = MAX_NUM_SEQS
     max_model_len: int = MAX_MODEL_LEN
+
+
+def vocab_size() -> int:
+    """The tiny model's vocabulary when it is built, so token-id prompts valid on one backend
+    are valid on the other."""
+    config = tiny_model_dir() / "config.json"
+    if config.is_file():
+        return int(json.loads(config.read_text())["vocab_size"])
+    return 32000
+
+
+@contextlib.contextmanager
+def emulator_backend(**flags: Any) -> Iterator[Backend]:
+    """The emulator in the suite's engine shape (``flags`` add to or override it)."""
+    shape: dict[str, Any] = {
+        "model_name": "conformance", "max_num_seqs": MAX_NUM_SEQS,
+        "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_model_len": MAX_MODEL_LEN,
+        "block_size": BLOCK_SIZE, "num_kv_blocks": NUM_KV_BLOCKS, "vocab_size": vocab_size(),
+        **flags}
+    with emulator_process(**shape) as proc:
+        yield Backend("emulator", proc.url, "conformance")
 
 
 def assert_error_body(r: httpx.Response, status: int) -> None:

@@ -19,18 +19,14 @@ import httpx
 import pytest
 
 from tests.conformance.backends import (
-    BLOCK_SIZE,
     MAX_MODEL_LEN,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
-    NUM_KV_BLOCKS,
     Backend,
     assert_error_body,
+    emulator_backend,
     real_vllm,
 )
 from tests.support import metrics
 from weighbridge.emulator.real_vllm import tiny_model_dir
-from weighbridge.launch import emulator_process
 
 ADAPTER = "zero-adapter"
 RANK = 8
@@ -92,13 +88,9 @@ def _lora_flags(path: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def emulator_lora_backend(adapter_dir: Path) -> Iterator[Backend]:
-    with emulator_process(
-        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, enable_lora=True,
-        lora_modules=[f"{ADAPTER}={adapter_dir}"], max_lora_rank=RANK,
-    ) as proc:
-        yield Backend("emulator", proc.url, "conformance")
+    with emulator_backend(enable_lora=True, lora_modules=[f"{ADAPTER}={adapter_dir}"],
+                          max_lora_rank=RANK) as backend:
+        yield backend
 
 
 @pytest.fixture(scope="module")

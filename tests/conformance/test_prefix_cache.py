@@ -23,30 +23,22 @@ import pytest
 
 from tests.conformance.backends import (
     BLOCK_SIZE,
-    MAX_MODEL_LEN,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
     NUM_KV_BLOCKS,
     Backend,
+    emulator_backend,
     real_vllm,
     stream_chunks,
 )
-from tests.conformance.conftest import _vocab_size
 from tests.support import metrics
-from weighbridge.launch import emulator_process
 
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 
 
 @pytest.fixture(scope="module")
 def emulator_cache_backend() -> Iterator[Backend]:
-    with emulator_process(
-        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS - 1,  # vLLM's null block
-        vocab_size=_vocab_size(), enable_prompt_tokens_details=True,
-    ) as proc:
-        yield Backend("emulator", proc.url, "conformance")
+    with emulator_backend(num_kv_blocks=NUM_KV_BLOCKS - 1,  # vLLM's null block
+                          enable_prompt_tokens_details=True) as backend:
+        yield backend
 
 
 @pytest.fixture(scope="module")

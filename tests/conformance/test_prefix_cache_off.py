@@ -9,29 +9,19 @@ import httpx
 import pytest
 
 from tests.conformance.backends import (
-    BLOCK_SIZE,
-    MAX_MODEL_LEN,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
-    NUM_KV_BLOCKS,
     Backend,
+    emulator_backend,
     real_vllm,
 )
-from tests.conformance.conftest import _vocab_size
 from tests.conformance.test_prefix_cache import HITS, QUERIES, _ids
 from tests.support import metrics
-from weighbridge.launch import emulator_process
 
 
 @pytest.fixture(scope="module")
 def emulator_off_backend() -> Iterator[Backend]:
-    with emulator_process(
-        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, vocab_size=_vocab_size(),
-        enable_prefix_caching=False, enable_prompt_tokens_details=True,
-    ) as proc:
-        yield Backend("emulator", proc.url, "conformance")
+    with emulator_backend(enable_prefix_caching=False,
+                          enable_prompt_tokens_details=True) as backend:
+        yield backend
 
 
 @pytest.fixture(scope="module")

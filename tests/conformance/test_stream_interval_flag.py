@@ -12,16 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conformance.backends import (
-    BLOCK_SIZE,
-    MAX_MODEL_LEN,
-    MAX_NUM_BATCHED_TOKENS,
-    MAX_NUM_SEQS,
-    NUM_KV_BLOCKS,
-    assert_interval_chunks,
-    real_vllm,
-)
-from weighbridge.launch import emulator_process
+from tests.conformance.backends import assert_interval_chunks, emulator_backend, real_vllm
 
 SERVER_INTERVAL = 4
 MAX_TOKENS = 16
@@ -37,12 +28,8 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def emulator_url() -> Iterator[str]:
-    with emulator_process(
-        model_name="conformance", max_num_seqs=MAX_NUM_SEQS,
-        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, max_model_len=MAX_MODEL_LEN,
-        block_size=BLOCK_SIZE, num_kv_blocks=NUM_KV_BLOCKS, stream_interval=SERVER_INTERVAL,
-    ) as proc:
-        yield proc.url
+    with emulator_backend(stream_interval=SERVER_INTERVAL) as backend:
+        yield backend.url
 
 
 @pytest.fixture(scope="module")
