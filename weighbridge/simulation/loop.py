@@ -52,6 +52,7 @@ from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord
 from weighbridge.sidecar.core import SchedulingCore
+from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.rejection import Reject
 from weighbridge.sidecar.request import QueuedRequest, RequestState
 from weighbridge.simulation.clients import ClientRequest, Clients
@@ -85,6 +86,7 @@ class _Flight:
     stream: bool = True
     times: list[float] = field(default_factory=list)  # when each content chunk arrived
     reported: int = 0  # of those, how many the core has been told of (see _flush)
+    ids: tuple[int, ...] | None = None  # the prompt's token ids (prompt_ids)
 
 
 @dataclass
@@ -250,15 +252,17 @@ class Simulation:
             self._answer(client, meter, now, 400, "max_tokens_too_large")
             return
         self._flush()
+        ids = prompt_ids(plan)
         result = core.arrive(
             request_id=plan.request_id, tenant=tenant, tier=tier, endpoint=plan.endpoint,
             prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens, now=now,
             user=identity, priority=client.priority or 0,  # as live: the key, not the body
-            deadline_s=core.deadline_for(tier, now, deadline_ms))
+            deadline_s=core.deadline_for(tier, now, deadline_ms),
+            prefix=None if ids is None else PromptPrefix(token_ids=ids))
         if isinstance(result, Reject):
             self._answer(client, meter, now, result.http_status, result.reason)
             return
-        flight = _Flight(client, meter, queued=result, stream=plan.stream)
+        flight = _Flight(client, meter, queued=result, stream=plan.stream, ids=ids)
         self._flights[plan.request_id] = flight
         deadline = now + client.timeout_s
         if deadline < self.until_s:
@@ -321,8 +325,7 @@ class Simulation:
             client = flight.client
             plan = client.plan
             seq = engine.sequence(plan.request_id, plan.prompt_tokens, plan.max_tokens,
-                                  client.ignore_eos, d.vllm_priority, now,
-                                  prompt_ids(plan))
+                                  client.ignore_eos, d.vllm_priority, now, flight.ids)
             headers = {headers_.BACKEND: d.backend,
                        headers_.QUEUE_MS: f"{(now - d.request.arrival_s) * 1000:.1f}"}
             try:
@@ -537,8 +540,10 @@ class Simulation:
             meter = flight.meter
             usage: dict[str, Any] = {"prompt_tokens": seq.prompt_tokens,
                                      "completion_tokens": seq.output_tokens}
+            cached: int | None = None  # as the sidecar reads usage: None if not reported
             if flight.engine is not None and flight.engine.reports_cached_tokens:
-                usage["prompt_tokens_details"] = {"cached_tokens": seq.num_cached_tokens}
+                cached = seq.num_cached_tokens
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
             if flight.client.session is not None:
                 # A turn's answer, as vLLM returns it: the next turn sends these ids back.
                 meter.feed(b'data: {"choices":[{"index":0,"text":"","token_ids":'
@@ -552,6 +557,7 @@ class Simulation:
                 core.on_tokens_streamed(request, seq.output_tokens, now)
                 meter.body(orjson.dumps({"choices": [{"text": "x"}], "usage": usage}), now)
             meter.finish(now)
-            core.on_completed(request, seq.prompt_tokens, seq.output_tokens, now)
+            core.on_completed(request, seq.prompt_tokens, seq.output_tokens, now,
+                              cached_tokens=cached)
             self._record(flight.client, meter, now)
         self._dispatch(now)
