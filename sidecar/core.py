@@ -249,6 +249,10 @@ class SchedulingCore:
         # Backends whose answers lack cached_tokens (vLLM without
         # --enable-prompt-tokens-details): charged the whole prompt, as if nothing cached.
         self.unreported: set[str] = set()
+        # Backends an answer has shown to report them: only their predictions are used (the
+        # index learns from the first request on, but a prediction no answer can settle
+        # would undercount the prefill backlog and the charges).
+        self.reporting: set[str] = set()
 
     # ------------------------------------------------------------------ pools
 
@@ -624,11 +628,17 @@ class SchedulingCore:
                 continue
             allowed = eligible(OPEN_RULES, self._pass(pool, standing, slots, fair, now))
             if name == chosen or allowed is None or allowed(request.tenant):
-                cached[name] = self._prefix[name].predict(request.prefix,
-                                                          request.prompt_tokens)
+                cached[name] = self._predicted_cached(name, request)
         backend, reason = self._router.prefer(cached, chosen, request.prompt_tokens)
         self.routing_decisions[(backend, reason)] += 1
         return backend
+
+    def _predicted_cached(self, backend: str, request: QueuedRequest) -> int:
+        """The prompt tokens ``backend``'s prefix cache should hold for the request, where
+        its answers have shown they say so (``reporting``); else none."""
+        if request.prefix is None or backend not in self.reporting:
+            return 0
+        return self._prefix[backend].predict(request.prefix, request.prompt_tokens)
 
     def _next_in_headroom(self, pool: _Pool, standings: dict[str, Standing], slots: int,
                           fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
@@ -729,10 +739,8 @@ class SchedulingCore:
         request.backend = backend
         self.gates[backend].on_dispatched(now)
         if request.prefix is not None:
-            index = self._prefix[backend]
-            request.predicted_cached_tokens = index.predict(request.prefix,
-                                                            request.prompt_tokens)
-            index.sent(request.prefix)
+            request.predicted_cached_tokens = self._predicted_cached(backend, request)
+            self._prefix[backend].sent(request.prefix)
         # The router's load counts what the engine computes: the cached prompt is free.
         self._router.on_dispatched(
             request.id, backend, request.prompt_tokens - request.predicted_cached_tokens,
@@ -837,6 +845,7 @@ class SchedulingCore:
             self._prefix[request.backend].resize(0, self._prefix[request.backend].block_size)
         if cached_tokens is not None and request.prefix is not None \
                 and request.backend is not None:
+            self.reporting.add(request.backend)
             key = (request.tenant, request.backend)
             self.cached_predicted[key] += request.predicted_cached_tokens
             self.cached_reported[key] += cached_tokens

@@ -168,3 +168,18 @@ def test_answers_without_cached_tokens_turn_the_backend_s_index_off() -> None:
     core.on_completed(second.request, 100, 8, 0.4)
     assert turn(core, history, 0.5).request.predicted_cached_tokens == 0
     assert core.snapshot(0.5)["backends"]["b1"]["prefix_index"]["reported"] is False
+
+
+def test_nothing_is_predicted_before_an_answer_reports_cached_tokens() -> None:
+    """Until the engine has shown it reports what it found cached, a prediction could not be
+    settled and would undercount the prefill backlog (a flood of prompts sharing a prefix
+    crowded an engine's queue in its first second): the index learns, predicts nothing."""
+    core = core_with("prefix_aware", backends=[{"url": "http://127.0.0.1:8001",
+                                                 "name": "b1"}])
+    history = list(range(100))
+    first = turn(core, history, 0.0)
+    second = turn(core, history, 0.1)  # the first is still in flight: nothing reported yet
+    assert second.request.predicted_cached_tokens == 0
+    assert core.router.prefill_tokens("b1") == 200
+    core.on_completed(first.request, 100, 8, 0.2, cached_tokens=0)
+    assert turn(core, history, 0.3).request.predicted_cached_tokens == 96
