@@ -28,7 +28,6 @@ from weighbridge import headers as headers_
 from weighbridge import output_budget
 from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
-from weighbridge.output_budget import COMPLETIONS_DEFAULT_MAX_TOKENS
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_over_capacity
@@ -445,7 +444,8 @@ class Sidecar:
         asked = body.get(field)
         if asked is not None and asked < 1:
             raise bad("invalid_max_tokens", f"{field} must be at least 1")
-        budget = asked if asked is not None or chat else COMPLETIONS_DEFAULT_MAX_TOKENS
+        budget = (asked if asked is not None or chat
+                  else output_budget.COMPLETIONS_DEFAULT_MAX_TOKENS)
         limit = self.config.max_tokens_limit
         if limit is None:
             return budget
