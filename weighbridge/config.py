@@ -1,9 +1,10 @@
 """The configuration schema shared by every weighbridge part, loaded from YAML.
 
-The YAML layout is a contract (docs/sidecar.md, "Configuration reference"): extend it,
-never rename a field. Models are strict (YAML already carries types, so a quoted number is a
-mistake, not a conversion) and forbid unknown keys so that a typo fails loudly instead of
-silently using a default.
+The YAML layout is a contract: extend it, never rename a field. Each field's docstring is
+its documentation, rendered as docs/configuration.md by ``weighbridge.config_reference``.
+Models are strict (YAML already carries types, so a quoted number is a mistake, not a
+conversion) and forbid unknown keys so that a typo fails loudly instead of silently using a
+default.
 
 Every problem is reported by ``load_config`` / ``parse_config`` as one ``ConfigError`` whose
 message lists each error as ``dotted.path: message``.
@@ -186,7 +187,10 @@ ModelName = Annotated[str, PlainValidator(_check_model_name, json_schema_input_t
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True)
+    # Each field's docstring is its description: the one text docs/configuration.md is
+    # generated from (weighbridge.config_reference), as vLLM's config classes do.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True,
+                              use_attribute_docstrings=True)
 
 
 # A tier's default vLLM priority is TIER_PRIORITY_STEP * (rank - 1): the default tiers'
@@ -195,34 +199,51 @@ TIER_PRIORITY_STEP = 5
 
 
 class RateLimits(_Model):
-    """Rate limits; ``None`` means unlimited. Token limits count prompt + output."""
+    """Rate limits, each a bucket refilled continuously over its period; none means
+    unlimited. A request over one gets 429 `rate_limited` with `Retry-After`."""
 
     requests_per_minute: PositiveInt | None = None
+    """A bucket of this many requests, refilled over a minute."""
     requests_per_day: PositiveInt | None = None
+    """The same over 86,400 s."""
     requests_per_month: PositiveInt | None = None
+    """The same over 30 days: a monthly request budget, refilled continuously."""
     tokens_per_minute: PositiveInt | None = None
+    """Prompt + output tokens: the estimate is charged at admission and settled with the
+    answer's usage at the end."""
     tokens_per_day: PositiveInt | None = None
+    """The same over 86,400 s."""
     tokens_per_month: PositiveInt | None = None
+    """The same over 30 days."""
 
 
 class Tier(_Model):
-    rank: int  # lower rank is served first, strictly
-    # Sent as the request's `priority` to backends with priority_scheduling. Default: from
-    # the rank, so a better tier is also served first inside the engine (with one value for
-    # every tier, the engine would order a tier-1 request behind tier-2 prompts it already
-    # holds).
-    vllm_priority: int = 0
-    ttft_slo_ms: PositiveFloat | None = None  # default deadline for time to first token
-    e2e_slo_ms: PositiveFloat | None = None  # default deadline for the whole request
-    # Limits on everything sent in this tier, all tenants together, beside each tenant's own:
-    # what a better tier may carry, so tenants cannot all move up to it (priority
-    # inflation) and starve the tiers below.
+    """A service tier. Without `tiers`, three are defined: `interactive` (rank 1,
+    `ttft_slo_ms` 500, `vllm_priority` 0), `standard` (rank 2, `e2e_slo_ms` 10000,
+    `vllm_priority` 5) and `batch` (rank 3, `vllm_priority` 10)."""
+
+    rank: int
+    """Lower rank is served first, strictly; unique among the tiers."""
+    vllm_priority: int = Field(default=0, json_schema_extra={"x-default": "5 * (rank - 1)"})
+    """The `priority` sent to backends with `priority_scheduling` (lower is served first, as
+    the rank). Derived from the rank so that a better tier is also ahead inside the engine
+    (with one value for every tier, the engine would order a tier-1 request behind tier-2
+    prompts it already holds), with room for `over_share_priority_demotion` between tiers."""
+    ttft_slo_ms: PositiveFloat | None = None
+    """The default deadline for time to first token of requests in this tier."""
+    e2e_slo_ms: PositiveFloat | None = None
+    """The default deadline for the whole request, where there is no `ttft_slo_ms`; early
+    rejection compares it with the predicted wait to the first token."""
     limits: RateLimits = Field(default_factory=RateLimits)
-    # Stream this tier's answers in chunks of at least this many tokens: sent as the request's
-    # `stream_interval` (vLLM's, which it raises the engine's --stream-interval to), unless
-    # the client asked for more. Fewer, larger chunks cost the engine's front end and the
-    # sidecar less host CPU per token; None leaves each token its own chunk.
+    """Rate limits on everything sent in this tier, all tenants together, beside each
+    tenant's own: what a better tier may carry, so tenants cannot all move up to it
+    (priority inflation) and starve the tiers below. A lower tier is not affected."""
     stream_interval: PositiveInt | None = None
+    """Stream this tier's answers in chunks of at least this many tokens: sent as the
+    request's `stream_interval` (vLLM's, which raises the engine's `--stream-interval` for
+    that request) unless the client asked for more. Fewer chunks cost the engine's API server
+    and the sidecar less CPU per token (docs/sidecar-performance.md) and make each client read
+    coarser; none sends each token as it comes."""
 
     @model_validator(mode="before")
     @classmethod
@@ -240,36 +261,52 @@ def default_tiers() -> dict[str, Tier]:
 
 
 class Limits(RateLimits):
-    """Per-tenant limits: the rates, and the bounds on the tenant's queue."""
+    """A tenant's limits: the rates, and the bounds on its queue in the sidecar."""
 
-    # Queues are bounded by default: an unbounded queue only converts overload into latency.
     max_queued: PositiveInt = 1000
+    """Requests queued in the sidecar at once; one more gets 429 `queue_full`. Bounded by
+    default: an unbounded queue only converts overload into latency."""
     max_queued_tokens: PositiveInt | None = None
+    """Estimated tokens queued at once."""
 
 
 class Tenant(_Model):
-    tier: Name  # the highest tier this tenant may use, and its default
-    weight: PositiveFloat = 1.0  # share within its tier
+    """A customer: its keys, tier, weight and limits. Names are 1-64 of letters, digits and
+    `_ . : - [ ]`, as they appear in headers and metric labels."""
+
+    tier: Name
+    """The highest tier the tenant may use, and its default."""
+    weight: PositiveFloat = 1.0
+    """Its share within its tier: DRR turns per round, and its share of the headroom."""
     api_keys: list[ApiKeyField] = Field(min_length=1)
+    """`sha256:<64 hex>`, `env:VAR` or `plain:<key>` (docs/sidecar.md, "API keys"); a key
+    belongs to one tenant or admin only."""
     limits: Limits = Field(default_factory=Limits)
-    # Extra rate limits on one endpoint (only the rate fields apply; queues are per tenant).
-    # Replaces that endpoint's `tenant_limits` default for this tenant.
+    """Its rate limits and queue bounds."""
     endpoint_limits: dict[EndpointPath, Limits] = Field(default_factory=dict)
-    # Extra rate limits on one model (the request's `model`, or `default_model`); replaces
-    # that model's `tenant_limits` default for this tenant.
+    """Endpoint path → rate limits on that endpoint only (only the rate fields apply; queues
+    are per tenant); replaces that endpoint's `tenant_limits` for this tenant."""
     model_limits: dict[ModelName, RateLimits] = Field(default_factory=dict)
+    """Model name → rate limits on requests for that model only (the request's `model`, or
+    `default_model`); replaces that model's `tenant_limits` for this tenant."""
 
 
 class Endpoint(_Model):
+    """How requests to one served path are costed. Given ones are merged over the defaults of
+    the three served paths (`/v1/completions`, `/v1/chat/completions`, `/v1/embeddings`)."""
+
     cost: CostModel = "tokens"
-    # Deficit added per DRR round, in the unit of `cost`. Defaults to 2048 tokens, or one
-    # request when cost is `requests`.
-    quantum: PositiveInt = DEFAULT_TOKEN_QUANTUM
-    # Output estimate before any output has been observed for a tenant on this endpoint
-    # (0 for an endpoint that generates nothing, as /v1/embeddings).
-    initial_output_estimate: NonNegativeInt = 256
-    # Every tenant's own limits on this endpoint, unless its `endpoint_limits` names it.
+    """The DRR cost model: `tokens` (prompt + estimated output) or `requests` (1 each)."""
+    quantum: PositiveInt = Field(default=DEFAULT_TOKEN_QUANTUM,
+                                 json_schema_extra={"x-default": "2048; 1 with cost requests"})
+    """Deficit added per DRR round, in the unit of `cost`."""
+    initial_output_estimate: NonNegativeInt = Field(
+        default=256, json_schema_extra={"x-default": "256; 0 for /v1/embeddings"})
+    """The output estimate before any output has been observed for a tenant on this
+    endpoint (0 for an endpoint that generates nothing)."""
     tenant_limits: RateLimits = Field(default_factory=RateLimits)
+    """Rate limits every tenant gets on this endpoint, each in its own buckets, unless its
+    `endpoint_limits` names the endpoint."""
 
     @model_validator(mode="before")
     @classmethod
@@ -292,20 +329,29 @@ def default_endpoints() -> dict[str, Endpoint]:
 class Model(_Model):
     """Rules for one model name, as requests spell it in `model`."""
 
-    # Every tenant's own limits on this model, unless its `model_limits` names it.
     tenant_limits: RateLimits = Field(default_factory=RateLimits)
+    """Rate limits every tenant gets on this model, each in its own buckets, unless its
+    `model_limits` names the model."""
 
 
 class Backend(_Model):
+    """One engine the sidecar forwards to: a vLLM OpenAI-compatible server."""
+
     url: BaseUrl
-    name: Name  # defaults to the URL's host:port; used in headers and metric labels
-    priority_scheduling: bool = False  # the backend runs vLLM --scheduling-policy priority
-    # The backend's vLLM --stream-interval: after the first, each streamed chunk carries this
-    # many tokens (the last one the rest), which live charging counts between usages.
+    """Its base URL (`http://host:port`, no query)."""
+    name: Name = Field(json_schema_extra={"x-default": "the URL's host:port"})
+    """Used in `x-weighbridge-backend` and metric labels; unique."""
+    priority_scheduling: bool = False
+    """The backend runs vLLM `--scheduling-policy priority`."""
     stream_interval: PositiveInt = 1
-    # The model names it serves (base models and adapters), when they should not be learned
-    # from its /v1/models; None: learned (sidecar.catalog).
-    models: list[ModelName] | None = Field(default=None, min_length=1)
+    """The backend's vLLM `--stream-interval N`: each streamed chunk after the first carries
+    N tokens (the last one the rest), which live charging counts by. Left at 1 on such an
+    engine, charging lags a stream by up to N - 1 tokens per chunk until its usage settles
+    it."""
+    models: list[ModelName] | None = Field(default=None, min_length=1,
+                                           json_schema_extra={"x-default": "learned"})
+    """The model names it serves (base models and adapters); unset, they are learned from its
+    `/v1/models` (`model_discovery`), and when set never re-read."""
 
     @model_validator(mode="before")
     @classmethod
@@ -323,95 +369,128 @@ class Backend(_Model):
 
 
 class HealthProbe(_Model):
+    """The active health check of every backend."""
+
     path: EndpointPath = "/health"
+    """Probed with GET; 200 is healthy."""
     interval_ms: PositiveInt = 1000
+    """The probe interval per backend."""
     timeout_ms: PositiveInt = 1000
-    # Consecutive failed probes before a healthy backend is marked unhealthy (Kubernetes'
-    # failureThreshold, Envoy's unhealthy_threshold). One late answer is weak evidence: the
-    # probe's timer runs on the sidecar's own event loop, which a burst of arrivals can hold
-    # for a second, and an engine busy with a burst answers late. A failed request (refused
-    # connection, broken stream) still marks the backend at once. One 200 brings it back.
+    """The probe's timeout."""
     unhealthy_threshold: PositiveInt = 3
+    """Consecutive failed probes before a healthy backend is marked unhealthy (Kubernetes'
+    `failureThreshold`, Envoy's `unhealthy_threshold`). One late answer is weak evidence: the
+    probe's timer runs on the sidecar's own event loop, which a burst of arrivals can hold
+    for a second, and an engine busy with a burst answers late. A failed request (refused
+    connection, broken stream) still marks the backend at once; one 200 brings it back."""
 
 
 class ModelDiscovery(_Model):
-    """How the sidecar learns which models each backend serves: its /v1/models, read at
-    start-up and then every ``interval_ms`` (a LoRA adapter loaded at run time appears
+    """How the sidecar learns which models each backend serves: its `/v1/models`, read at
+    start-up and then every `interval_ms` (a LoRA adapter loaded at run time appears
     within that period)."""
 
     interval_ms: PositiveInt = 30_000
+    """How often each backend's `/v1/models` is read again."""
     timeout_ms: PositiveInt = 2_000
+    """The timeout of one read; a failed read keeps what was known."""
 
 
 class Scheduler(_Model):
+    """The order in which queued requests are served (docs/sidecar.md, "Egress")."""
+
     # Not strict: YAML gives the policy's name, a string.
     policy: Annotated[Policy, Field(strict=False)] = Policy.DRR
-    # Fraction of dispatches offered to lower tiers while a higher tier is backlogged;
-    # None keeps tiers strict.
+    """`drr` (deficit round robin over tenants, in tokens, weighted), or the baselines `rr`
+    (one request a turn, unweighted), `fcfs` (one queue in arrival order, through the
+    admission gate) and `passthrough` (no queue, no gate)."""
     anti_starvation_weight: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
-    charge_streamed_tokens: bool = True  # VTC-style: charge output tokens as they stream
-    repeat_demotion: bool = False  # a key's 2nd, 3rd... concurrent request gets priority 1, 2...
-    # Within a tenant (after priority and deadline), shorter prompts first: the seed's
-    # approximate shortest-job-first. A tenant's long prompts wait while its short ones keep
-    # coming; other tenants are unaffected (DRR is between tenants).
+    """In (0, 1): the fraction of dispatches a backlogged tier yields to the tiers below;
+    none keeps tiers strict."""
+    charge_streamed_tokens: bool = True
+    """Charge streamed output beyond the estimate as it passes, as VTC does (`drr`,
+    token-cost endpoints)."""
+    repeat_demotion: bool = False
+    """An API key's 2nd, 3rd… concurrent request is ordered at priority +1, +2… (by key, not
+    the body's `user`)."""
     shortest_prompt_first: bool = False
+    """Within a tenant, after priority and deadline, shorter prompts first: an approximate
+    shortest-job-first (`drr`, `rr`). A tenant's long prompts wait while its short ones keep
+    coming; other tenants are unaffected, since DRR is between tenants."""
     output_estimate_alpha: float = Field(default=0.2, gt=0, le=1, allow_inf_nan=False)
+    """The EMA weight of each new output observation, in (0, 1]."""
 
 
 class Admission(_Model):
-    """Admission control. Every field left unset (None) is derived from the backend's shape
-    as the sidecar learns it from the engine's /metrics (sidecar/shape.py,
-    sidecar.admission.derive_limits; docs/sidecar.md#admission-defaults); a value given here
+    """Admission control: when a backend takes the next request. Every field left unset is
+    derived from the engine's shape as the sidecar learns it from its /metrics
+    (docs/sidecar.md, "Admission defaults: learned from each engine"); a value given here
     overrides what is learned. The derived fairness settings (headroom, pacing, backlog, KV
     watermark) apply to the tenant-aware policies only: the FIFO baselines get what is set."""
 
-    # Hold while the backend's estimated waiting queue is above this. None: max(2, slots/8)
-    # once the engine's slots are known, 8 before.
-    max_backend_waiting: NonNegativeInt | None = None
+    max_backend_waiting: NonNegativeInt | None = Field(
+        default=None, json_schema_extra={"x-default": "derived: max(2, slots/8); 8 before"})
+    """Hold while the backend's estimated waiting queue is above this."""
     min_decode_tokens_per_s: NonNegativeFloat = 7.0
-    # Scrape interval per backend, also the dispatch tick. None: about 8 engine steps,
-    # within [50, 250] ms (100 ms until a step time is measured).
-    metrics_poll_ms: PositiveInt | None = None
-    # Metrics older than this are stale: fall back to max_inflight_per_backend.
+    """Hold while the engine's per-sequence decode speed is below this (0 disables)."""
+    metrics_poll_ms: PositiveInt | None = Field(
+        default=None,
+        json_schema_extra={"x-default": "derived: about 8 engine steps in [50, 250] ms"})
+    """The scrape interval per backend, also the dispatch tick: about 8 engine steps within
+    [50, 250] ms (100 ms until a step time is measured), and at least 50 scrape durations, up
+    to 500 ms."""
     metrics_stale_ms: PositiveInt = 1000
+    """A scrape older than this is stale, and the gate falls back to
+    `max_inflight_per_backend`; at least `metrics_poll_ms`."""
     max_inflight_per_backend: PositiveInt = 64
-    # The in-flight cap per backend while its metrics are fresh (about the engine's
-    # max_num_seqs). None: the learned running capacity plus the waiting bound, or
-    # max_inflight_per_backend until it is learned.
-    max_running_per_backend: PositiveInt | None = None
-    # Slots per backend only under-share tenants may use: a well-behaved tenant then never
-    # waits for a flood's slot turnover (vLLM does not preempt to admit a waiting request).
-    # None: enough that a lone tenant runs at most slots - max(1, slots/8); 0: none.
-    headroom_slots: NonNegativeInt | None = None
-    # Prompt tokens a backend may have dispatched and still prefilling (no first token yet)
-    # before it takes more: the gate otherwise counts free *slots*, and on an idle engine it
-    # would hand over a slot's worth of long prompts that the engine can only prefill a
-    # step budget at a time, so its waiting queue would overshoot max_backend_waiting.
-    # None: two step budgets (tenant-aware policies); 0: no limit.
-    max_backend_prefill_tokens: NonNegativeInt | None = None
-    # Prompt tokens one tenant may have dispatched and still prefilling (no first token yet)
-    # before its next request waits: a flood's long prompts then enter the engines a few at
-    # a time instead of all at once, so they neither fill the engine's waiting queue (which
-    # closes the gate for everyone) nor every step's budget. drr and rr only.
-    # None: one step budget; 0: no limit.
-    max_prefill_tokens_inflight: NonNegativeInt | None = None
-    # The engine's step budget (vLLM --max-num-batched-tokens), which the two prefill limits
-    # above derive from. vLLM does not export it; None: 2048 (vLLM's default for serving).
-    step_budget_tokens: PositiveInt | None = None
-    # KV-aware admission (drr and rr): an over-share tenant's requests are dispatched only
-    # while what the sidecar has in flight on the backend will hold fewer KV blocks, at its
-    # largest, than the cache minus kv_reserve_blocks; the reserve is for the others.
+    """The in-flight cap per backend with stale or missing metrics (the fallback), and with
+    fresh ones until its slots are learned."""
+    max_running_per_backend: PositiveInt | None = Field(
+        default=None, json_schema_extra={"x-default": "derived: slots + max_backend_waiting"})
+    """The in-flight cap per backend while its metrics are fresh (about the engine's
+    `max_num_seqs`): the learned running capacity plus the waiting bound. When set, also the
+    slots the other defaults derive from."""
+    headroom_slots: NonNegativeInt | None = Field(
+        default=None, json_schema_extra={"x-default": "derived: work-conserving"})
+    """Slots per backend only under-share tenants may use (below both caps): a well-behaved
+    tenant then never waits for a flood's slot turnover, since vLLM does not preempt to admit
+    a waiting request. Derived: enough that a lone tenant runs at most
+    slots - max(1, slots/8); 0: none. A configured value is always kept."""
+    max_backend_prefill_tokens: NonNegativeInt | None = Field(
+        default=None, json_schema_extra={"x-default": "derived: two step budgets"})
+    """Prompt tokens a backend may have dispatched and still prefilling (no first token yet)
+    before it takes more: the gate otherwise counts free slots, and an idle engine would be
+    handed a slot's worth of long prompts that it can only prefill a step budget at a time,
+    so its waiting queue would overshoot `max_backend_waiting`. Derived for `drr` and `rr`;
+    0: no limit."""
+    max_prefill_tokens_inflight: NonNegativeInt | None = Field(
+        default=None, json_schema_extra={"x-default": "derived: one step budget"})
+    """Prompt tokens one tenant may have dispatched and still prefilling before its next
+    request waits: a flood's long prompts then enter the engines a few at a time, so they
+    neither fill the engine's waiting queue (which closes the gate for everyone) nor every
+    step's budget. `drr` and `rr` only; 0: no limit."""
+    step_budget_tokens: PositiveInt | None = Field(default=None,
+                                                   json_schema_extra={"x-default": "2048"})
+    """The engines' step budget (vLLM `--max-num-batched-tokens`), which the two prefill
+    limits derive from. vLLM does not export it; unset: 2048, vLLM's default for serving."""
     kv_aware: bool = True
-    # The engine's KV cache in blocks and tokens per block. None: vllm:cache_config_info's
-    # num_gpu_blocks and block_size (KV-aware admission is off while neither is known).
-    kv_cache_blocks: PositiveInt | None = None
-    kv_block_size: PositiveInt | None = None
-    # KV blocks per backend kept for under-share tenants. None: the same fraction of the
-    # cache as the headroom's max(1, slots/8) of the slots (1/8 before slots are known).
-    kv_reserve_blocks: NonNegativeInt | None = None
-    # Added to the vLLM priority of over-share requests on priority-scheduling backends, so
-    # the engine preempts them first under KV pressure.
+    """KV-aware admission (`drr`, `rr`): an over-share tenant's requests are dispatched only
+    while what the sidecar has in flight on the backend will hold fewer KV blocks, at its
+    largest, than the cache minus `kv_reserve_blocks`; the reserve is for the others."""
+    kv_cache_blocks: PositiveInt | None = Field(
+        default=None, json_schema_extra={"x-default": "learned: num_gpu_blocks"})
+    """The engine's KV cache in blocks: `vllm:cache_config_info`'s `num_gpu_blocks` unless
+    set. KV-aware admission is off while it is unknown."""
+    kv_block_size: PositiveInt | None = Field(
+        default=None, json_schema_extra={"x-default": "learned: block_size"})
+    """Tokens per KV block: `vllm:cache_config_info`'s `block_size` unless set."""
+    kv_reserve_blocks: NonNegativeInt | None = Field(
+        default=None, json_schema_extra={"x-default": "derived: the headroom's fraction"})
+    """KV blocks per backend kept for under-share tenants: the same fraction of the cache as
+    the headroom's max(1, slots/8) of the slots (1/8 before slots are known)."""
     over_share_priority_demotion: NonNegativeInt = 1
+    """Added to the vLLM priority of over-share requests on priority-scheduling backends, so
+    that the engine preempts them first under KV pressure."""
 
     @model_validator(mode="after")
     def _stale_after_poll(self) -> Admission:
@@ -433,14 +512,17 @@ class Admission(_Model):
 
 
 class Telemetry(_Model):
-    """OpenTelemetry export; off unless ``otlp_endpoint`` is set."""
+    """OpenTelemetry traces; off unless `otlp_endpoint` is set."""
 
-    # Base URL of an OTLP/HTTP receiver (a collector's :4318); spans go to <url>/v1/traces
-    # as http/protobuf, like OTEL_EXPORTER_OTLP_ENDPOINT. None: no tracing at all.
     otlp_endpoint: BaseUrl | None = None
+    """The base URL of an OTLP/HTTP receiver (a collector's `:4318`); spans go to
+    `<url>/v1/traces` as http/protobuf, as with `OTEL_EXPORTER_OTLP_ENDPOINT`. None: no
+    tracing, and no tracing work at all."""
     service_name: Name = "weighbridge-sidecar"
-    # Fraction of requests traced (parent-based: a caller's sampled trace is always kept).
+    """The `service.name` resource attribute."""
     sample_ratio: float = Field(default=1.0, gt=0, le=1, allow_inf_nan=False)
+    """The fraction of requests traced (parent-based: a caller's sampled trace is always
+    kept)."""
 
     @property
     def traces_url(self) -> str | None:
@@ -462,24 +544,29 @@ RedisUrl = Annotated[str, PlainValidator(_check_redis_url, json_schema_input_typ
 
 class SharedState(_Model):
     """Where the state several sidecar replicas share lives (docs/sidecar.md, "Several
-    replicas"): ``local`` keeps everything in this process (one replica); ``redis`` shares
+    replicas"): `local` keeps everything in this process (one replica); `redis` shares
     the rate-limit buckets, the tenants' served-token counters and the output estimates."""
 
     backend: Literal["local", "redis"] = "local"
-    url: RedisUrl | None = None
-    # One round trip on the admission path; a slower answer counts as Redis being down,
-    # and the replica falls back to its share of the limits until it answers again.
+    """`local`: this process alone; `redis`: shared with every replica using the same Redis
+    and `key_prefix` (docs/sidecar.md, "Several replicas")."""
+    url: RedisUrl | None = Field(default=None,
+                                 json_schema_extra={"x-default": "none; required with redis"})
+    """`redis://host:port/db`, `rediss://…` (TLS) or `unix:///path/to/socket`."""
     timeout_ms: PositiveFloat = 5.0
-    # How often each replica publishes its load (per tenant: in flight, backlogged) and reads
-    # the others' (never per streamed chunk; service, estimates and settlements go every
-    # 30 ms). Shares across replicas are judged on what the others held at the last
-    # exchange: two tenants, one behind one replica of three, got Jain about 0.97 at 25 ms
-    # and 0.98-1.00 at 10 ms (docs/sidecar.md).
+    """One round trip on the admission path; a slower answer counts as Redis being down, and
+    the replica falls back to its 1/N share of the limits until it answers again."""
     sync_ms: PositiveInt = 10
-    # A replica registers every heartbeat_ms; one silent for 3 beats no longer counts
-    # towards the N that fallback limits are divided by.
+    """How often each replica publishes its load (per tenant: in flight, backlogged) and
+    reads the others' (one script call, skipped while it is alone; never per streamed
+    chunk). Service, estimates and settlements go every 30 ms in one pipelined round trip.
+    Shares across replicas are judged on what the others held at the last exchange
+    (docs/sidecar.md, "Several replicas")."""
     heartbeat_ms: PositiveInt = 1000
+    """A replica registers every `heartbeat_ms`; one silent for 3 beats no longer counts
+    towards the N that fallback limits are divided by."""
     key_prefix: Name = "weighbridge"
+    """Every key is `{key_prefix}:…`."""
 
     @model_validator(mode="after")
     def _url_for_redis(self) -> SharedState:
@@ -490,35 +577,61 @@ class SharedState(_Model):
 
 
 class Config(_Model):
-    tiers: dict[Name, Tier] = Field(default_factory=default_tiers, min_length=1)
+    """The sidecar's configuration file."""
+
+    tiers: dict[Name, Tier] = Field(default_factory=default_tiers, min_length=1,
+                                    json_schema_extra={"x-default": "interactive, standard, "
+                                                       "batch"})
+    """Tier name → tier."""
     tenants: dict[Name, Tenant] = Field(default_factory=dict)
-    # Merged over the defaults: every served endpoint always has a cost model.
-    endpoints: dict[EndpointPath, Endpoint] = Field(default_factory=default_endpoints)
+    """Tenant name → tenant. Without tenants every request gets 401."""
+    endpoints: dict[EndpointPath, Endpoint] = Field(
+        default_factory=default_endpoints, json_schema_extra={"x-default": "the three served"})
+    """Endpoint path → endpoint, merged over the defaults, so every served endpoint always
+    has a cost model."""
     backends: list[Backend] = Field(min_length=1)
+    """The engines, at least one."""
     models: dict[ModelName, Model] = Field(default_factory=dict)
-    # The model a request without `model` is served as: routed to its backends and charged
-    # to by per-model limits. None: routing uses the first model the first backend lists
-    # (what vLLM serves such a request with), and such requests meet no model limit.
+    """Model name → rules for requests naming it."""
     default_model: ModelName | None = None
+    """The model a request without `model` is served as: routed to its backends and charged
+    to its per-model limits. None: routing uses the first model the first backend lists (what
+    vLLM serves such a request with, its first `--served-model-name`), and such requests meet
+    no model limit."""
     scheduler: Scheduler = Field(default_factory=Scheduler)
+    """The order of service."""
     admission: Admission = Field(default_factory=Admission)
+    """When a backend takes the next request."""
     routing: Routing = "least_tokens"
+    """Which backend takes it: `least_tokens`, `prefix_aware` (docs/sidecar.md, "Routing"),
+    or the baselines `least_requests` and `round_robin`."""
     health_probe: HealthProbe = Field(default_factory=HealthProbe)
+    """The backends' active health check."""
     model_discovery: ModelDiscovery = Field(default_factory=ModelDiscovery)
+    """How the backends' models are learned."""
     admin_api_keys: list[ApiKeyField] = Field(default_factory=list)
-    max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
-    max_tokens_limit: PositiveInt | None = None  # requests asking for more are rejected
-    # A client gets this long to send a request's headers, from connecting or from the end of
-    # its previous request (also the idle keep-alive timeout); slower ones are disconnected.
+    """Keys that may read `/admin/state`, in the same forms as tenant keys."""
+    max_body_bytes: PositiveInt = DEFAULT_MAX_BODY_BYTES
+    """Larger request bodies get 413."""
+    max_tokens_limit: PositiveInt | None = None
+    """The output budget's cap: a request asking for more gets 400, one naming none is
+    forwarded with it."""
     client_timeout_ms: PositiveInt = 60_000
-    # A request's body must arrive within this of its headers (HAProxy's `timeout
-    # http-request` is 10 s too): a dribbled body gets 408 before it is ever admitted.
+    """How long a client may take to send a request's headers, from connecting or from the
+    end of its previous request (also the idle keep-alive timeout); a slower one is
+    disconnected."""
     client_body_timeout_ms: PositiveInt = 10_000
-    # Open client connections per sidecar process; one accepted beyond it is answered 503
-    # too_many_connections (each connection costs a descriptor and an upstream one).
+    """How long a request's body may take to arrive after its headers, as HAProxy's `timeout
+    http-request`: a dribbled body gets 408 `request_timeout` before it takes any budget."""
     max_client_connections: PositiveInt = 4096
+    """Open client connections per sidecar process; beyond it every request on a new
+    connection gets 503 `too_many_connections`. Each costs a descriptor and an upstream one:
+    the sidecar raises its open-files limit to twice this plus 64 where the hard limit
+    allows, and warns where it does not."""
     telemetry: Telemetry = Field(default_factory=Telemetry)
+    """OpenTelemetry traces."""
     state: SharedState = Field(default_factory=SharedState)
+    """Where replicas share state."""
 
     _warnings: list[str] = PrivateAttr(default_factory=list)
     _tenant_by_digest: dict[str, str] = PrivateAttr(default_factory=dict)
