@@ -155,8 +155,8 @@ POLL_STEPS = 8  # scrape about every 8 engine steps...
 POLL_BOUNDS_S = (0.05, 0.25)  # ...within these bounds
 # ... and at least this many scrape durations apart, up to POLL_COST_CAP_S: the engine's API
 # server renders /metrics on the event loop that streams tokens, so scrapes take at most
-# about 2% of its time. On real vLLM CPU under a flood (benchmarks/isolation.py) a 50 ms
-# period (8 steps of ~5 ms) cost the engine's output 0.81-0.86 of the ideal's; 250 ms, 0.94.
+# about 2% of its time; scraped more often, real vLLM CPU under a flood loses output
+# (benchmarks/RESULTS.md, "isolation").
 POLL_SCRAPE_MULTIPLE = 50
 POLL_COST_CAP_S = 0.5  # a poll this long is still twice as fresh as metrics_stale_ms (1 s)
 

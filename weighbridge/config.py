@@ -740,8 +740,8 @@ class Config(_Model):
         # about a stored key; the final comparison is constant time all the same. A linear
         # scan with compare_digest would cost O(tenants) on every request.
         # pydantic's store of private values, read directly: ``self._tenant_by_digest``
-        # reaches it only through BaseModel.__getattr__ after a failed lookup, 2.9 µs on
-        # every request (docs/sidecar-performance.md).
+        # reaches it only through BaseModel.__getattr__ after a failed lookup, a slow path
+        # on every request (docs/sidecar-performance.md).
         private = self.__pydantic_private__
         assert private is not None
         tenant = private["_tenant_by_digest"].get(digest)
