@@ -352,7 +352,7 @@ class RequestSeries:
 class StreamedTokens:
     """One request's tokens counted into ``weighbridge_tokens_streamed_total`` as they pass:
     its prompt when the first token shows the prefill done, the output tokens each content
-    chunk surely carries (``proxy.tokens_in_chunks``: one each unless the engine streams
+    chunk surely carries (``session.tokens_in_chunks``: one each unless the engine streams
     several per chunk), then topped up to the backend's ``usage`` at the end (a counter
     cannot be lowered, so an over-estimated text prompt stays).
 

@@ -14,11 +14,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
 
+from weighbridge.sidecar.session import BACKEND_FAILED, RelayOutcome, Usage
 from weighbridge.sidecar.upstream import (
     HIGH_WATER,
     Upstream,
@@ -45,43 +45,6 @@ class BackendFailed(Exception):
     """The backend took the request and failed before anything reached the client (it
     dropped the connection, or the answer's body broke off). Not retried: the backend may
     have been working on it, and a request that crashes backends must not visit them all."""
-
-
-@dataclass(slots=True)
-class Usage:
-    prompt_tokens: int
-    completion_tokens: int
-    # What the engine found in its prefix cache (vLLM's --enable-prompt-tokens-details);
-    # None: not reported.
-    cached_tokens: int | None = None
-
-
-@dataclass(slots=True)
-class RelayOutcome:
-    status: int  # the backend's HTTP status
-    usage: Usage | None
-    first_token_s: float | None  # monotonic time the first content chunk reached the client
-    content_chunks: int
-    broken: bool = False  # the backend failed after the response started
-    error: str | None = None
-    client_gone: bool = False  # the client went away mid-stream (the upstream was closed)
-
-
-def tokens_in_chunks(chunks: int, interval: int) -> int:
-    """The output tokens known to have reached the client after ``chunks`` content chunks of
-    a stream the engine sends every ``interval`` tokens (vLLM's ``stream_interval``: the
-    first token at once, then a chunk whenever ``interval`` tokens are unsent, and the rest
-    when it finishes).
-
-    A lower bound, exact but for the latest chunk: the first carries one token, every chunk
-    between it and the latest carries ``interval``, and the latest at least one (it may be
-    the last, with fewer). So a counter fed by it never needs lowering when the usage
-    settles the stream, and a stream cut off is charged no more than it surely delivered.
-    With ``interval`` 1 it is one token per chunk. (Speculative decoding or a slow reader
-    can put more tokens in a chunk than this counts; the usage settles those.)"""
-    if chunks <= 1:
-        return max(chunks, 0)
-    return interval * (chunks - 2) + 2
 
 
 def _usage_of(obj: object) -> Usage | None:
@@ -121,9 +84,6 @@ def _carries_content(event: bytes) -> bool:
                 or delta.get("tool_calls"):
             return True
     return False
-
-
-BACKEND_FAILED = "backend_failed"
 
 
 def error_event(message: str, code: str = BACKEND_FAILED) -> bytes:

@@ -26,7 +26,7 @@ from tests.support.stack import auth, completion
 from tests.support.wait import await_for
 from weighbridge.config import parse_config
 from weighbridge.sidecar.app import Sidecar
-from weighbridge.sidecar.proxy import tokens_in_chunks
+from weighbridge.sidecar.session import tokens_in_chunks
 
 KEY = "sk-stream-interval"
 
