@@ -12,12 +12,15 @@ The figures, from summary.json (docs/analysis.md defines each):
   the share of prompt tokens the server's cache supplied, in each.
 
 An undefined figure carries its reason (analysis/explain.py), never a bare dash.
+``headline_figures`` gives the same figures as numbers (None where undefined): what
+``weighbridge demo`` prints side by side and ``weighbridge simulate`` writes per policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from weighbridge.analysis import explain
@@ -110,7 +113,7 @@ def slo_target(t: dict[str, Any]) -> str:
     return ", ".join(x for x in targets if x) or "completion"
 
 
-def tier_one(s: dict[str, Any]) -> str | None:
+def tier_one(s: Mapping[str, Any]) -> str | None:
     """The best-ranked tier that had requests."""
     ranked = sorted((n for n, t in s.get("tiers", {}).items()
                      if t.get("rank") is not None and t.get("requests")),
@@ -181,3 +184,53 @@ def reading(this: dict[str, Any], baseline: dict[str, Any] | None = None) -> str
                           else "undefined"))
     text = "; ".join(parts) + tail
     return text[0].upper() + text[1:] + "."
+
+
+@dataclass(frozen=True)
+class HeadlineFigures:
+    """The headline's figures as numbers, from one run's summary.json; None where a figure
+    is undefined."""
+
+    victim: str | None
+    victim_quiet_ttft_p99_s: float | None
+    victim_flood_ttft_p99_s: float | None
+    jain_index: float | None  # None: no two tenants of a tier were backlogged together
+    tier1: str | None
+    tier1_ttft_p99_s: float | None
+    tier1_slo_attainment: float | None
+    served_tokens_per_s: float | None
+
+    @property
+    def victim_ratio(self) -> float | None:
+        """Victim p99 TTFT in the flood over the quiet phase (1 = the flood did not hurt)."""
+        quiet, flood = self.victim_quiet_ttft_p99_s, self.victim_flood_ttft_p99_s
+        if quiet is None or flood is None or quiet <= 0:
+            return None
+        ratio = flood / quiet
+        return ratio if math.isfinite(ratio) else None  # a quiet p99 near 0 overflows
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "victim_ttft_ratio": self.victim_ratio}
+
+
+def _finite(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def headline_figures(s: Mapping[str, Any]) -> HeadlineFigures:
+    """The figures of ``headline``'s rows, as numbers; tier 1 is ``tier_one``'s."""
+    isolation = s.get("isolation") or {}
+    tier1 = tier_one(s)
+    tier = (s.get("tiers") or {}).get(tier1, {}) if tier1 is not None else {}
+    return HeadlineFigures(
+        victim=isolation.get("victim"),
+        victim_quiet_ttft_p99_s=_finite(isolation.get("quiet_ttft_p99_s")),
+        victim_flood_ttft_p99_s=_finite(isolation.get("flood_ttft_p99_s")),
+        jain_index=_finite((s.get("fairness") or {}).get("jain_index")),
+        tier1=tier1,
+        tier1_ttft_p99_s=_finite(tier.get("ttft_p99_s")),
+        tier1_slo_attainment=_finite(tier.get("slo_attainment")),
+        served_tokens_per_s=_finite((s.get("stability") or {}).get("served_tokens_per_s")),
+    )

@@ -20,8 +20,8 @@ from typing import Any
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.headline import HeadlineFigures, headline_figures
 from weighbridge.analysis.summary import analyse, summary
-from weighbridge.demo import Headline, headline
 from weighbridge.loadgen.tenants import load_tenants
 from weighbridge.loadrun import LoadRun
 from weighbridge.resources import SCENARIOS_DIR
@@ -84,7 +84,7 @@ def case_stack(base: StackSpec, case: ScenarioCase, scheduler: dict[str, Any]) -
 
 
 def run_case(spec: StackSpec, case: ScenarioCase, stretch: float, directory: Path,
-             ctx: BenchContext, label: str) -> Headline:
+             ctx: BenchContext, label: str) -> HeadlineFigures:
 
     task = ctx.progress.add_task(f"{label}: starting", total=None)
     with LocalStack(spec, directory / "stack") as stack:
@@ -96,7 +96,7 @@ def run_case(spec: StackSpec, case: ScenarioCase, stretch: float, directory: Pat
         ctx.progress.update(task, description=label, total=duration, completed=0)
         run.run(on_tick=lambda s: ctx.progress.update(task, completed=min(s, duration)))
     ctx.progress.update(task, description=f"{label}: report", completed=duration)
-    result = headline(summary(analyse(load_run(directory / "run"), REPORT_WINDOW_S)))
+    result = headline_figures(summary(analyse(load_run(directory / "run"), REPORT_WINDOW_S)))
     ctx.progress.remove_task(task)
     return result
 
@@ -113,7 +113,7 @@ def _pct(value: float | None) -> str:
     return "—" if value is None else f"{value:.1%}"
 
 
-def table_rows(case: str, results: dict[str, Headline]) -> list[tuple[str, ...]]:
+def table_rows(case: str, results: dict[str, HeadlineFigures]) -> list[tuple[str, ...]]:
     base = results.get(BASELINE_POLICY)
     base_tps = base.served_tokens_per_s if base else None
     rows = []
@@ -133,7 +133,7 @@ def run(ctx: BenchContext) -> BenchResult:
     stretch = QUICK_STRETCH if ctx.quick else FULL_STRETCH
     base = load_stack(DEFAULT_STACK)
     root = Path(tempfile.mkdtemp(prefix="weighbridge-scheduling-quality-"))
-    results: dict[str, dict[str, Headline]] = {}
+    results: dict[str, dict[str, HeadlineFigures]] = {}
     task = ctx.progress.add_task("scheduling quality", total=len(CASES) * len(POLICIES))
     for case in CASES:
         results[case.name] = {}

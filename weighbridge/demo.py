@@ -18,9 +18,7 @@ report compares them. Output directory::
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table
 
 from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.headline import HeadlineFigures, headline_figures
 from weighbridge.analysis.report import SUMMARY_JSON, ReportRequest, make_report
 from weighbridge.analysis.summary import analyse, summary
 from weighbridge.launch import free_port, sigterm_as_interrupt
@@ -43,7 +42,7 @@ from weighbridge.stack import (
     load_stack,
 )
 
-__all__ = ["ARMS", "DemoOptions", "Headline", "baseline_stack", "headline", "run_demo"]
+__all__ = ["ARMS", "DemoOptions", "baseline_stack", "headline_rows", "run_demo", "verdict"]
 
 ARMS = ("baseline", "weighbridge")
 QUICK_STRETCH = 0.4  # noisy_neighbour's 15 + 20 + 25 s phases become 6 + 8 + 10 s
@@ -80,58 +79,6 @@ def baseline_stack(spec: StackSpec) -> StackSpec:
 # ----------------------------------------------------------------------------- headline
 
 
-@dataclass(frozen=True)
-class Headline:
-    """The figures the demo prints, from one run's summary.json."""
-
-    victim: str | None
-    victim_quiet_ttft_p99_s: float | None
-    victim_flood_ttft_p99_s: float | None
-    jain_index: float | None  # None: no two tenants of a tier were backlogged together
-    tier1: str | None
-    tier1_ttft_p99_s: float | None
-    tier1_slo_attainment: float | None
-    served_tokens_per_s: float | None
-
-    @property
-    def victim_ratio(self) -> float | None:
-        """Victim p99 TTFT in the flood over the quiet phase (1 = the flood did not hurt)."""
-        quiet, flood = self.victim_quiet_ttft_p99_s, self.victim_flood_ttft_p99_s
-        if quiet is None or flood is None or quiet <= 0:
-            return None
-        ratio = flood / quiet
-        return ratio if math.isfinite(ratio) else None  # a quiet p99 near 0 overflows
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "victim_ttft_ratio": self.victim_ratio}
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def headline(summary: Mapping[str, Any]) -> Headline:
-    isolation = summary.get("isolation") or {}
-    tiers = summary.get("tiers") or {}
-    # Tier 1: the best-ranked tier that had requests in this run.
-    ranked = sorted((t for t in tiers.items()
-                     if t[1].get("rank") is not None and t[1].get("requests", 1)),
-                    key=lambda item: item[1]["rank"])
-    tier1, tier = ranked[0] if ranked else (None, {})
-    return Headline(
-        victim=isolation.get("victim"),
-        victim_quiet_ttft_p99_s=_number(isolation.get("quiet_ttft_p99_s")),
-        victim_flood_ttft_p99_s=_number(isolation.get("flood_ttft_p99_s")),
-        jain_index=_number((summary.get("fairness") or {}).get("jain_index")),
-        tier1=tier1,
-        tier1_ttft_p99_s=_number(tier.get("ttft_p99_s")),
-        tier1_slo_attainment=_number(tier.get("slo_attainment")),
-        served_tokens_per_s=_number((summary.get("stability") or {}).get("served_tokens_per_s")),
-    )
-
-
 def _ms(value: float | None) -> str:
     return "—" if value is None else f"{value * 1000:,.0f} ms"
 
@@ -140,7 +87,7 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "—" if value is None else f"{value:{spec}}{suffix}"
 
 
-def headline_rows(base: Headline, fair: Headline) -> list[tuple[str, str, str]]:
+def headline_rows(base: HeadlineFigures, fair: HeadlineFigures) -> list[tuple[str, str, str]]:
     """(figure, baseline, weighbridge) rows of the side-by-side table."""
     victim = fair.victim or base.victim or "victim"
     tier1 = fair.tier1 or base.tier1 or "tier 1"
@@ -160,7 +107,7 @@ def headline_rows(base: Headline, fair: Headline) -> list[tuple[str, str, str]]:
     ]
 
 
-def headline_table(base: Headline, fair: Headline) -> Table:
+def headline_table(base: HeadlineFigures, fair: HeadlineFigures) -> Table:
     table = Table(title="noisy neighbour: request-level baseline (fcfs, round robin) vs "
                         "weighbridge (drr, least tokens)",
                   box=box.SIMPLE_HEAD, title_justify="left", header_style="bold",
@@ -175,7 +122,7 @@ def headline_table(base: Headline, fair: Headline) -> Table:
     return table
 
 
-def verdict(base: Headline, fair: Headline) -> str:
+def verdict(base: HeadlineFigures, fair: HeadlineFigures) -> str:
     b, f = base.victim_ratio, fair.victim_ratio
     if b is None or f is None:
         return "the victim's TTFT ratio is missing from a run (see the report)"
@@ -191,8 +138,8 @@ def verdict(base: Headline, fair: Headline) -> str:
 
 @dataclass(frozen=True)
 class DemoResult:
-    baseline: Headline
-    weighbridge: Headline
+    baseline: HeadlineFigures
+    weighbridge: HeadlineFigures
     written: list[Path]
 
 
@@ -246,7 +193,7 @@ def run_demo(options: DemoOptions, console: Console) -> DemoResult:
                                 window_s=REPORT_WINDOW_S)
         result = make_report(request, console)
     summaries = {arm: _summary_of(out, arm, result.summary) for arm in ARMS}
-    heads = {arm: headline(s) for arm, s in summaries.items()}
+    heads = {arm: headline_figures(s) for arm, s in summaries.items()}
     merged = {**result.summary,
               "demo": {arm: heads[arm].to_json() for arm in ARMS}
               | {"stack": str(options.stack_file), "quick": options.quick,

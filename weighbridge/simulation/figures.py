@@ -1,9 +1,9 @@
 """The figures ``weighbridge simulate`` prints and writes per policy, from a run directory.
 
-Computed by the report's own code (``weighbridge.analysis.summary``) and read out as the demo's
-headline (``weighbridge.demo.headline``): victim p99 TTFT in the flood and the quiet phase,
-Jain's index, tier-1 SLO attainment, token throughput; plus rejections by reason and each
-tenant's p50/p99 TTFT.
+Computed by the report's own code (``weighbridge.analysis.summary``) and read out as the
+report's headline figures (``weighbridge.analysis.headline.headline_figures``, as the demo
+prints them): victim p99 TTFT in the flood and the quiet phase, Jain's index, tier-1 SLO
+attainment, token throughput; plus rejections by reason and each tenant's p50/p99 TTFT.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from rich import box
 from rich.table import Table
 
 from weighbridge.analysis.frame import load_run
+from weighbridge.analysis.headline import headline_figures
 from weighbridge.analysis.summary import analyse, summary
-from weighbridge.demo import headline
 
 __all__ = ["FIGURES", "auto_window_s", "figures", "figures_table"]
 
@@ -39,7 +39,7 @@ def auto_window_s(duration_s: float) -> float:
 
 def figures(run_dir: Path, window_s: float) -> dict[str, Any]:
     s = summary(analyse(load_run(run_dir), window_s))
-    head = headline(s).to_json()
+    head = headline_figures(s).to_json()
     rejections: Counter[str] = Counter()
     for tenant in s["tenants"].values():
         rejections.update(tenant.get("rejections") or {})

@@ -8,15 +8,19 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weighbridge.demo import Headline, headline, headline_rows, verdict
+from weighbridge.analysis.headline import HeadlineFigures as Headline
+from weighbridge.analysis.headline import headline_figures as headline
+from weighbridge.demo import headline_rows, verdict
 
 
 def summary(quiet: float | None = 0.05, flood: float | None = 0.5) -> dict[str, Any]:
     return {
         "isolation": {"victim": "victim", "quiet_ttft_p99_s": quiet, "flood_ttft_p99_s": flood},
         "fairness": {"jain_index": 0.8},
-        "tiers": {"standard": {"rank": 2, "slo_attainment": 0.5, "ttft_p99_s": 2.0},
-                  "interactive": {"rank": 1, "slo_attainment": 0.9, "ttft_p99_s": 0.3}},
+        "tiers": {"standard": {"rank": 2, "requests": 10, "slo_attainment": 0.5,
+                               "ttft_p99_s": 2.0},
+                  "interactive": {"rank": 1, "requests": 10, "slo_attainment": 0.9,
+                                  "ttft_p99_s": 0.3}},
         "stability": {"served_tokens_per_s": 1234.5},
     }
 
