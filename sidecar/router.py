@@ -5,9 +5,11 @@ tokens not yet prefilled plus the expected remaining output of every request the
 in flight there, tie-broken by KV-cache usage. Request counts hide the difference between a
 backend running 30 short chats and one running 30 long generations; tokens do not.
 ``prefix_aware`` picks as ``least_tokens`` does, then lets the prefix cache move the
-request (``prefer``): among the backends that may take it, the one whose cache is predicted
-to hold the most of its prompt (sidecar.prefix), so a conversation's turns go back to the
-engine that holds its history; a bounded-load rule (consistent hashing with bounded loads'
+request (``prefer``): among the backends that may take it, the one with the least token work
+once it has the request, its load plus the prompt it would compute (the part its cache is
+not predicted to hold, sidecar.prefix), so a conversation's turns go back to the engine
+that holds its history unless another is less loaded by more than the history; a
+bounded-load rule (consistent hashing with bounded loads'
 rule, in tokens) keeps a hot conversation or tenant from piling onto one engine: no backend
 whose load passes ``LOAD_BOUND`` times the mean load, plus the request's own prompt, is
 chosen while another can take it. ``least_requests`` and ``round_robin`` are the
@@ -30,6 +32,12 @@ from weighbridge.config import Routing
 # (1 + epsilon) of consistent hashing with bounded loads: the most a backend may carry,
 # over the mean of those that may take a request, for prefix affinity to pick it.
 LOAD_BOUND = 1.25
+# What one request in flight adds to a backend's cost for prefix_aware, in prompt tokens: a
+# busy engine makes the next request wait for the step it is taking, about half a step's fixed
+# part (an H100's 5.5 ms, h100-llama3-8b) in the ~25k tokens/s it prefills, so a shared
+# system prompt alone does not pull every request onto the engines that hold it while
+# others idle (chat_sessions at low load: two of four engines used without it).
+REQUEST_COST_TOKENS = 64
 
 
 @dataclass(slots=True)
@@ -121,24 +129,31 @@ class Router:
                prompt_tokens: int) -> tuple[str, str]:
         """``prefix_aware``: the backend for a request ``pick`` gave ``chosen``, among the
         backends that may take it, each with the prompt tokens its prefix cache is predicted
-        to hold (``cached``, ``chosen`` included): the one holding the most among those
-        within the load bound, the least loaded of equals. Returns it and why:
-        ``affinity`` (its cache holds part of the prompt), ``load`` (none does: ``chosen``,
-        the least loaded), ``bounded`` (a backend holding more was over the bound)."""
+        to hold (``cached``, ``chosen`` included). Each backend's cost is the token work it
+        would have with the request: its load plus the prompt it would compute (the prompt
+        less its cached part), so a held history weighs against load token for token, plus
+        ``REQUEST_COST_TOKENS`` per request in flight there; the cheapest within the load
+        bound takes it. Returns it and why: ``affinity`` (it holds
+        the most of the prompt), ``load`` (a less loaded backend holding less was cheaper;
+        also when none holds any: ``chosen``), ``bounded`` (the one holding the most was
+        over the bound)."""
         if len(cached) < 2 or max(cached.values()) <= 0:
             return chosen, "load"
         loads = {name: self._by_name[name].outstanding_tokens for name in cached}
         # The request's own prompt is slack: at low load one request more is no pile-up.
         bound = LOAD_BOUND * sum(loads.values()) / len(loads) + prompt_tokens
 
-        def rank(name: str) -> tuple[int, int, int]:
-            return -cached[name], loads[name], self._by_name[name].index
+        def cost(name: str) -> tuple[int, int, int]:
+            b = self._by_name[name]
+            return (loads[name] + REQUEST_COST_TOKENS * b.inflight - cached[name],
+                    -cached[name], b.index)
 
-        best = min(cached, key=rank)
-        if loads[best] <= bound:
+        best = min((name for name in cached if loads[name] <= bound), key=cost)
+        most = max(cached.values())
+        if cached[best] == most:
             return best, "affinity"
-        within = min((name for name in cached if loads[name] <= bound), key=rank)
-        return within, "bounded" if cached[within] < cached[best] else "affinity"
+        holder = min((name for name in cached if cached[name] == most), key=cost)
+        return best, "bounded" if loads[holder] > bound else "load"
 
     # ------------------------------------------------------------------ requests
 

@@ -14,7 +14,7 @@ from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.request import QueuedRequest
-from weighbridge.sidecar.router import LOAD_BOUND, Router
+from weighbridge.sidecar.router import LOAD_BOUND, REQUEST_COST_TOKENS, Router
 from weighbridge.vllm_metrics import BackendSample
 
 BLOCK = 16
@@ -111,18 +111,22 @@ def test_an_unknown_cache_predicts_nothing() -> None:
     assert turn(core, history, 0.2).request.predicted_cached_tokens == 0
 
 
-def test_prefer_takes_the_most_cached_within_the_load_bound() -> None:
+def test_prefer_takes_the_cheapest_within_the_load_bound() -> None:
     router = Router(["x", "y", "z"], "prefix_aware")
     router.on_dispatched("r", "x", 50, 0)
-    assert router.prefer({"x": 100, "y": 0, "z": 0}, "y", 120) == ("x", "affinity")
+    # x's cost: its load of 50 and one request in flight, less what it holds.
+    busy = 50 + REQUEST_COST_TOKENS
+    assert router.prefer({"x": busy + 1, "y": 0, "z": 0}, "y", 120) == ("x", "affinity")
+    # A cache worth less than x's load: the idle one is cheaper.
+    assert router.prefer({"x": busy - 1, "y": 0, "z": 0}, "y", 120) == ("y", "load")
     assert router.prefer({"x": 0, "y": 0, "z": 0}, "y", 120) == ("y", "load")
     # Equal hits: the less loaded.
     assert router.prefer({"x": 64, "y": 64, "z": 0}, "z", 120) == ("y", "affinity")
     router.on_dispatched("s", "x", 1000, 0)
     # x carries 1,050 against a mean of 350: over the bound (437.5 + the prompt's 120), so
-    # the next best holder takes it, or the least loaded when none holds any.
-    assert router.prefer({"x": 100, "y": 32, "z": 0}, "z", 120) == ("y", "bounded")
-    assert router.prefer({"x": 100, "y": 0, "z": 0}, "y", 120) == ("y", "bounded")
+    # however much it holds, the cheapest of the others takes it.
+    assert router.prefer({"x": 5000, "y": 32, "z": 0}, "z", 120) == ("y", "bounded")
+    assert router.prefer({"x": 5000, "y": 0, "z": 0}, "y", 120) == ("y", "bounded")
 
 
 def test_the_drr_charge_and_pacing_count_the_prompt_the_engine_computes() -> None:
