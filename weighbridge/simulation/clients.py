@@ -57,6 +57,10 @@ class ClientRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     user: ClosedUser | None = None
     session: Session | None = None  # the multi-turn session the request is a turn of
+    # The body as sent, for a client with one of its own (a malformed one, say): the
+    # sidecar reads it as it reads live bodies. None: the plan's, as the load generator
+    # builds it (its prompt counted from the plan).
+    body: bytes | None = None
 
 
 class Clients:

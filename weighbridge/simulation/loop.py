@@ -8,19 +8,21 @@ Everything that decides is the live system's own code: ``weighbridge.sidecar.cor
 the sockets and the wall clock with a heap of timed events, calling each class where its HTTP
 shell would:
 
-* a client sends: ``core.arrive`` (a rejection is answered at once), then a dispatch pass;
+* a client sends: the sidecar's ingress (``weighbridge.sidecar.session``: the key, the
+  headers, the body's fields, then ``core.arrive``; a rejection is answered at once), then a
+  dispatch pass;
 * a dispatch: the engine's API front end delays the request (``weighbridge.emulator.frontend``),
   then it joins the engine's waiting queue; an idle engine starts a step at once;
 * a step ends: the engine schedules its next step before anything else runs (as the
   emulator's loop does), then every emitted token reaches the sidecar
   (``core.on_tokens_streamed``, one per chunk) and the client; finished requests are
-  completed (``core.on_completed`` with the usage) and a dispatch pass follows;
+  completed (the request's session, with the usage) and a dispatch pass follows;
 * every ``admission.metrics_poll_ms`` each engine is scraped (``core.on_backend_metrics``
   with the engine's state at that instant, stamped with the send time as the poller does)
   and the periodic dispatch tick runs, so the gates see metrics exactly as stale as live;
 * a client's ``timeout_s`` or the run's end cut a request off: a queued one leaves the queue
   (``core.cancel``), one in flight is aborted at its engine and ended with what streamed
-  (``core.on_client_gone``).
+  (``core.on_client_gone``), both through the request's session as live.
 
 Coasting: while nothing is queued, a run of plain decode steps (every running sequence
 decodes, none finishes, nothing waits) changes nothing but its engine and the chunk times of
@@ -43,18 +45,24 @@ from typing import Any
 
 import orjson
 
-from weighbridge import headers as headers_
-from weighbridge.config import Config
+from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.emulator.engine import Sequence
-from weighbridge.keys import key_digest
 from weighbridge.loadgen.bodies import message_token_ids
 from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
-from weighbridge.sidecar.rejection import Reject
-from weighbridge.sidecar.request import QueuedRequest, RequestState
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.session import (
+    ApiError,
+    Caller,
+    Ingress,
+    Prompt,
+    RelayOutcome,
+    RequestSession,
+    Usage,
+)
 from weighbridge.simulation.clients import ClientRequest, Clients
 from weighbridge.simulation.engines import SimEngine, output_token_id
 
@@ -73,13 +81,32 @@ def prompt_ids(plan: RequestPlan) -> tuple[int, ...] | None:
     return tuple(i for m in plan.messages for i in message_token_ids(m))
 
 
+def _body(client: ClientRequest) -> dict[str, Any]:
+    """The fields of the body the load generator sends (``loadgen.bodies.build_body``) that
+    the sidecar reads; the prompt is counted from the plan (``Prompt``)."""
+    plan = client.plan
+    body: dict[str, Any] = {"stream": plan.stream}
+    if plan.endpoint != EMBEDDINGS:
+        body["max_tokens"] = plan.max_tokens
+    if plan.model:
+        body["model"] = plan.model
+    if plan.user is not None:
+        body["user"] = plan.user
+    if client.priority is not None:
+        body["priority"] = client.priority
+    return body
+
+
 @dataclass(slots=True, eq=False)
 class _Flight:
     """One request from its send to its record."""
 
     client: ClientRequest
     meter: StreamMeter
-    queued: QueuedRequest | None = None
+    session: RequestSession
+    # The session's request: told of its tokens directly on the loop's hot path (the call
+    # RequestSession.streamed makes).
+    request: QueuedRequest
     engine: SimEngine | None = None
     seq: Sequence | None = None
     ended: bool = False
@@ -116,6 +143,8 @@ class Simulation:
             raise ValueError("a simulation needs a finite end (--duration)")
         self.config = config
         self.core = SchedulingCore(config)
+        self.ingress = Ingress(config, self.core)
+        self._callers: dict[str, Caller] = {}  # Authorization header -> its caller
         self._scheduler = self.core.scheduler
         self.engines = engines
         self._by_name = {e.name: e for e in engines}
@@ -135,7 +164,6 @@ class Simulation:
         # order numbers are shared, so at equal times events still run in the order they
         # were scheduled.
         self._steps: list[tuple[float, int, SimEngine]] = []
-        self._tenant_of_key: dict[str, tuple[str | None, str]] = {}  # key -> tenant, digest
         self._order = 0
         self._events = 0
 
@@ -218,61 +246,50 @@ class Simulation:
         plan = client.plan
         meter = StreamMeter(plan, self.run_id, self.scenario)
         meter.sent(now)
-        core, config = self.core, self.config
-        tenant = client.tenant
-        identity = f"tenant:{tenant}"  # a replayed trace names tenants, not keys
-        if tenant is None and client.api_key is not None:
-            key = client.api_key
-            if key not in self._tenant_of_key:
-                digest = key_digest(key)
-                self._tenant_of_key[key] = (config.tenant_for_digest(digest), digest)
-            tenant, identity = self._tenant_of_key[key]
-        if tenant is None or tenant not in config.tenants:
-            core.rejected_on_arrival("unauthorized")
-            self._answer(client, meter, now, 401, "unauthorized")
-            return
-        own = config.tenants[tenant].tier
-        tier = own
+        ingress = self.ingress
         headers = {k.lower(): v for k, v in client.headers.items()}
-        asked = headers.get(headers_.TIER)
-        if asked is not None:
-            tier = asked.strip()
-            if tier not in config.tiers or not config.tier_allowed(tenant, tier):
-                reason = "unknown_tier" if tier not in config.tiers else "tier_not_allowed"
-                core.rejected_on_arrival(reason, tenant, own)
-                self._answer(client, meter, now, 400 if reason == "unknown_tier" else 403,
-                             reason)
-                return
-        deadline_ms: float | None = None
-        if (raw := headers.get(headers_.DEADLINE_MS)) is not None:
-            deadline_ms = float(raw)
-        limit = config.max_tokens_limit
-        if limit is not None and plan.max_tokens > limit:
-            core.rejected_on_arrival("max_tokens_too_large", tenant, own)
-            self._answer(client, meter, now, 400, "max_tokens_too_large")
-            return
-        self._flush()
+        if client.api_key is not None:
+            headers.setdefault("authorization", f"Bearer {client.api_key}")
         ids = prompt_ids(plan)
-        result = core.arrive(
-            request_id=plan.request_id, tenant=tenant, tier=tier, endpoint=plan.endpoint,
-            prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens, now=now,
-            user=identity, priority=client.priority or 0,  # as live: the key, not the body
-            deadline_s=core.deadline_for(tier, now, deadline_ms),
-            prefix=None if ids is None else PromptPrefix(token_ids=ids))
-        if isinstance(result, Reject):
-            self._answer(client, meter, now, result.http_status, result.reason)
+        try:
+            caller = self._caller(client, headers)
+            if client.body is not None:  # a body of its own: read as live reads it
+                arrival = ingress.read(caller, plan.endpoint, headers, client.body)
+            else:
+                arrival = ingress.read(
+                    caller, plan.endpoint, headers, _body(client),
+                    Prompt(plan.prompt_tokens, None if ids is None else PromptPrefix(ids)))
+            self._flush()
+            session = ingress.arrive(arrival, plan.request_id, now)
+        except ApiError as e:
+            self._answer(client, meter, now, e)
             return
-        flight = _Flight(client, meter, queued=result, stream=plan.stream, ids=ids)
+        flight = _Flight(client, meter, session, session.request, stream=session.stream,
+                         ids=ids)
         self._flights[plan.request_id] = flight
         deadline = now + client.timeout_s
         if deadline < self.until_s:
             self._push(deadline, _TIMEOUT, flight)
         self._dispatch(now)
 
-    def _answer(self, client: ClientRequest, meter: StreamMeter, now: float, status: int,
-                reason: str) -> None:
-        """The sidecar's error answer (every one carries the reject-reason header)."""
-        meter.response(now, status, {headers_.REJECT_REASON: reason})
+    def _caller(self, client: ClientRequest, headers: dict[str, str]) -> Caller:
+        """Who sends: a replayed trace names its tenant; a client's key is authenticated
+        once (the config's key -> tenant map does not change during a run)."""
+        if client.tenant is not None:
+            return self.ingress.named(client.tenant)
+        authorization = headers.get("authorization")
+        caller = None if authorization is None else self._callers.get(authorization)
+        if caller is None:
+            caller = self.ingress.authenticate(headers)  # a refusal is answered, not kept
+            if authorization is not None:
+                self._callers[authorization] = caller
+        return caller
+
+    def _answer(self, client: ClientRequest, meter: StreamMeter, now: float,
+                error: ApiError) -> None:
+        """The sidecar's error answer."""
+        meter.response(now, error.status, error.response_headers())
+        meter.body(error.body(), now)
         meter.finish(now)
         self._record(client, meter, now)
 
@@ -298,15 +315,9 @@ class Simulation:
         flight.ended = True
         del self._flights[flight.client.plan.request_id]
         self._dispatched.pop(flight.client.plan.request_id, None)
-        request = flight.queued
-        assert request is not None
-        if request.state is RequestState.QUEUED:
-            self.core.cancel(request.id, now)
-            return
         if flight.engine is not None and flight.seq is not None:
             flight.engine.model.abort(flight.seq.request_id, now)
-        self.core.on_client_gone(request, request.prompt_tokens,
-                                 request.streamed_output_tokens, now)
+        flight.session.client_gone(now)
 
     def _end_run(self, now: float) -> None:
         """The load generator stops: whatever is still in flight is cut off."""
@@ -326,8 +337,7 @@ class Simulation:
             plan = client.plan
             seq = engine.sequence(plan.request_id, plan.prompt_tokens, plan.max_tokens,
                                   client.ignore_eos, d.vllm_priority, now, flight.ids)
-            headers = {headers_.BACKEND: d.backend,
-                       headers_.QUEUE_MS: f"{(now - d.request.arrival_s) * 1000:.1f}"}
+            headers = flight.session.dispatched(d, now).headers
             try:
                 engine.model.check(seq)
             except ValueError as e:
@@ -338,7 +348,7 @@ class Simulation:
                 flight.meter.finish(now)
                 flight.ended = True
                 del self._flights[plan.request_id]
-                self.core.on_failed(d.request, 0, 0, now)
+                flight.session.relayed(RelayOutcome(400, None), now)
                 self._record(client, flight.meter, now)
                 continue
             flight.meter.response(now, 200, headers)
@@ -387,9 +397,7 @@ class Simulation:
         n = len(flight.times) - flight.reported
         if n and flight.stream:
             flight.reported += n
-            # Why the ignore below: a flight is made for a dispatched request, so its queued request
-            # is set.
-            self.core.on_tokens_streamed(flight.queued, n, flight.times[-1])  # type: ignore[arg-type]
+            self.core.on_tokens_streamed(flight.request, n, flight.times[-1])
 
     def _flush(self) -> None:
         """Tell the core of every token streamed so far.
@@ -423,16 +431,14 @@ class Simulation:
         flights = self._flights
         if self._scheduler.queued_requests:
             self._flush()
-            core = self.core
+            streamed = self.core.on_tokens_streamed
             for seq in result.emitted:
                 flight = flights.get(seq.request_id)
                 if flight is not None:
                     flight.times.append(now)
                     if flight.stream:
                         flight.reported += 1
-                        # Why the ignore below: a flight is made for a dispatched request, so its
-                        # queued request is set.
-                        core.on_tokens_streamed(flight.queued, 1, now)  # type: ignore[arg-type]
+                        streamed(flight.request, 1, now)
         elif result.emitted:
             self._holding = True
             for seq in result.emitted:
@@ -527,7 +533,6 @@ class Simulation:
         return taken - 1
 
     def _finished(self, finished: list[Sequence], now: float) -> None:
-        core = self.core
         for seq in finished:
             flight = self._flights.pop(seq.request_id, None)
             if flight is None:
@@ -535,8 +540,6 @@ class Simulation:
             del self._dispatched[seq.request_id]
             self._flush_one(flight)
             flight.ended = True
-            request = flight.queued
-            assert request is not None
             meter = flight.meter
             usage: dict[str, Any] = {"prompt_tokens": seq.prompt_tokens,
                                      "completion_tokens": seq.output_tokens}
@@ -554,10 +557,10 @@ class Simulation:
                 meter.feed(b'data: {"choices":[],"usage":' + orjson.dumps(usage)
                            + b"}\n\ndata: [DONE]\n\n", now)
             else:
-                core.on_tokens_streamed(request, seq.output_tokens, now)
                 meter.body(orjson.dumps({"choices": [{"text": "x"}], "usage": usage}), now)
             meter.finish(now)
-            core.on_completed(request, seq.prompt_tokens, seq.output_tokens, now,
-                              cached_tokens=cached)
+            # A whole answer's tokens are counted with its usage.
+            flight.session.relayed(RelayOutcome(
+                200, Usage(seq.prompt_tokens, seq.output_tokens, cached)), now)
             self._record(flight.client, meter, now)
         self._dispatch(now)
