@@ -158,14 +158,13 @@ class PrefixIndex:
     def sent(self, prefix: PromptPrefix) -> None:
         """The prompt was sent here: every full block of it is now (most recently) cached,
         its first the most recent, so its tail goes first."""
-        if not self.retained_blocks:
-            return  # the index is off
-        held = self._blocks
-        for block in reversed(prefix.blocks(self.block_size)):
-            if block in held:
-                held.move_to_end(block)
-            else:
-                held[block] = None
+        if self.retained_blocks:  # else the index is off, or shrunk to nothing (settle)
+            held = self._blocks
+            for block in reversed(prefix.blocks(self.block_size)):
+                if block in held:
+                    held.move_to_end(block)
+                else:
+                    held[block] = None
         self._evict()
 
     def settle(self, prefix: PromptPrefix, predicted_tokens: int,
