@@ -1,10 +1,10 @@
 """Which backend takes the next request.
 
-``least_tokens`` (default) picks the backend with the least outstanding token work: prompt
+``least_tokens`` picks the backend with the least outstanding token work: prompt
 tokens not yet prefilled plus the expected remaining output of every request the sidecar has
 in flight there, tie-broken by KV-cache usage. Request counts hide the difference between a
 backend running 30 short chats and one running 30 long generations; tokens do not.
-``prefix_aware`` picks as ``least_tokens`` does, then lets the prefix cache move the
+``prefix_aware`` (the default) picks as ``least_tokens`` does, then lets the prefix cache move the
 request (``prefer``): among the backends that may take it, the one with the least token work
 once it has the request, its load plus the prompt it would compute (the part its cache is
 not predicted to hold, sidecar.prefix), so a conversation's turns go back to the engine
@@ -59,7 +59,7 @@ class _Ticket:
 
 
 class Router:
-    def __init__(self, backends: Sequence[str], policy: Routing = "least_tokens") -> None:
+    def __init__(self, backends: Sequence[str], policy: Routing = "prefix_aware") -> None:
         if not backends:
             raise ValueError("at least one backend is required")
         if len(set(backends)) != len(backends):

@@ -602,9 +602,11 @@ class Config(_Model):
     """The order of service."""
     admission: Admission = Field(default_factory=Admission)
     """When a backend takes the next request."""
-    routing: Routing = "least_tokens"
-    """Which backend takes it: `least_tokens`, `prefix_aware` (docs/sidecar.md, "Routing"),
-    or the baselines `least_requests` and `round_robin`."""
+    routing: Routing = "prefix_aware"
+    """Which backend takes it: `prefix_aware` (the least token work once the prompt's cached
+    part is counted free: a conversation's turns go back to the engine holding its history),
+    `least_tokens` (docs/sidecar.md, "Routing"), or the baselines `least_requests` and
+    `round_robin`."""
     health_probe: HealthProbe = Field(default_factory=HealthProbe)
     """The backends' active health check."""
     model_discovery: ModelDiscovery = Field(default_factory=ModelDiscovery)

@@ -119,7 +119,7 @@ def test_defaults_fill_everything_optional() -> None:
     assert all(e.cost == "tokens" and e.quantum == 2048 for e in config.endpoints.values())
     assert config.endpoints["/v1/embeddings"].initial_output_estimate == 0  # generates nothing
     assert config.scheduler.policy == "drr"
-    assert config.routing == "least_tokens"
+    assert config.routing == "prefix_aware"
     # Unset admission knobs are derived from each engine's learned shape (test_shape.py).
     assert config.admission.max_backend_waiting is None
     assert config.admission.headroom_slots is None and config.admission.kv_aware
