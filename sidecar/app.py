@@ -1,5 +1,7 @@
 """The sidecar's HTTP face: an OpenAI-compatible proxy that wires requests into the
-scheduling core and relays backend answers.
+scheduling core and relays backend answers. The rules of a request's ingress and of its end
+are ``sidecar/session.py``'s (which the simulator drives too); this module does the I/O
+around them: reading the body, waiting for the dispatch, the relay, metrics and traces.
 
 Ownership: the aiohttp application owns one client session, the :class:`BackendPool` (its
 poller and prober tasks) and a periodic dispatch tick; all end on shutdown. Each request

@@ -208,20 +208,21 @@ class Ingress:
         digest = None if key is None else key_digest(key)
         tenant = None if digest is None else self.config.tenant_for_digest(digest)
         if tenant is None or digest is None:
-            if counted:
-                self.core.rejected_on_arrival("unauthorized")
-            raise ApiError(401, "unauthorized", "missing or invalid API key",
-                           "authentication_error")
+            raise self._unauthorized(counted)
         return Caller(tenant, digest, self.config.tenants[tenant].tier)
 
     def named(self, tenant: str) -> Caller:
         """A caller named by its tenant (a replayed trace names tenants, not keys), or the
         401 of an unknown one."""
         if tenant not in self.config.tenants:
-            self.core.rejected_on_arrival("unauthorized")
-            raise ApiError(401, "unauthorized", "missing or invalid API key",
-                           "authentication_error")
+            raise self._unauthorized(counted=True)
         return Caller(tenant, f"tenant:{tenant}", self.config.tenants[tenant].tier)
+
+    def _unauthorized(self, counted: bool) -> ApiError:
+        if counted:  # before it has a tenant
+            self.core.rejected_on_arrival("unauthorized")
+        return ApiError(401, "unauthorized", "missing or invalid API key",
+                        "authentication_error")
 
     def refused(self, caller: Caller, error: ApiError) -> ApiError:
         """``error``, counted as ``caller``'s rejection on arrival."""
