@@ -85,7 +85,7 @@ from weighbridge.sidecar.kv import KvFootprint
 from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
 from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
 from weighbridge.sidecar.prefix import PrefixIndex, PromptPrefix
-from weighbridge.sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter
+from weighbridge.sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter, limited_tokens
 from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, MODEL_NOT_FOUND, Reject
 from weighbridge.sidecar.request import QueuedRequest, RequestState
 from weighbridge.sidecar.router import Router
@@ -883,7 +883,7 @@ class SchedulingCore:
     ) -> None:
         """``cached_tokens``: the prompt tokens the engine found cached (default: as
         predicted at dispatch); the DRR charge settles to the tokens it computed, the rate
-        limits to every token."""
+        limits to every token but the weight's discount on those the engine reported."""
         if request.state is RequestState.QUEUED:
             # Ended before dispatch (client gone, shutdown): leaves the queue, refunded.
             self.ledger.end(request.id, outcome)  # raises on a second end, before any change
@@ -899,9 +899,20 @@ class SchedulingCore:
         computed = prompt_tokens - max(0, min(cached, prompt_tokens - 1))
         pool.scheduler.on_finished(request, computed, output_tokens)
         actual = prompt_tokens + output_tokens
-        self._settle(request, actual, now)
+        # Rate limits discount only what the engine reported cached, by the contract's weight.
+        self._settle(request, limited_tokens(prompt_tokens, output_tokens, cached_tokens or 0,
+                                             self._cached_weight(request)), now)
         reported = self._release_backend(request, now)
         self._observe_served(pool, max(0, actual - reported), now)
+
+    def _cached_weight(self, request: QueuedRequest) -> float:
+        """What a cached prompt token counts in the request's rate limits: its tier's
+        ``cached_prompt_token_weight``, else its endpoint's (1 when neither says)."""
+        weight = self.config.tiers[request.tier].cached_prompt_token_weight
+        if weight is None:
+            endpoint = self.config.endpoints.get(request.endpoint)
+            weight = 1.0 if endpoint is None else endpoint.cached_prompt_token_weight
+        return weight
 
     def _release_backend(self, request: QueuedRequest, now: float) -> int:
         assert request.backend is not None

@@ -12,8 +12,10 @@ full-bucket burst), so neither is tighter. A tenant that exhausts its month reco
 gradually (1/30 per day) instead of all at once at midnight of the 1st.
 
 Token limits charge the *estimate* (prompt + expected output) at admission and are settled
-with the real count at the end. Settlement may drive a bucket negative: that debt is how a
-tenant that under-estimated pays, by waiting longer for its next admission.
+with the real count at the end (``limited_tokens``: a prompt token the engine found cached
+counts its endpoint's or tier's ``cached_prompt_token_weight``, 1 by default). Settlement may
+drive a bucket negative: that debt is how a tenant that under-estimated pays, by waiting
+longer for its next admission.
 
 Refund policy (``refund``): a request that passed the limiter but is then turned away before it
 reaches a backend (queue full, deadline unmeetable) or cancelled while queued gets its tokens
@@ -197,6 +199,15 @@ class LimitTable:
                 for key, limits in self.scopes(tenant, endpoint, tier, model)
                 for name, window_s, per_request in _WINDOWS
                 if (limit := getattr(limits, name)) is not None]
+
+
+def limited_tokens(prompt_tokens: int, output_tokens: int, cached_tokens: int,
+                   cached_weight: float) -> int:
+    """The tokens a request's token limits count: every output token, every prompt token
+    the engine computed, and ``cached_weight`` (0-1) of each it found cached; the discount
+    is rounded down, so a fraction of a token is charged."""
+    cached = max(0, min(cached_tokens, prompt_tokens))
+    return prompt_tokens + output_tokens - int((1.0 - cached_weight) * cached)
 
 
 class TenantRateLimiter:

@@ -244,6 +244,11 @@ class Tier(_Model):
     that request) unless the client asked for more. Fewer chunks cost the engine's API server
     and the sidecar less CPU per token (docs/sidecar-performance.md) and make each client read
     coarser; none sends each token as it comes."""
+    cached_prompt_token_weight: float | None = Field(default=None, ge=0, le=1)
+    """What a prompt token the engine found in its prefix cache counts in this tier's
+    requests' token rate limits (every bucket they are charged to), 0-1, as providers bill
+    cached input; replaces the endpoint's `cached_prompt_token_weight`. None: the
+    endpoint's."""
 
     @model_validator(mode="before")
     @classmethod
@@ -307,6 +312,13 @@ class Endpoint(_Model):
     tenant_limits: RateLimits = Field(default_factory=RateLimits)
     """Rate limits every tenant gets on this endpoint, each in its own buckets, unless its
     `endpoint_limits` names the endpoint."""
+    cached_prompt_token_weight: float = Field(default=1.0, ge=0, le=1)
+    """What a prompt token the engine found in its prefix cache counts in the token rate
+    limits of requests to this endpoint, 0-1: 1 (rate limits are contracts: every prompt
+    token counts), 0.5 to bill cached input at half, as providers do. Settled when the
+    request ends, with what the engine reported cached
+    (`usage.prompt_tokens_details.cached_tokens`); nothing reported, nothing is discounted.
+    The DRR charge counts cached tokens free whatever this says."""
 
     @model_validator(mode="before")
     @classmethod
