@@ -148,8 +148,11 @@ def bearer(authorization: str | None) -> str | None:
 
 # -- ingress ------------------------------------------------------------------------------------
 
+# The values below are plain (not frozen) dataclasses on purpose: they are made once or more
+# per request, and a frozen dataclass's __init__ costs several times a plain one's.
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(slots=True)
 class Caller:
     """Who sent a request: the tenant and the caller's identity, which the client cannot
     choose (unlike the body's ``user``): its key's digest."""
@@ -159,7 +162,7 @@ class Caller:
     tier: str  # the tenant's own
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Prompt:
     """A prompt its front counted itself, so the body carries none: the simulator's clients,
     whose prompts are exact by construction (or a front that tokenizes)."""
@@ -432,7 +435,7 @@ def tokens_in_chunks(chunks: int, interval: int) -> int:
     return interval * (chunks - 2) + 2
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Forward:
     """One attempt at a backend: the body to send and the headers of the client's answer."""
 
@@ -440,7 +443,7 @@ class Forward:
     headers: dict[str, str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class End:
     """How a request ended, and what its front still owes."""
 
