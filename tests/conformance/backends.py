@@ -6,10 +6,12 @@ import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests.conformance.adapter import ADAPTER, RANK
 from weighbridge.emulator.real_vllm import RealVllmServer, tiny_model_dir
 from weighbridge.launch import emulator_process
 
@@ -20,6 +22,13 @@ MAX_NUM_BATCHED_TOKENS = 512
 MAX_MODEL_LEN = 1024
 BLOCK_SIZE = 32
 NUM_KV_BLOCKS = 64
+
+# The server-wide flags whose modules share one server of each backend: LoRA (test_lora.py),
+# the prefix cache off (test_prefix_cache_off.py) and --stream-interval
+# (test_stream_interval_flag.py). None of the three modules' answers depends on the other
+# flags (no LoRA test streams, no stream-interval test reads the cache, a LoRA adapter is
+# cached like its base), and a real vLLM start-up costs 30-60 s: one for the three.
+SERVER_STREAM_INTERVAL = 4
 
 
 @dataclass(frozen=True)
@@ -96,6 +105,22 @@ def assert_interval_chunks(raw: bytes, interval: int, max_tokens: int, chunks: i
     finish = [c["choices"][0]["finish_reason"] for c in content]
     assert finish[-1] == "length" and all(f is None for f in finish[:-1]), finish
     assert stream_chunks(raw)[-1]["usage"]["completion_tokens"] == max_tokens
+
+
+def flagged_emulator(adapter: Path) -> contextlib.AbstractContextManager[Backend]:
+    """The emulator in the suite's shape with the shared server-wide flags (above)."""
+    return emulator_backend(
+        enable_lora=True, lora_modules=[f"{ADAPTER}={adapter}"], max_lora_rank=RANK,
+        enable_prefix_caching=False, enable_prompt_tokens_details=True,
+        stream_interval=SERVER_STREAM_INTERVAL)
+
+
+def flagged_vllm(adapter: Path) -> RealVllmServer:
+    """Real vLLM in the suite's shape with the shared server-wide flags (above)."""
+    return real_vllm(
+        enable_prefix_caching=False, enable_prompt_tokens_details=True, extra_args=[
+            "--enable-lora", "--lora-modules", f"{ADAPTER}={adapter}", "--max-loras", "1",
+            "--max-lora-rank", str(RANK), "--stream-interval", str(SERVER_STREAM_INTERVAL)])
 
 
 def real_vllm(**extra: Any) -> RealVllmServer:

@@ -2,12 +2,14 @@
 answer's ``usage.prompt_tokens_details.cached_tokens`` and the deltas of
 ``vllm:prefix_cache_queries`` / ``_hits`` are the numbers written here, on both.
 
-One server pair for the module, with the suite's engine shape, the prefix cache on and
+An emulator of the module's own and the suite's real vLLM (which the modules before this one
+used too), with the suite's engine shape, the prefix cache on and
 ``--enable-prompt-tokens-details``. The emulator gets 63 blocks where vLLM gets 64: vLLM
 keeps one as its null block, and eviction order depends on how many blocks there are. The
 requests of a test go one after another (each answered before the next is sent) unless the
 test needs them together, and each test's prompts are its own token ids, so a test's numbers
-do not depend on the tests before it. Block size 32: the numbers below are in its units.
+do not depend on the tests or modules before it. Block size 32: the numbers below are in its
+units.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from tests.conformance.backends import (
     NUM_KV_BLOCKS,
     Backend,
     emulator_backend,
-    real_vllm,
     stream_chunks,
 )
 from tests.support import metrics
@@ -41,14 +42,10 @@ def emulator_cache_backend() -> Iterator[Backend]:
         yield backend
 
 
-@pytest.fixture(scope="module")
-def vllm_cache_backend() -> Iterator[Backend]:
-    with real_vllm(enable_prefix_caching=True, enable_prompt_tokens_details=True) as server:
-        yield Backend("vllm", server.url, server.model_name)
-
-
-@pytest.fixture(params=["emulator_cache", pytest.param("vllm_cache", marks=pytest.mark.vllm)])
+@pytest.fixture(params=["emulator_cache", pytest.param("vllm", marks=pytest.mark.vllm)])
 def backend(request: pytest.FixtureRequest) -> Backend:
+    """The emulator of this module, and the suite's real vLLM (its prefix cache on, as
+    vLLM's default, with ``--enable-prompt-tokens-details``: tests/conformance/conftest.py)."""
     return request.getfixturevalue(f"{request.param}_backend")
 
 

@@ -3,36 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
-from tests.conformance.backends import (
-    Backend,
-    emulator_backend,
-    real_vllm,
-)
+from tests.conformance.backends import Backend
 from tests.conformance.test_prefix_cache import HITS, QUERIES, _ids
 from tests.support import metrics
 
 
-@pytest.fixture(scope="module")
-def emulator_off_backend() -> Iterator[Backend]:
-    with emulator_backend(enable_prefix_caching=False,
-                          enable_prompt_tokens_details=True) as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-def vllm_off_backend() -> Iterator[Backend]:
-    with real_vllm(enable_prefix_caching=False, enable_prompt_tokens_details=True) as server:
-        yield Backend("vllm", server.url, server.model_name)
-
-
-@pytest.fixture(params=["emulator_off", pytest.param("vllm_off", marks=pytest.mark.vllm)])
-def backend(request: pytest.FixtureRequest) -> Backend:
-    return request.getfixturevalue(f"{request.param}_backend")
+@pytest.fixture
+def backend(flagged_backend: Backend) -> Backend:
+    """The servers started with ``--no-enable-prefix-caching`` and the suite's other shared
+    flags (tests/conformance/conftest.py)."""
+    return flagged_backend
 
 
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])

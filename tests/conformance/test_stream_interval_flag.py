@@ -1,20 +1,18 @@
 """vLLM's ``--stream-interval``, server-wide: a real vLLM started with the flag, its chunks
-compared with an emulator's started with the same flag. Real vLLM's start-up is the cost
-(30-60 s in CI), so it is started once, for one test.
+compared with an emulator's started with the same flag: the suite's flagged pair
+(tests/conformance/conftest.py), whose other flags change no chunk.
 
 The per-request field on the default servers (interval 1) is in test_conformance.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
-from tests.conformance.backends import assert_interval_chunks, emulator_backend, real_vllm
+from tests.conformance.backends import SERVER_STREAM_INTERVAL as SERVER_INTERVAL
+from tests.conformance.backends import Backend, assert_interval_chunks
 
-SERVER_INTERVAL = 4
 MAX_TOKENS = 16
 
 # Content chunks of a 16-token stream on a server started with --stream-interval 4, by the
@@ -26,16 +24,14 @@ EXPECTED = {
 }
 
 
-@pytest.fixture(scope="module")
-def emulator_url() -> Iterator[str]:
-    with emulator_backend(stream_interval=SERVER_INTERVAL) as backend:
-        yield backend.url
+@pytest.fixture
+def emulator_url(emulator_flagged_backend: Backend) -> str:
+    return emulator_flagged_backend.url
 
 
-@pytest.fixture(scope="module")
-def vllm_url() -> Iterator[str]:
-    with real_vllm(extra_args=["--stream-interval", str(SERVER_INTERVAL)]) as server:
-        yield server.url
+@pytest.fixture
+def vllm_url(vllm_flagged_backend: Backend) -> str:
+    return vllm_flagged_backend.url
 
 
 def check_chunks(url: str) -> None:
