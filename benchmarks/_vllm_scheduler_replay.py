@@ -157,7 +157,7 @@ def run_vllm(policy: str, requests: list[tuple[float, str, int, int, int]],
         so = sched.schedule()
         preemptions += len(so.preempted_req_ids or ())
         ids = list(so.num_scheduled_tokens)
-        prefill = decode = kv_tokens = 0
+        prefill = decode = kv_tokens = context = 0
         sampled: list[list[int]] = []
         for rid in ids:
             n, r = so.num_scheduled_tokens[rid], reqs[rid]
@@ -166,9 +166,10 @@ def run_vllm(policy: str, requests: list[tuple[float, str, int, int, int]],
                 decode += 1
             else:
                 prefill += n
+                context += n * (r.num_computed_tokens - n)  # the chunk's new x cached before
             token = sampled_token(rid) if prefix_caching else 11
             sampled.append([token] if r.num_computed_tokens >= r.num_tokens else [])
-        now += prof.step_time(prefill, decode, kv_tokens) if ids else 0.0
+        now += prof.step_time(prefill, decode, kv_tokens, context) if ids else 0.0
         outputs = sched.update_from_output(so, ModelRunnerOutput(
             req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
             sampled_token_ids=sampled))

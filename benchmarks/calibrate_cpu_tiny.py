@@ -17,6 +17,9 @@ sequences). With token-id prompts and ``ignore_eos`` this script measures
 * decode points, ``c`` concurrent streams of ``--max-tokens`` tokens with prompt P
   (``c * P`` within one token budget, so the ramp-up is one step): per-stream decode time
   per token ``(last_token - first_token) / (output_tokens - 1)``;
+* prefix points (``--prefix-points``, PREFIXxNEW), concurrency 1, one output token: a
+  prefix of C token ids sent alone first, then the prefix and N new ids, whose prefill step
+  computes N tokens over C cached ones (``t_prefill_context``: N x C pairs);
 
 each from both clocks: the client's, and vLLM's own histograms (``request_prefill_time`` =
 the prefill step, ``inter_token_latency`` = the decode step, from engine-core timestamps).
@@ -155,8 +158,9 @@ class Point:
     """One load shape, measured ``repeats`` times: per-repeat medians over the streams."""
 
     concurrency: int
-    prompt_len: int
+    prompt_len: int  # the tokens computed: the whole prompt, or the part after the prefix
     max_tokens: int
+    cached: int = 0  # a prefix of this many tokens is sent alone first, so it is cached
     client_ttft_s: list[float] = field(default_factory=list)
     client_tpot_s: list[float] = field(default_factory=list)
     client_wall_s: list[float] = field(default_factory=list)
@@ -172,12 +176,18 @@ def server_median(point: dict[str, Any], name: str) -> float:
 async def run_point(session: aiohttp.ClientSession, url: str, model: str, rng: random.Random,
                     vocab: int, point: Point, repeats: int) -> Point:
     for _ in range(repeats):
+        prefixes = [make_prompt(rng, point.cached, vocab) for _ in range(point.concurrency)]
+        if point.cached:
+            for prefix in prefixes:
+                await stream_completion(session, url, model, prefix, 1)
+            await asyncio.sleep(0.1)  # the warm-ups' histograms are in before the scrape
         before = await server_sums(session, url)
         t0 = time.perf_counter()
         results = await asyncio.gather(*(
-            stream_completion(session, url, model, make_prompt(rng, point.prompt_len, vocab),
+            stream_completion(session, url, model,
+                              prefix + make_prompt(rng, point.prompt_len, vocab),
                               point.max_tokens)
-            for _ in range(point.concurrency)
+            for prefix in prefixes
         ))
         point.client_wall_s.append(time.perf_counter() - t0)
         server = server_means(before, await server_sums(session, url))
@@ -218,14 +228,19 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
         # machine hits all points alike instead of ruining one of them.
         prefill_pts = [Point(1, p, 1) for p in args.prompt_lens]
         decode_pts = [Point(c, p, args.max_tokens) for c, p in args.decode_shapes]
+        prefix_pts = [Point(1, n, 1, cached=c)
+                      for c, n in getattr(args, "prefix_points", None) or ()]
         for rnd in range(args.repeats):
             for pt in prefill_pts:
                 await run_point(session, url, model, rng, args.vocab, pt, args.ttft_samples)
             for pt in decode_pts:
                 await run_point(session, url, model, rng, args.vocab, pt, 1)
+            for pt in prefix_pts:
+                await run_point(session, url, model, rng, args.vocab, pt, args.ttft_samples)
             print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr)
         prefill = [asdict(pt) for pt in prefill_pts]
         decode = [asdict(pt) for pt in decode_pts]
+        prefix = [asdict(pt) for pt in prefix_pts]
         for d in prefill:
             print(f"prefill P={d['prompt_len']:5d}: client TTFT "
                   f"{_ms(_median(d['client_ttft_s']))} ms, server TTFT "
@@ -237,29 +252,40 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
                   f"{_ms(_median(d['client_ttft_s']))} ms, client TPOT {_ms(tpot)} ms "
                   f"({1 / tpot:6.1f} tok/s/stream), server ITL "
                   f"{_ms(server_median(d, 'inter_token_latency_seconds'))} ms", file=sys.stderr)
-    return {"model": model, "prefill": prefill, "decode": decode}
+    return {"model": model, "prefill": prefill, "decode": decode, "prefix": prefix}
 
 
 # --- fitting ----------------------------------------------------------------------------
 
-STEP = ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token")
+STEP = ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token", "t_prefill_context")
 WITH_OVERHEAD = (*STEP, "overhead")
 Row = tuple[list[float], float, str]
 
 
+def _prefill_x(t: dict[str, Any]) -> list[float]:
+    """A prefill point's step terms: N computed tokens over C cached (C = 0: the whole
+    prompt), KV N + C after the step, N x C pairs of attention to the cached prefix."""
+    n, c = t["prompt_len"], t.get("cached", 0)
+    return [1.0, n, 0.0, n + c, n * c]
+
+
+def _label(t: dict[str, Any]) -> str:
+    c = t.get("cached", 0)
+    return f"P={c}+{t['prompt_len']}" if c else f"P={t['prompt_len']}"
+
+
 def engine_rows(data: dict[str, Any]) -> list[Row]:
     """Step times from vLLM's clocks. Prefill: ``request_prefill_time`` (scheduled -> first
-    token) is one step of P prefill tokens whose KV after the step is P. Decode: the mean
-    inter-token latency is a step of c decoding sequences with contexts of P + max_tokens/2
-    on average."""
+    token) is one step of P prefill tokens whose KV after the step is P (after a cached
+    prefix of C: N tokens, KV N + C, N x C context pairs). Decode: the mean inter-token
+    latency is a step of c decoding sequences with contexts of P + max_tokens/2 on average."""
     rows: list[Row] = []
-    for t in data["prefill"]:
-        p = t["prompt_len"]
-        rows.append(([1.0, p, 0.0, p], server_median(t, "request_prefill_time_seconds"),
-                     f"prefill P={p}"))
+    for t in [*data["prefill"], *data.get("prefix", ())]:
+        rows.append((_prefill_x(t), server_median(t, "request_prefill_time_seconds"),
+                     f"prefill {_label(t)}"))
     for d in data["decode"]:
         c, p, m = d["concurrency"], d["prompt_len"], d["max_tokens"]
-        rows.append(([1.0, 0.0, c, c * (p + m / 2)],
+        rows.append(([1.0, 0.0, c, c * (p + m / 2), 0.0],
                      server_median(d, "inter_token_latency_seconds"), f"decode c={c} P={p}"))
     return [r for r in rows if r[1] == r[1]]  # drop NaN (a server without vLLM histograms)
 
@@ -267,12 +293,11 @@ def engine_rows(data: dict[str, Any]) -> list[Row]:
 def client_rows(data: dict[str, Any]) -> list[Row]:
     """The same shapes from the client's clock; TTFT also pays the per-request overhead."""
     rows: list[Row] = []
-    for t in data["prefill"]:
-        p = t["prompt_len"]
-        rows.append(([1.0, p, 0.0, p, 1.0], _median(t["client_ttft_s"]), f"TTFT P={p}"))
+    for t in [*data["prefill"], *data.get("prefix", ())]:
+        rows.append(([*_prefill_x(t), 1.0], _median(t["client_ttft_s"]), f"TTFT {_label(t)}"))
     for d in data["decode"]:
         c, p, m = d["concurrency"], d["prompt_len"], d["max_tokens"]
-        rows.append(([1.0, 0.0, c, c * (p + m / 2), 0.0], _median(d["client_tpot_s"]),
+        rows.append(([1.0, 0.0, c, c * (p + m / 2), 0.0, 0.0], _median(d["client_tpot_s"]),
                      f"TPOT c={c} P={p}"))
     return rows
 
@@ -298,7 +323,8 @@ def nnls_relative(rows: list[Row], names: tuple[str, ...]) -> dict[str, float]:
     """Least squares on relative residuals (each row weighted by 1/y), coefficients >= 0.
 
     Active set: solve, pin any negative coefficient to 0, re-solve, until all are >= 0."""
-    free = set(names)
+    # A term no row exercises (no prefix points: no context pairs) is not fitted: 0.
+    free = {n for i, n in enumerate(names) if any(x[i] for x, _, _ in rows)}
     while True:
         idx = [i for i, n in enumerate(names) if n in free]
         ata = [[0.0] * len(idx) for _ in idx]
@@ -340,9 +366,9 @@ def report(data: dict[str, Any]) -> dict[str, Any]:
         client = nnls_relative([r for r in crows if r[1] == r[1]], WITH_OVERHEAD)
     raw_pre = ["| P | client TTFT ms | server TTFT ms | prefill step ms (server) |",
                "|---|---|---|---|"]
-    for t in data["prefill"]:
+    for t in [*data["prefill"], *data.get("prefix", ())]:
         raw_pre.append(
-            f"| {t['prompt_len']} | {_median(t['client_ttft_s']) * 1e3:.2f} | "
+            f"| {_label(t)[2:]} | {_median(t['client_ttft_s']) * 1e3:.2f} | "
             f"{server_median(t, 'time_to_first_token_seconds') * 1e3:.2f} | "
             f"{server_median(t, 'request_prefill_time_seconds') * 1e3:.2f} |")
     raw_dec = ["| c | P | out | client TTFT ms | client TPOT ms | client tok/s/stream | "
@@ -378,7 +404,7 @@ def _parse_shapes(s: str) -> list[tuple[int, int]]:
     for x in (x for x in s.split(",") if x):
         c, _, p = x.partition("x")
         if not (c.isdigit() and p.isdigit()):
-            raise argparse.ArgumentTypeError(f"decode shape {x!r} is not CONCURRENCYxPROMPT")
+            raise argparse.ArgumentTypeError(f"shape {x!r} is not AxB (two integers)")
         shapes.append((int(c), int(p)))
     return shapes
 
@@ -401,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
                     default=_parse_shapes("1x16,1x1536,8x16,8x256,32x16,32x64"),
                     help="CONCURRENCYxPROMPT decode points; c*P within one token budget "
                          "keeps the ramp-up to one step")
+    ap.add_argument("--prefix-points", type=_parse_shapes, default=_parse_shapes("896x64,896x256"),
+                    help="PREFIXxNEW prefill points after a cached prefix (t_prefill_context)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write raw data + fits as JSON")

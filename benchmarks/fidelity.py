@@ -97,10 +97,12 @@ CALIBRATE = os.environ.get("WEIGHBRIDGE_FIDELITY_CALIBRATE", "1") != "0"
 # 512 + 384: ~17,000 context tokens a step, the flood's order), so the fit can tell the cost
 # per sequence from the cost per context token. 384 output tokens keep the ramp-up's mixed
 # steps (24 x 512 prompt tokens take 6 steps of the 2,048 budget) a few per cent of a
-# stream's decode time.
+# stream's decode time. Two prefills after a cached 896-token prefix (a chat turn's shape)
+# give the attention to the cached context (t_prefill_context).
 CALIBRATION = argparse.Namespace(
     model=None, vocab=2048, repeats=2, ttft_samples=3, prompt_lens=[16, 512, 1024],
-    decode_shapes=[(1, 16), (8, 256), (32, 16), (24, 512)], max_tokens=384, seed=0)
+    decode_shapes=[(1, 16), (8, 256), (32, 16), (24, 512)], max_tokens=384, seed=0,
+    prefix_points=[(896, 64), (896, 256)])
 VOCAB = 2048
 ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 2048,
           "block_size": 32, "num_kv_blocks": 1024}
@@ -450,8 +452,9 @@ def _overrides(profile: StepTimeProfile) -> dict[str, float]:
     """``weighbridge emulator`` options turning cpu-tiny into ``profile``."""
     shipped = get_profile(PROFILE)
     return {name: getattr(profile, name) for name in (
-        "t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token", "t_api_serial",
-        "t_api_latency", "t_api_token") if getattr(profile, name) != getattr(shipped, name)}
+        "t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token", "t_prefill_context",
+        "t_api_serial", "t_api_latency", "t_api_token")
+        if getattr(profile, name) != getattr(shipped, name)}
 
 
 def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
@@ -484,7 +487,9 @@ def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
     return profile, [
         f"Calibrated on this host first (`{PROFILE}` refitted, "
         "benchmarks/calibrate_cpu_tiny.py's light-load points in the light regime's shape: "
-        f"prefill at {', '.join(map(str, CALIBRATION.prompt_lens))} tokens, decode at "
+        f"prefill at {', '.join(map(str, CALIBRATION.prompt_lens))} tokens and at "
+        + ", ".join(f"{c}+{n}" for c, n in CALIBRATION.prefix_points)
+        + " (cached + computed), decode at "
         + ", ".join(f"{c}x{p}" for c, p in CALIBRATION.decode_shapes)
         + f" with {CALIBRATION.max_tokens} output tokens; step terms from vLLM's own clocks, "
         f"the API server's scaled by the per-request overhead): {terms}. "

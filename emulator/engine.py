@@ -163,6 +163,9 @@ class Batch:
     kv_tokens: int
     preempted: list[Sequence]
     duration_s: float
+    # Prefill chunks' new tokens x the tokens cached before each chunk (the step's
+    # attention to a cached prefix or to earlier chunks).
+    prefill_context: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -373,7 +376,7 @@ class StepModel:
                           preempted=preempted, duration_s=0.0)
             self._in_flight = batch
             return batch
-        prefill_tokens = decode_seqs = kv_tokens = 0
+        prefill_tokens = decode_seqs = kv_tokens = prefill_context = 0
         for seq, n in scheduled.items():
             if seq.first_scheduled_s is None:
                 seq.first_scheduled_s = now
@@ -382,13 +385,16 @@ class StepModel:
                 decode_seqs += 1
             else:
                 prefill_tokens += n
+                prefill_context += n * seq.num_computed_tokens
         batch = Batch(
             scheduled=scheduled,
             prefill_tokens=prefill_tokens,
             decode_seqs=decode_seqs,
             kv_tokens=kv_tokens,
             preempted=preempted,
-            duration_s=self.profile.step_time(prefill_tokens, decode_seqs, kv_tokens),
+            duration_s=self.profile.step_time(prefill_tokens, decode_seqs, kv_tokens,
+                                              prefill_context),
+            prefill_context=prefill_context,
         )
         self._in_flight = batch
         return batch

@@ -138,6 +138,8 @@ class EmulatorOptions(BaseModel):
     t_prefill_token: float | None = _override("seconds per prefill token")
     t_decode_seq: float | None = _override("seconds per decoding sequence")
     t_kv_token: float | None = _override("seconds per KV token attended")
+    t_prefill_context: float | None = _override(
+        "seconds per prefill token x token cached before its chunk")
     t_api_serial: float | None = _override(
         "API-server seconds per request, one request at a time")
     t_api_latency: float | None = _override("API-server latency per request, in parallel")
@@ -187,8 +189,9 @@ class EmulatorOptions(BaseModel):
         return get_profile(self.profile).with_overrides(
             t_fixed=self.t_fixed, t_prefill_token=self.t_prefill_token,
             t_decode_seq=self.t_decode_seq, t_kv_token=self.t_kv_token,
-            t_api_serial=self.t_api_serial, t_api_latency=self.t_api_latency,
-            t_api_token=self.t_api_token, kv_bytes_per_token=self.kv_bytes_per_token)
+            t_prefill_context=self.t_prefill_context, t_api_serial=self.t_api_serial,
+            t_api_latency=self.t_api_latency, t_api_token=self.t_api_token,
+            kv_bytes_per_token=self.kv_bytes_per_token)
 
     def kv_blocks(self) -> int:
         """The cache's blocks, as vLLM sizes it: a block count wins over a size in bytes;

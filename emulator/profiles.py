@@ -4,12 +4,16 @@ KV-cache bytes one token takes (to size the cache in bytes, as vLLM's
 ``--kv-cache-memory-bytes``).
 
 ``t_step = t_fixed + t_prefill_token * prefill_tokens + t_decode_seq * decode_seqs
-+ t_kv_token * kv_tokens_in_batch``
++ t_kv_token * kv_tokens_in_batch + t_prefill_context * prefill_context_pairs``
 
 The fixed term is the weight read every forward pass costs regardless of batch size (decode
 is memory-bound); prefill tokens are compute-bound; each decode sequence adds sampling and
 per-sequence overhead; the KV term is attention reading every cached token of every
-scheduled sequence. Sources and calibration are in docs/emulator.md.
+scheduled sequence. The context term is a prefill chunk's attention to the KV already in the
+cache before it (a prefix-cache hit or an earlier chunk): each of its ``n`` new tokens
+attends to all ``c`` tokens before the chunk, ``n * c`` pairs, which a prompt computed whole
+does not pay (its attention within itself is part of ``t_prefill_token``'s fit). Sources and
+calibration are in docs/emulator.md.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ class StepTimeProfile:
     t_prefill_token: float
     t_decode_seq: float
     t_kv_token: float
+    # A prefill chunk's attention to the context cached before it: seconds per (computed
+    # prompt token x earlier token in the KV cache). 0: not modelled.
+    t_prefill_context: float = 0.0
     # The API server's own work per request before the engine sees it: a serial part
     # (vLLM's frontend admits concurrent requests one at a time) and a parallel latency.
     t_api_serial: float = 0.0
@@ -39,16 +46,21 @@ class StepTimeProfile:
 
     def __post_init__(self) -> None:
         for field in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token",
-                      "t_api_serial", "t_api_latency", "t_api_token", "kv_bytes_per_token"):
+                      "t_prefill_context", "t_api_serial", "t_api_latency", "t_api_token",
+                      "kv_bytes_per_token"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int) -> float:
+    def step_time(self, prefill_tokens: int, decode_seqs: int, kv_tokens: int,
+                  prefill_context: int = 0) -> float:
+        """One step's time; ``prefill_context`` sums, over the step's prefill chunks, new
+        tokens x tokens already cached before the chunk."""
         return (
             self.t_fixed
             + self.t_prefill_token * prefill_tokens
             + self.t_decode_seq * decode_seqs
             + self.t_kv_token * kv_tokens
+            + self.t_prefill_context * prefill_context
         )
 
     def with_overrides(self, **overrides: float | None) -> StepTimeProfile:
@@ -72,6 +84,10 @@ PROFILES: dict[str, StepTimeProfile] = {
         t_prefill_token=0.000014,
         t_decode_seq=0.000170,
         t_kv_token=0.00000007,
+        # Measured on the AMD EPYC 2-core host of 2026-12-03 (issue 29): a prefill chunk of
+        # 16-512 new tokens over 448-1,664 cached ones took 19-43 ns more per pair than the
+        # same chunk computed from scratch (the least of 9-11 repeats; benchmarks/RESULTS.md).
+        t_prefill_context=0.000000025,
         t_api_serial=0.0035,
         t_api_latency=0.0037,
         t_api_token=0.0001,

@@ -178,6 +178,32 @@ def test_the_issue_s_examples_repeat_and_a_prefix_shared_inside_a_block() -> Non
     assert first.num_cache_creation_tokens == 288 and repeat.num_cache_creation_tokens == 0
 
 
+def test_a_hit_s_prefill_pays_its_attention_to_the_cached_prefix() -> None:
+    """The step charges the computed tokens and, per chunk, new tokens x tokens before it:
+    a repeat computes 12 tokens over its 288 cached ones; a prompt computed whole (or one
+    chunk of it from the start) pays no context term."""
+    profile = PROFILE.with_overrides(t_prefill_context=1e-6)
+    model = StepModel(_model().config, profile)
+    base = _ids(300)
+    steps = []
+    now = 0.0
+    for seq in (_seq("a", base), _seq("b", base)):
+        seq.arrival_s = now
+        for result in simulate(model, [seq], start_s=now):
+            steps.append(result.batch)
+            now = result.end_s
+    first, repeat = steps[0], steps[4]  # each request: one prefill step, then 3 decodes
+    assert (first.prefill_tokens, first.prefill_context) == (300, 0)
+    assert (repeat.prefill_tokens, repeat.prefill_context) == (12, 12 * 288)
+    assert repeat.duration_s == profile.step_time(12, 0, 300, 12 * 288)
+    # Chunked: the second chunk of a 300-token prompt under a 256-token budget attends to
+    # the first chunk's 256.
+    chunked = StepModel(_model(max_num_batched_tokens=256).config, profile)
+    batches = [r.batch for r in simulate(chunked, [_seq("c", _ids(300, 5))])]
+    assert [(b.prefill_tokens, b.prefill_context) for b in batches[:2]] == [(256, 0),
+                                                                           (44, 44 * 256)]
+
+
 def test_a_prompt_of_whole_blocks_repeated_recomputes_its_last_block() -> None:
     model = _model()
     prompt = _ids(256)

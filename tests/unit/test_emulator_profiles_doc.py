@@ -11,7 +11,7 @@ import pytest
 from weighbridge.emulator.profiles import PROFILES
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "emulator.md"
-UNITS = {"ms": 1e-3, "µs": 1e-6}
+UNITS = {"ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
 STEP_TERMS = ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token", "t_api_serial",
               "t_api_latency")
 
@@ -40,3 +40,5 @@ def test_the_step_time_table_states_the_profile(name: str) -> None:
     (api,) = [r for r in rows()[name] if len(r) == 2]
     assert seconds(api[0]) == pytest.approx(profile.t_api_token, rel=1e-9)
     assert int(api[1].split("(")[0].replace(",", "")) == profile.kv_bytes_per_token
+    (context,) = [r for r in rows()[name] if len(r) == 1]
+    assert seconds(context[0]) == pytest.approx(profile.t_prefill_context, rel=1e-9)
