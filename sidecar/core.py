@@ -59,7 +59,7 @@ each: 14 % of the sidecar's instructions per streamed request of 16 chunks
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -249,6 +249,9 @@ class SchedulingCore:
         # Backends whose answers lack cached_tokens (vLLM without
         # --enable-prompt-tokens-details): charged the whole prompt, as if nothing cached.
         self.unreported: set[str] = set()
+        # Prompts' blocks sent to each backend, for the replicas sharing them
+        # (share_prefixes); None: this process routes alone.
+        self._sent_prefixes: list[tuple[str, int, tuple[int, ...]]] | None = None
         # Backends an answer has shown to report them: only their predictions are used (the
         # index learns from the first request on, but a prediction no answer can settle
         # would undercount the prefill backlog and the charges).
@@ -339,6 +342,27 @@ class SchedulingCore:
         self.estimator.share()
         for pool in self._pools.values():
             pool.scheduler.share_service()
+
+    def share_prefixes(self) -> None:
+        """Record the blocks of every prompt sent, for ``take_sent_prefixes``: replicas tell
+        each other where they sent what, so a conversation's turns reach the engine that
+        holds its history whichever replica takes them."""
+        if self._sent_prefixes is None:
+            self._sent_prefixes = []
+
+    def take_sent_prefixes(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """(backend, block size, the prompt's chained block hashes) of every prompt this
+        replica sent since the last call."""
+        taken, self._sent_prefixes = self._sent_prefixes or [], \
+            None if self._sent_prefixes is None else []
+        return taken
+
+    def learn_sent_prefix(self, backend: str, block_size: int, blocks: Sequence[int]) -> None:
+        """Another replica sent a prompt of these blocks to ``backend``: its index holds
+        them now as if sent from here (an unknown backend or another block size: nothing)."""
+        index = self._prefix.get(backend)
+        if index is not None and index.block_size == block_size:
+            index.sent_blocks(blocks)
 
     def pool_id(self, backends: frozenset[str]) -> str:
         return ",".join(sorted(backends))
@@ -740,7 +764,11 @@ class SchedulingCore:
         self.gates[backend].on_dispatched(now)
         if request.prefix is not None:
             request.predicted_cached_tokens = self._predicted_cached(backend, request)
-            self._prefix[backend].sent(request.prefix)
+            index = self._prefix[backend]
+            index.sent(request.prefix)
+            if self._sent_prefixes is not None and index.retained_blocks:
+                self._sent_prefixes.append((backend, index.block_size,
+                                            request.prefix.blocks(index.block_size)))
         # The router's load counts what the engine computes: the cached prompt is free.
         self._router.on_dispatched(
             request.id, backend, request.prompt_tokens - request.predicted_cached_tokens,

@@ -20,6 +20,10 @@ corrects the bound: the engine keeps fewer blocks than its whole cache while req
 so a prediction the engine did not meet shrinks the index to what it retains. The index is
 a pure, clock-free core: the caller says when a block was used by the order of its calls.
 
+Block hashes are ints made of ints only, so every process names a block alike: replicas
+sharing their state tell each other the blocks they sent where (sidecar.shared), and each
+index learns the others' dispatches as its own.
+
 Invariants (``tests/unit/sidecar/test_prefix.py``): an index never holds more than its
 capacity; a prediction never exceeds the prompt less one token and counts leading blocks
 only (a hit is a prefix); a prompt just sent or settled is predicted whole, but for its last
@@ -96,8 +100,11 @@ class PromptPrefix:
                 self.text = "".join(f"{m.get('role')}\x00{content_text(m.get('content'), '')}\x00"
                                     for m in self.messages).encode()
             text = self.text
+            # Hashed as an int, not as bytes: str and bytes hashes differ between processes
+            # (PYTHONHASHSEED), ints' do not, so replicas name a block alike (sidecar.shared).
             for start in range(0, len(text) - TEXT_BLOCK_BYTES + 1, TEXT_BLOCK_BYTES):
-                parent = hash((parent, text[start:start + TEXT_BLOCK_BYTES]))
+                parent = hash((parent, int.from_bytes(text[start:start + TEXT_BLOCK_BYTES],
+                                                      "little")))
                 hashes.append(parent)
         return tuple(hashes)
 
@@ -158,9 +165,14 @@ class PrefixIndex:
     def sent(self, prefix: PromptPrefix) -> None:
         """The prompt was sent here: every full block of it is now (most recently) cached,
         its first the most recent, so its tail goes first."""
+        self.sent_blocks(prefix.blocks(self.block_size))
+
+    def sent_blocks(self, blocks: Sequence[int]) -> None:
+        """``sent`` for a prompt's chained block hashes at this index's block size (another
+        replica's dispatch here, sidecar.shared)."""
         if self.retained_blocks:  # else the index is off, or shrunk to nothing (settle)
             held = self._blocks
-            for block in reversed(prefix.blocks(self.block_size)):
+            for block in reversed(blocks):
                 if block in held:
                     held.move_to_end(block)
                 else:

@@ -21,6 +21,13 @@ What is shared, and how
   service across all of them.
 * **Output estimates.** Observations are folded, in arrival order, into one EMA per
   (tenant, endpoint) by a script, and each replica adopts the result.
+* **Where prompts went.** Every sync each replica appends the blocks of the prompts it sent
+  since the last (backend, block size, chained block hashes: ``sidecar.prefix``, the same
+  in every process) to one stream, and reads the entries the others appended since its last
+  read: each replica's prefix index learns the others' dispatches as its own, so a
+  conversation's next turn goes to the engine holding its history whichever replica takes
+  it (``prefix_aware``). The stream keeps the last ``PREFIX_STREAM_LEN`` entries; a replica
+  starting reads those.
 * **Replicas.** Each registers in a sorted set every ``heartbeat_ms``, scored by Redis's clock;
   N counts those heard from within 3 beats.
 
@@ -44,6 +51,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import orjson
 import redis.asyncio as aioredis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
@@ -54,7 +62,8 @@ from weighbridge.sidecar.ratelimit import Admit, BucketSpec, ScopeKey
 from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
 from weighbridge.sidecar.request import QueuedRequest
 
-__all__ = ["MAX_PENDING_CHARGES", "SharedState", "SharedStateCollector", "bucket_key"]
+__all__ = ["MAX_PENDING_CHARGES", "PREFIX_STREAM_LEN", "SharedState", "SharedStateCollector",
+           "bucket_key"]
 
 log = logging.getLogger("weighbridge.sidecar")
 
@@ -63,6 +72,11 @@ MAX_PENDING_CHARGES = 100_000
 HEARTBEATS_TO_EXPIRE = 3
 # How often service, estimates and settlements are exchanged (load: every sync_ms).
 SERVICE_SYNC_S = 0.03
+# Entries of the stream of prompts sent (one per replica per sync that sent any) Redis keeps:
+# at 30 ms a sync, a minute of three busy replicas; an index is a prediction, so what a
+# replica long behind misses only costs it cache hits.
+PREFIX_STREAM_LEN = 6000
+PREFIX_READ_COUNT = 500  # entries read per sync at most (a replica catching up reads on)
 
 # The bucket arithmetic of sidecar.ratelimit.TokenBucket, in Lua, on Redis's clock: `level`
 # reads a bucket refilled to `now` (a missing key is a full bucket), `store` writes it back
@@ -238,6 +252,10 @@ class SharedState:
         self._heartbeat = self._redis.register_script(_HEARTBEAT)
         self._load = self._redis.register_script(_LOAD)
         self._load_prefix = "{" + prefix + "}:load:"
+        self._prefixes_key = "{" + prefix + "}:prefixes"
+        self._prefixes_read = "-"  # the last stream entry read ("-": none yet, read all)
+        self.prefixes_sent = 0  # prompts this replica told the others of
+        self.prefixes_learned = 0  # prompts the others told this one of
         self._pending: list[_Pending] = []
         # The last total read per (pool, tier, tenant), and in which sync: a total not read
         # in the sync before is a new baseline (service elsewhere while the tenant had
@@ -246,6 +264,7 @@ class SharedState:
         self._syncs_done = 0
         self._tasks: list[asyncio.Task[None]] = []
         core.share_service()
+        core.share_prefixes()
 
     # ------------------------------------------------------------------ life
 
@@ -405,6 +424,7 @@ class SharedState:
             del self._pending[:len(self._pending) - MAX_PENDING_CHARGES]
         booked = core.take_booked()
         observations = core.estimator.take_observations()
+        sent = core.take_sent_prefixes()  # while down, lost: only cache hits elsewhere
         if not self.up:
             # Service and estimates while down stay this replica's own: when Redis is back,
             # the others judge from its totals as they stand then.
@@ -430,6 +450,13 @@ class SharedState:
                         # Queued on the pipeline (a script call on a pipeline only queues).
                         await self._estimates(keys=[self._estimates_key], args=args,
                                               client=pipe)
+                    if sent:
+                        pipe.xadd(self._prefixes_key, {"r": self.replica_id,
+                                                       "d": orjson.dumps(sent).decode()},
+                                  maxlen=PREFIX_STREAM_LEN, approximate=True)
+                    start = self._prefixes_read
+                    pipe.xrange(self._prefixes_key, min=start if start == "-" else f"({start}",
+                                count=PREFIX_READ_COUNT)
                     results = await pipe.execute()
         except (RedisError, OSError, TimeoutError) as e:
             self._pending = pending + self._pending  # owed still, in order
@@ -453,6 +480,24 @@ class SharedState:
             for i in range(0, len(shared), 2):
                 tenant, endpoint = _unfield(shared[i])
                 core.estimator.adopt(tenant, endpoint, float(shared[i + 1]))
+        if sent:
+            results.pop(0)  # the new entry's id
+            self.prefixes_sent += len(sent)
+        self._learn_prefixes(results.pop(0))
+
+    def _learn_prefixes(self, entries: list[tuple[str, dict[str, str]]]) -> None:
+        """The others' entries of the stream of prompts sent, into this replica's indexes."""
+        for entry_id, fields in entries:
+            self._prefixes_read = entry_id
+            if fields.get("r") == self.replica_id:
+                continue
+            try:
+                sent = orjson.loads(fields["d"])
+                for backend, block_size, blocks in sent:
+                    self.core.learn_sent_prefix(backend, block_size, blocks)
+            except (KeyError, ValueError, TypeError):
+                continue  # not an entry of ours (another version): nothing to learn
+            self.prefixes_learned += len(sent)
 
     async def _queue_adjust(self, pipe: aioredis.client.Pipeline, charge: _Pending) -> None:
         r = charge.request
@@ -477,7 +522,8 @@ class SharedState:
     def snapshot(self) -> dict[str, object]:
         return {"backend": "redis", "up": self.up, "replica": self.replica_id,
                 "replicas": self.replicas, "pending_charges": len(self._pending),
-                "dropped_charges": self.dropped_charges, "errors": self.errors}
+                "dropped_charges": self.dropped_charges, "errors": self.errors,
+                "prefixes_sent": self.prefixes_sent, "prefixes_learned": self.prefixes_learned}
 
 
 
