@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from tests.support.metrics import scrape
+from tests.support.metrics import Scrape, scrape
 from tests.support.stack import ADMIN_KEY, auth
 from tests.support.wait import wait_for
 
@@ -43,7 +43,11 @@ class Ledger:
 
 def ledger(url: str, **labels: str) -> Ledger:
     """Read the ledger from /metrics and assert it balances (every request ends once)."""
-    s = scrape(url)
+    return ledger_of(scrape(url), **labels)
+
+
+def ledger_of(s: Scrape, **labels: str) -> Ledger:
+    """The ledger of ``labels`` in one scrape (several ledgers of one moment), balanced."""
     rejected: dict[str, int] = {}
     for got, value in s.samples.get("weighbridge_requests_rejected_total", ()):
         if all(got.get(k) == v for k, v in labels.items()):
