@@ -657,6 +657,18 @@ class SchedulingCore:
         self.routing_decisions[(backend, reason)] += 1
         return backend
 
+    def _shared_blocks(self, backend: str, request: QueuedRequest) -> tuple[int, ...]:
+        """The prompt's full blocks as ``backend``'s engine names them, where it shares them
+        between requests (its prefix cache is on and reported, and the index cuts the
+        prompt in the engine's blocks); else none: the KV footprint counts it whole."""
+        prefix, index = request.prefix, self._prefix[backend]
+        block_size = self._kv[backend].block_size
+        if prefix is None or not index.capacity_blocks or backend not in self.reporting \
+                or index.block_size != block_size \
+                or prefix.tokens_per_block(block_size) != block_size:
+            return ()
+        return prefix.blocks(block_size)
+
     def _predicted_cached(self, backend: str, request: QueuedRequest) -> int:
         """The prompt tokens ``backend``'s prefix cache should hold for the request, where
         its answers have shown they say so (``reporting``); else none."""
@@ -775,8 +787,9 @@ class SchedulingCore:
             request.estimated_output_tokens
         )
         self.ledger.dispatch(request.id)
-        self._kv[backend].add(request.id, request.tenant, request.prompt_tokens,
-                             request.estimated_output_tokens)
+        footprint = self._kv[backend]
+        footprint.add(request.id, request.tenant, request.prompt_tokens,
+                      request.estimated_output_tokens, self._shared_blocks(backend, request))
         self._reported[request.id] = 0
         # Pacing counts what the engine prefills: a cached prompt costs it nothing.
         self._prefilling[request.tenant] += request.computed_prompt_tokens

@@ -10,14 +10,23 @@ expected output), in blocks of the engine's ``block_size``. Keeping that sum und
 means the engine never has to preempt for our load; keeping an over-share tenant's part
 under a lower watermark leaves room for the others (``weighbridge.sidecar.core.SchedulingCore``).
 
-Invariants (tests/unit/sidecar/test_kv.py): ``blocks()`` is the sum over in-flight requests
-of ceil(footprint tokens / block_size), and per tenant likewise; a request's footprint never
-shrinks while it is in flight; removing every request leaves zero.
+A prompt's full blocks that the engine caches by prefix are one block however many requests
+hold them: vLLM shares a cached block between the sequences whose prompts begin alike (a
+system prompt, a conversation's history), so each in-flight request names its prompt's full
+blocks (the chained hashes of ``sidecar.prefix``, where they are the engine's blocks) and a
+named block counts once per backend, while any request holding it is in flight (per tenant:
+once per tenant holding it).
+
+Invariants (tests/unit/sidecar/test_kv.py): ``blocks()`` is the number of distinct named
+blocks held plus, over in-flight requests, ceil(footprint tokens / block_size) less the
+request's named blocks, and per tenant likewise; a request's footprint never shrinks while it
+is in flight; removing every request leaves zero.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -27,7 +36,8 @@ class _Entry:
     prompt: int
     expected_output: int
     generated: int = 0
-    blocks: int = 0
+    blocks: int = 0  # of its own: beyond its named ones
+    named: tuple[int, ...] = ()  # its prompt's full blocks, by hash, counted once a backend
 
     @property
     def tokens(self) -> int:
@@ -42,6 +52,8 @@ class KvFootprint:
         self._entries: dict[str, _Entry] = {}
         self._blocks = 0
         self._tenant_blocks: Counter[str] = Counter()
+        self._holders: Counter[int] = Counter()  # named block -> in-flight requests holding it
+        self._tenant_holders: Counter[tuple[str, int]] = Counter()
 
     @property
     def block_size(self) -> int:
@@ -55,14 +67,29 @@ class KvFootprint:
             return
         self._block = block_size
         for entry in self._entries.values():
+            # Names at the old block size name no block at the new one: counted as its own.
+            self._release(entry)
+            entry.named = ()
             self._resize(entry)
 
     def add(self, request_id: str, tenant: str, prompt_tokens: int,
-            expected_output_tokens: int) -> None:
+            expected_output_tokens: int, named_blocks: Sequence[int] = ()) -> None:
+        """``named_blocks``: the hashes of the prompt's full blocks at this block size, where
+        the engine shares them between requests (its prefix cache); at most the prompt's."""
         if request_id in self._entries:
             raise ValueError(f"request {request_id!r} is already counted")
-        entry = _Entry(tenant, max(0, prompt_tokens), max(0, expected_output_tokens))
+        prompt = max(0, prompt_tokens)
+        entry = _Entry(tenant, prompt, max(0, expected_output_tokens),
+                       named=tuple(named_blocks[:prompt // self._block]))
         self._entries[request_id] = entry
+        holders, tenant_holders = self._holders, self._tenant_holders
+        for block in entry.named:
+            if not holders[block]:
+                self._blocks += 1
+            holders[block] += 1
+            if not tenant_holders[(tenant, block)]:
+                self._tenant_blocks[tenant] += 1
+            tenant_holders[(tenant, block)] += 1
         self._resize(entry)
 
     def on_tokens(self, request_id: str, tokens: int) -> None:
@@ -78,12 +105,32 @@ class KvFootprint:
         entry = self._entries.pop(request_id, None)
         if entry is None:
             return
+        self._release(entry)
         self._blocks -= entry.blocks
-        left = self._tenant_blocks[entry.tenant] - entry.blocks
+        self._untenant(entry.tenant, entry.blocks)
+
+    def _release(self, entry: _Entry) -> None:
+        """The entry's named blocks no longer held by it (the last holder frees each)."""
+        holders, tenant_holders = self._holders, self._tenant_holders
+        for block in entry.named:
+            holders[block] -= 1
+            if not holders[block]:
+                del holders[block]
+                self._blocks -= 1
+            key = (entry.tenant, block)
+            tenant_holders[key] -= 1
+            if not tenant_holders[key]:
+                del tenant_holders[key]
+                self._untenant(entry.tenant, 1)
+
+    def _untenant(self, tenant: str, blocks: int) -> None:
+        if blocks <= 0:
+            return
+        left = self._tenant_blocks[tenant] - blocks
         if left > 0:
-            self._tenant_blocks[entry.tenant] = left
+            self._tenant_blocks[tenant] = left
         else:
-            del self._tenant_blocks[entry.tenant]
+            del self._tenant_blocks[tenant]
 
     def blocks(self) -> int:
         return self._blocks
@@ -99,7 +146,7 @@ class KvFootprint:
         return len(self._entries)
 
     def _resize(self, entry: _Entry) -> None:
-        blocks = -(-entry.tokens // self._block)
+        blocks = -(-entry.tokens // self._block) - len(entry.named)
         delta = blocks - entry.blocks
         if delta:
             entry.blocks = blocks

@@ -58,3 +58,65 @@ def test_blocks_are_the_sum_of_each_requests_blocks(ops) -> None:
         for who in ("a", "b"):
             assert kv.tenant_blocks(who) == sum(blocks(e) for e in model.values()
                                                 if e[0] == who)
+
+
+def test_a_shared_prefix_counts_once_while_any_holder_is_in_flight() -> None:
+    kv = KvFootprint(16)
+    system = tuple(range(10))  # ten full blocks every prompt begins with
+    kv.add("r1", "a", 170, 30, system)  # 200 tokens: 13 blocks, ten of them named
+    kv.add("r2", "a", 170, 30, system)
+    kv.add("r3", "b", 170, 30, system)
+    assert kv.blocks() == 10 + 3 * 3
+    assert kv.tenant_blocks("a") == 10 + 2 * 3 and kv.tenant_blocks("b") == 10 + 3
+    kv.remove("r1")
+    kv.remove("r3")
+    assert kv.blocks() == 10 + 3 == kv.tenant_blocks("a")  # r2 holds the prefix still
+    kv.remove("r2")
+    assert kv.blocks() == 0 and kv.tenant_blocks("a") == 0
+
+
+SHARED_OPS = st.lists(st.tuples(st.sampled_from(["add", "tokens", "remove", "block"]),
+                                st.integers(0, 9), st.sampled_from(["a", "b"]),
+                                st.integers(0, 600), st.sampled_from([0, 1]),
+                                st.sampled_from([8, 16, 32])), max_size=80)
+
+
+@settings(max_examples=300, deadline=None)
+@given(SHARED_OPS)
+def test_named_blocks_count_once_and_the_rest_per_request(ops) -> None:
+    kv = KvFootprint(16)
+    # id -> (tenant, prompt, expected, generated, named)
+    model: dict[str, tuple[str, int, int, int, tuple[int, ...]]] = {}
+    for op, i, tenant, n, variant, block in ops:
+        rid = f"r{i}"
+        if op == "add" and rid not in model:
+            # Prompts of one variant share their leading blocks (a chain of hashes).
+            named = tuple(variant * 1000 + j for j in range(n // kv.block_size))
+            kv.add(rid, tenant, n, n // 3, named)
+            model[rid] = (tenant, n, n // 3, 0, named)
+        elif op == "tokens" and rid in model:
+            before = kv.blocks()
+            kv.on_tokens(rid, n % 200)
+            t, p, e, g, named = model[rid]
+            model[rid] = (t, p, e, g + n % 200, named)
+            assert kv.blocks() >= before  # a footprint never shrinks in flight
+        elif op == "remove":
+            kv.remove(rid)
+            model.pop(rid, None)
+        elif op == "block" and block != kv.block_size:
+            kv.set_block_size(block)  # names at the old size name nothing: dropped
+            model = {k: (*v[:4], ()) for k, v in model.items()}
+
+        def own(entry: tuple[str, int, int, int, tuple[int, ...]]) -> int:
+            return -(-(entry[1] + max(entry[3], entry[2])) // kv.block_size) - len(entry[4])
+
+        entries = list(model.values())
+        assert kv.blocks() == (len({b for e in entries for b in e[4]})
+                               + sum(own(e) for e in entries))
+        for who in ("a", "b"):
+            mine = [e for e in entries if e[0] == who]
+            assert kv.tenant_blocks(who) == (len({b for e in mine for b in e[4]})
+                                             + sum(own(e) for e in mine))
+    for rid in list(model):
+        kv.remove(rid)
+    assert kv.blocks() == 0 and kv.tenant_blocks("a") == 0 == kv.tenant_blocks("b")

@@ -187,3 +187,18 @@ def test_nothing_is_predicted_before_an_answer_reports_cached_tokens() -> None:
     assert core.router.prefill_tokens("b1") == 200
     core.on_completed(first.request, 100, 8, 0.2, cached_tokens=0)
     assert turn(core, history, 0.3).request.predicted_cached_tokens == 96
+
+
+def test_the_kv_footprint_counts_a_shared_prefix_once_per_backend() -> None:
+    core = core_with("least_tokens", backends=[{"url": "http://127.0.0.1:8001",
+                                                "name": "b1"}])
+    history = list(range(200))  # 12 full blocks of 16, and 8 tokens over
+    unreported = turn(core, history, 0.0)
+    # Before the engine has reported cached tokens, nothing is known shared: counted whole.
+    assert core.kv["b1"].blocks() == -(-(200 + 8) // BLOCK)
+    core.on_completed(unreported.request, 200, 8, 0.1, cached_tokens=0)
+    turn(core, history, 0.2)
+    turn(core, history + [1] * 40, 0.2, tenant="b")
+    # The 12 blocks once, and each request's own: 13 - 12 and ceil(248 / 16) - 12.
+    assert core.kv["b1"].blocks() == 12 + 1 + 4
+    assert core.kv["b1"].tenant_blocks("a") == 12 + 1
