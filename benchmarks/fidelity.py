@@ -468,7 +468,14 @@ def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
     shipped = get_profile(PROFILE)
     ctx.log("  calibrating cpu-tiny on this host's real vLLM (about 2 minutes) ...")
     with RealVllmServer(model_name=MODEL, **ENGINE) as vllm:
+        # A fit made while neighbours starve vLLM is the machine's, not vLLM's (on a shared
+        # 2-core machine at load 11 it read t_prefill_token 212 us against 10-18 when quiet).
+        assert vllm.pid is not None
+        meter = Meter((vllm.pid,))
+        QuietGate(meter, budget_s=WAIT_BUDGET_S).wait(ctx, QUIET_CORES["vllm"])
+        probe = meter.start()
         data = asyncio.run(calibrate.measure(CALIBRATION, vllm.url))
+        foreign = probe.foreign_cores()
     fit = calibrate.report(data)
     engine, client = fit["engine_fit"], fit["client_fit"]
     if not engine:
@@ -483,7 +490,7 @@ def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
                       f"{getattr(shipped, name) * 1e6:.3g})"
                       for name in (*calibrate.STEP, "t_api_serial", "t_api_latency",
                                    "t_api_token"))
-    ctx.log(f"  calibrated: {terms}")
+    ctx.log(f"  calibrated: {terms}; other processes used {foreign:.2f} cores meanwhile")
     return profile, [
         f"Calibrated on this host first (`{PROFILE}` refitted, "
         "benchmarks/calibrate_cpu_tiny.py's light-load points in the light regime's shape: "
@@ -492,7 +499,8 @@ def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
         + " (cached + computed), decode at "
         + ", ".join(f"{c}x{p}" for c, p in CALIBRATION.decode_shapes)
         + f" with {CALIBRATION.max_tokens} output tokens; step terms from vLLM's own clocks, "
-        f"the API server's scaled by the per-request overhead): {terms}. "
+        f"the API server's scaled by the per-request overhead; other processes used "
+        f"{foreign:.2f} cores meanwhile): {terms}. "
         "$WEIGHBRIDGE_FIDELITY_CALIBRATE=0 judges cpu-tiny as shipped."]
 
 
