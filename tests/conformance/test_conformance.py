@@ -19,7 +19,7 @@ from tests.conformance.backends import (
     content_chunks,
     stream_chunks,
 )
-from tests.support import metrics
+from tests.support import loopback, metrics
 from tests.support.metrics import Scrape
 
 # Token ids 0-5 are the tiny model's special tokens; prompts use ids from 6 up.
@@ -139,7 +139,7 @@ def test_a_request_s_stream_interval_batches_tokens_into_chunks(
         backend, max_tokens=max_tokens, stream=True, stream_interval=interval,
         stream_options={"include_usage": True, "continuous_usage_stats": True})
     path = "/v1/completions" if endpoint == "completions" else "/v1/chat/completions"
-    r = httpx.post(backend.url + path, json=body, timeout=60)
+    r = loopback.post(backend.url + path, json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert_interval_chunks(r.content, int(str(interval)), max_tokens, chunks)
     if endpoint == "chat":
@@ -160,7 +160,7 @@ async def test_a_stream_interval_of_true_is_1(backend: Backend) -> None:
 
 
 def test_a_stream_interval_is_ignored_without_streaming(backend: Backend) -> None:
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, stream_interval=4), timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == 8
@@ -180,7 +180,7 @@ def test_a_bad_stream_interval_is_vllm_s_validation_400(
     """Checked by vLLM's request model (FastAPI's 400), streaming or not."""
     body = (completion_body if endpoint == "/v1/completions" else chat_body)(
         backend, stream=stream, stream_interval=value)
-    r = httpx.post(backend.url + endpoint, json=body, timeout=10)
+    r = loopback.post(backend.url + endpoint, json=body, timeout=10)
     assert_error_body(r, 400)
     error = r.json()["error"]
     assert error["param"] == "body.stream_interval"
@@ -191,7 +191,7 @@ def test_a_bad_stream_interval_is_vllm_s_validation_400(
 
 @pytest.mark.parametrize("max_tokens", [1, 17, 64])
 def test_exact_output_length_with_ignore_eos(backend: Backend, max_tokens: int) -> None:
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, max_tokens=max_tokens), timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()
@@ -202,14 +202,14 @@ def test_exact_output_length_with_ignore_eos(backend: Backend, max_tokens: int) 
 def test_prompt_tokens_equal_token_id_prompt_length(backend: Backend) -> None:
     for n in (1, 37, 300):
         prompt = [(i * 13) % 90 + 6 for i in range(n)]
-        r = httpx.post(backend.url + "/v1/completions",
+        r = loopback.post(backend.url + "/v1/completions",
                        json=completion_body(backend, prompt=prompt, max_tokens=2), timeout=60)
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["prompt_tokens"] == n
 
 
 def test_chat_non_stream_shape(backend: Backend) -> None:
-    r = httpx.post(backend.url + "/v1/chat/completions", json=chat_body(backend), timeout=60)
+    r = loopback.post(backend.url + "/v1/chat/completions", json=chat_body(backend), timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "chat.completion"
@@ -220,10 +220,10 @@ def test_chat_non_stream_shape(backend: Backend) -> None:
 
 
 def test_models_lists_the_served_model(backend: Backend) -> None:
-    r = httpx.get(backend.url + "/v1/models", timeout=10)
+    r = loopback.get(backend.url + "/v1/models", timeout=10)
     assert r.status_code == 200
     assert [m["id"] for m in r.json()["data"]] == [backend.model]
-    assert httpx.get(backend.url + "/health", timeout=10).status_code == 200
+    assert loopback.get(backend.url + "/health", timeout=10).status_code == 200
 
 
 # -- metrics ------------------------------------------------------------------------------------
@@ -389,20 +389,20 @@ async def test_waiting_queue_fills_beyond_max_num_seqs_and_drains_on_disconnect(
 
 
 def test_malformed_json_is_400(backend: Backend) -> None:
-    r = httpx.post(backend.url + "/v1/completions", content=b'{"model": "x", "prompt": ',
+    r = loopback.post(backend.url + "/v1/completions", content=b'{"model": "x", "prompt": ',
                    headers={"content-type": "application/json"}, timeout=10)
     assert_error_body(r, 400)
 
 
 def test_unknown_model_is_404(backend: Backend) -> None:
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, model="no-such-model"), timeout=10)
     assert_error_body(r, 404)
 
 
 @pytest.mark.parametrize("model", [None, ""], ids=["null", "empty"])
 def test_a_null_or_empty_model_is_the_served_one(backend: Backend, model: str | None) -> None:
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, model=model), timeout=30)
     assert r.status_code == 200, r.text
     assert r.json()["model"] == backend.model
@@ -412,13 +412,13 @@ def test_a_null_or_empty_model_is_the_served_one(backend: Backend, model: str | 
 def test_negative_max_tokens_is_400(backend: Backend, endpoint: str) -> None:
     body = (completion_body if endpoint == "/v1/completions" else chat_body)(
         backend, max_tokens=-5)
-    r = httpx.post(backend.url + endpoint, json=body, timeout=10)
+    r = loopback.post(backend.url + endpoint, json=body, timeout=10)
     assert_error_body(r, 400)
 
 
 def test_prompt_longer_than_the_context_is_400(backend: Backend) -> None:
     prompt = [(i * 7) % 90 + 6 for i in range(backend.max_model_len + 1)]
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, prompt=prompt, max_tokens=4), timeout=10)
     assert_error_body(r, 400)
 
@@ -426,7 +426,7 @@ def test_prompt_longer_than_the_context_is_400(backend: Backend) -> None:
 def test_max_tokens_within_the_model_but_not_the_context_is_clamped(backend: Backend) -> None:
     """vLLM 0.32 shortens the output to the context left instead of refusing the request."""
     prompt = [(i * 7) % 90 + 6 for i in range(backend.max_model_len - 12)]
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, prompt=prompt,
                                         max_tokens=backend.max_model_len), timeout=60)
     assert r.status_code == 200, r.text
@@ -436,7 +436,7 @@ def test_max_tokens_within_the_model_but_not_the_context_is_clamped(backend: Bac
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_max_tokens_beyond_max_model_len_is_400(backend: Backend, stream: bool) -> None:
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, max_tokens=backend.max_model_len + 1,
                                         stream=stream), timeout=10)
     assert_error_body(r, 400)
@@ -444,12 +444,12 @@ def test_max_tokens_beyond_max_model_len_is_400(backend: Backend, stream: bool) 
 
 def test_prompt_filling_the_whole_context_is_400(backend: Backend) -> None:
     prompt = [(i * 7) % 90 + 6 for i in range(backend.max_model_len)]
-    r = httpx.post(backend.url + "/v1/completions",
+    r = loopback.post(backend.url + "/v1/completions",
                    json=completion_body(backend, prompt=prompt, max_tokens=4), timeout=10)
     assert_error_body(r, 400)
 
 
 def test_non_json_content_type_is_400(backend: Backend) -> None:
-    r = httpx.post(backend.url + "/v1/completions", content=b"{}",
+    r = loopback.post(backend.url + "/v1/completions", content=b"{}",
                    headers={"content-type": "text/plain"}, timeout=10)
     assert_error_body(r, 400)

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conformance.backends import MAX_MODEL_LEN, Backend, assert_error_body, real_vllm
-from tests.support import metrics
+from tests.support import loopback, metrics
 from weighbridge.emulator.api import EMBEDDING_SIZE
 
 POOLING = ("--runner", "pooling", "--convert", "embed")
@@ -38,7 +38,7 @@ def ids(n: int, salt: int = 0) -> list[int]:
 
 
 def embed(backend: Backend, **body: object) -> httpx.Response:
-    return httpx.post(backend.url + "/v1/embeddings", json={"model": backend.model, **body},
+    return loopback.post(backend.url + "/v1/embeddings", json={"model": backend.model, **body},
                       timeout=60)
 
 
@@ -87,6 +87,6 @@ def test_bad_requests_are_400(backend: Backend, body: dict[str, object]) -> None
 
 
 def test_unknown_model_is_404(backend: Backend) -> None:
-    assert_error_body(httpx.post(backend.url + "/v1/embeddings",
+    assert_error_body(loopback.post(backend.url + "/v1/embeddings",
                                  json={"model": "no-such-model", "input": ids(3)}, timeout=10),
                       404)

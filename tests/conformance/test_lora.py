@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conformance.adapter import ADAPTER
 from tests.conformance.backends import MAX_MODEL_LEN, Backend, assert_error_body
-from tests.support import metrics
+from tests.support import loopback, metrics
 
 
 @pytest.fixture
@@ -26,7 +25,7 @@ def backend(flagged_backend: Backend) -> Backend:
 
 def test_models_lists_the_adapter_after_the_base_model(backend: Backend,
                                                        adapter_dir: Path) -> None:
-    r = httpx.get(backend.url + "/v1/models", timeout=10)
+    r = loopback.get(backend.url + "/v1/models", timeout=10)
     assert r.status_code == 200, r.text
     cards = r.json()["data"]
     assert [c["id"] for c in cards] == [backend.model, ADAPTER]
@@ -41,11 +40,11 @@ def test_models_lists_the_adapter_after_the_base_model(backend: Backend,
 def test_a_request_naming_the_adapter_is_answered_under_its_name(backend: Backend) -> None:
     body = {"model": ADAPTER, "prompt": [7, 8, 9, 10, 11], "max_tokens": 4, "ignore_eos": True,
             "temperature": 0}
-    r = httpx.post(backend.url + "/v1/completions", json=body, timeout=60)
+    r = loopback.post(backend.url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     assert r.json()["model"] == ADAPTER
     assert r.json()["usage"]["completion_tokens"] == 4
-    chat = httpx.post(backend.url + "/v1/chat/completions", timeout=60, json={
+    chat = loopback.post(backend.url + "/v1/chat/completions", timeout=60, json={
         "model": ADAPTER, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
         "ignore_eos": True, "temperature": 0})
     assert chat.status_code == 200, chat.text
@@ -53,7 +52,7 @@ def test_a_request_naming_the_adapter_is_answered_under_its_name(backend: Backen
 
 
 def test_an_unknown_model_is_a_404_naming_the_served_model(backend: Backend) -> None:
-    r = httpx.post(backend.url + "/v1/completions", timeout=10,
+    r = loopback.post(backend.url + "/v1/completions", timeout=10,
                    json={"model": "no-such-adapter", "prompt": [7, 8], "max_tokens": 1})
     assert_error_body(r, 404)
     assert r.json()["error"]["message"] == (
@@ -63,7 +62,7 @@ def test_an_unknown_model_is_a_404_naming_the_served_model(backend: Backend) -> 
 def test_lora_requests_info_names_the_adapter_of_a_request_in_flight(backend: Backend) -> None:
     body = {"model": ADAPTER, "prompt": [7, 8, 9], "max_tokens": 6, "ignore_eos": True,
             "temperature": 0}
-    assert httpx.post(backend.url + "/v1/completions", json=body, timeout=60).status_code == 200
+    assert loopback.post(backend.url + "/v1/completions", json=body, timeout=60).status_code == 200
     scrape = metrics.scrape(backend.url)
     assert scrape.types.get("vllm:lora_requests_info") == "gauge"
     series = [labels for labels, _ in scrape.samples["vllm:lora_requests_info"]]

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conformance.backends import Backend, assert_error_body
 from tests.conformance.test_conformance import chat_body, completion_body
+from tests.support import loopback
 from weighbridge.output_budget import COMPLETIONS_DEFAULT_MAX_TOKENS
 
 
 def generated(backend: Backend, path: str, body: dict[str, Any]) -> int:
-    r = httpx.post(backend.url + path, json=body, timeout=60)
+    r = loopback.post(backend.url + path, json=body, timeout=60)
     assert r.status_code == 200, r.text
     return int(r.json()["usage"]["completion_tokens"])
 
@@ -52,7 +52,7 @@ def test_completions_read_max_tokens_alone_16_by_default(
 
 def test_chat_max_completion_tokens_beyond_the_model_is_400(backend: Backend) -> None:
     body = chat_body(backend, max_tokens=1, max_completion_tokens=backend.max_model_len + 1)
-    r = httpx.post(backend.url + "/v1/chat/completions", json=body, timeout=10)
+    r = loopback.post(backend.url + "/v1/chat/completions", json=body, timeout=10)
     assert_error_body(r, 400)
     assert "max_completion_tokens" in r.json()["error"]["message"]
 
@@ -60,5 +60,5 @@ def test_chat_max_completion_tokens_beyond_the_model_is_400(backend: Backend) ->
 @pytest.mark.parametrize("token_id", [-1, 2**63 - 1, 2**63, 2**64])
 def test_a_token_id_outside_the_vocabulary_is_400(backend: Backend, token_id: int) -> None:
     body = completion_body(backend, prompt=[5, token_id])
-    r = httpx.post(backend.url + "/v1/completions", json=body, timeout=10)
+    r = loopback.post(backend.url + "/v1/completions", json=body, timeout=10)
     assert_error_body(r, 400)

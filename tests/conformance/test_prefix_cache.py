@@ -30,7 +30,7 @@ from tests.conformance.backends import (
     emulator_backend,
     stream_chunks,
 )
-from tests.support import metrics
+from tests.support import loopback, metrics
 
 QUERIES, HITS = "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 
@@ -67,7 +67,7 @@ def _complete(backend: Backend, prompt: list[int], max_tokens: int = 1,
                             "ignore_eos": True, "temperature": 0}
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
-    r = httpx.post(backend.url + "/v1/completions", json=body, timeout=120)
+    r = loopback.post(backend.url + "/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
     usage = stream_chunks(r.content)[-1]["usage"] if stream else r.json()["usage"]
     assert usage["prompt_tokens"] == len(prompt)
@@ -176,7 +176,7 @@ async def test_a_preempted_request_finds_its_blocks_again(backend: Backend) -> N
 
 
 def _tokenize(backend: Backend, messages: list[dict[str, str]]) -> list[int]:
-    r = httpx.post(backend.url + "/tokenize", json={"model": backend.model,
+    r = loopback.post(backend.url + "/tokenize", json={"model": backend.model,
                                                     "messages": messages}, timeout=30)
     assert r.status_code == 200, r.text
     return list(r.json()["tokens"])
@@ -216,7 +216,7 @@ def test_chat_with_a_shared_system_prompt(backend: Backend) -> None:
             stream = i == 3
             if stream:
                 body.update(stream=True, stream_options={"include_usage": True})
-            r = httpx.post(backend.url + "/v1/chat/completions", json=body, timeout=120)
+            r = loopback.post(backend.url + "/v1/chat/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
             usage = stream_chunks(r.content)[-1]["usage"] if stream else r.json()["usage"]
             assert usage["prompt_tokens"] == len(ids)
@@ -239,7 +239,7 @@ def test_a_next_turn_that_resends_the_answer_hits_its_decode_blocks(backend: Bac
     next turn of prompt + answer (the ids it returned, ``return_token_ids``) + 10 new hits
     128, where the prompt alone would give 96."""
     prompt = _ids("turns", 100)
-    r = httpx.post(backend.url + "/v1/completions", json={
+    r = loopback.post(backend.url + "/v1/completions", json={
         "model": backend.model, "prompt": prompt, "max_tokens": 60, "ignore_eos": True,
         "temperature": 0, "return_token_ids": True}, timeout=120)
     assert r.status_code == 200, r.text

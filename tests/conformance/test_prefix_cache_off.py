@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.conformance.backends import Backend
 from tests.conformance.test_prefix_cache import HITS, QUERIES, _ids
-from tests.support import metrics
+from tests.support import loopback, metrics
 
 
 @pytest.fixture
@@ -28,7 +27,7 @@ def test_without_the_cache_a_repeat_computes_every_token(backend: Backend,
             {"role": "system", "content": "Answer in one line. " * 30},
             {"role": "user", "content": "Hello"}]}
     for _ in range(2):
-        r = httpx.post(backend.url + path, json={
+        r = loopback.post(backend.url + path, json={
             "model": backend.model, "max_tokens": 2, "ignore_eos": True, "temperature": 0,
             **body}, timeout=120)
         assert r.status_code == 200, r.text

@@ -7,11 +7,11 @@ The per-request field on the default servers (interval 1) is in test_conformance
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
 from tests.conformance.backends import SERVER_STREAM_INTERVAL as SERVER_INTERVAL
 from tests.conformance.backends import Backend, assert_interval_chunks
+from tests.support import loopback
 
 MAX_TOKENS = 16
 
@@ -49,7 +49,7 @@ def check_chunks(url: str) -> None:
                 body["messages"] = [{"role": "user", "content": "Say something short."}]
             if asked is not None:
                 body["stream_interval"] = asked
-            r = httpx.post(url + path, json=body, timeout=60)
+            r = loopback.post(url + path, json=body, timeout=60)
             assert r.status_code == 200, r.text
             assert_interval_chunks(r.content, max(asked or 1, SERVER_INTERVAL), MAX_TOKENS,
                                    chunks)

@@ -8,9 +8,9 @@ import asyncio
 import collections
 from collections.abc import Sequence
 
-import httpx
 from aiohttp import web
 
+from tests.support import loopback
 from tests.support.driver import Outcome
 from tests.support.ledger import Ledger
 from tests.support.stub_backend import StubBackend
@@ -53,7 +53,7 @@ def rss_bytes(pid: int) -> int:
 
 def set_slowdown(emulator_url: str, factor: float) -> None:
     """The emulator's chaos knob: every step takes ``factor`` times its modelled time."""
-    response = httpx.post(emulator_url + "/admin/slowdown", json={"factor": factor}, timeout=10)
+    response = loopback.post(emulator_url + "/admin/slowdown", json={"factor": factor}, timeout=10)
     assert response.status_code == 200, response.text
     assert response.json() == {"factor": factor}
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
+from tests.support import loopback
 from tests.support.metrics import Scrape, scrape
 from tests.support.stack import ADMIN_KEY, auth
 from tests.support.wait import wait_for
@@ -83,6 +82,6 @@ def backend_finished(emulator_url: str) -> float:
 
 
 def admin_state(url: str) -> dict[str, Any]:
-    response = httpx.get(url + "/admin/state", headers=auth(ADMIN_KEY), timeout=5)
+    response = loopback.get(url + "/admin/state", headers=auth(ADMIN_KEY), timeout=5)
     assert response.status_code == 200, response.text
     return response.json()

@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support import loopback
 
 Labels = frozenset[tuple[str, str]]
 
@@ -75,7 +76,7 @@ def parse(text: str, at_s: float = 0.0) -> Scrape:
 
 def scrape(url: str) -> Scrape:
     """GET ``url``/metrics (blocking)."""
-    response = httpx.get(url.rstrip("/") + "/metrics", timeout=5)
+    response = loopback.get(url.rstrip("/") + "/metrics", timeout=5)
     response.raise_for_status()
     return parse(response.text, time.monotonic())
 

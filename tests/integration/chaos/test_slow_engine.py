@@ -13,9 +13,9 @@ import asyncio
 import collections
 import time
 
-import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.chaos import assert_conserved, set_slowdown
 from tests.support.driver import (
     Outcome,
@@ -135,6 +135,6 @@ def idle_emulator(processes) -> str:
                                   b'{"factor": "10"}', b'{"factor": true}', b'{"speed": 2}',
                                   b'{"factor": 1e999}'])
 def test_slowdown_knob_rejects_bad_factors(idle_emulator: str, body: bytes) -> None:
-    response = httpx.post(idle_emulator + "/admin/slowdown", content=body, timeout=10)
+    response = loopback.post(idle_emulator + "/admin/slowdown", content=body, timeout=10)
     assert response.status_code == 400, response.text
     assert "factor" in response.json()["error"]["message"]

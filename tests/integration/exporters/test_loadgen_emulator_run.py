@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client import generate_latest
 
-from tests.support import driver
+from tests.support import driver, loopback
 from tests.support.metrics import parse
 from weighbridge.exporters.loadgen import LoadgenExporter
 from weighbridge.launch import emulator_process, free_port
@@ -56,7 +56,7 @@ class Scrapes:
 def test_steady_emulator_run() -> None:
     scrapes = Scrapes()
     with emulator_process(**ENGINE) as engine:
-        model = httpx.get(f"{engine.url}/v1/models", timeout=5).json()["data"][0]["id"]
+        model = loopback.get(f"{engine.url}/v1/models", timeout=5).json()["data"][0]["id"]
         weights = {t: w for t, (_, w) in TENANTS.items()}
         tiers = dict.fromkeys(TENANTS, "standard")
         honest = LoadgenExporter(weights=weights, tiers=tiers, window_s=WINDOW_S,
@@ -67,7 +67,7 @@ def test_steady_emulator_run() -> None:
         honest.serve(int(metrics_url.split(":")[2].split("/")[0]))
         try:
             records = asyncio.run(drive(engine.url, model, honest, lossy, metrics_url, scrapes))
-            scrapes.end_honest = httpx.get(metrics_url, timeout=5).text
+            scrapes.end_honest = loopback.get(metrics_url, timeout=5).text
         finally:
             honest.close()
 

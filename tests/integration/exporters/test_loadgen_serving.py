@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.metrics import parse
 from tests.support.wait import wait_for
 from weighbridge.exporters.loadgen import LoadgenExporter
@@ -27,7 +28,7 @@ def test_serve_and_close() -> None:
     exporter.serve(port)
     try:
         exporter.request_started("a", "standard", 300, exporter.clock())
-        response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+        response = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
         assert response.status_code == 200
         assert parse(response.text).value("weighbridge_client_in_flight_tokens", tenant="a",
                      tier="standard") == 300
@@ -36,7 +37,7 @@ def test_serve_and_close() -> None:
     finally:
         exporter.close()
     with pytest.raises(httpx.ConnectError):
-        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+        loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
     exporter.close()  # idempotent
 
 
@@ -77,7 +78,7 @@ def test_serves_under_gevent_monkey_patching() -> None:
             _, err = child.communicate(timeout=10)
             pytest.fail(f"gevent child failed: {line!r}\n{err}")
         for _ in range(3):  # several scrapes: the server greenlet keeps answering
-            response = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+            response = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
             assert response.status_code == 200
             assert parse(response.text).value("weighbridge_client_in_flight_requests", tenant="a",
                          tier="standard") == 1
@@ -97,7 +98,7 @@ def test_backend_scrape_reads_the_emulator_token_counters() -> None:
         body = {"model": _model(engine.url), "prompt": [5] * 64, "max_tokens": 32,
                 "ignore_eos": True}
         sent = time.monotonic()
-        response = httpx.post(f"{engine.url}/v1/completions", json=body, timeout=30)
+        response = loopback.post(f"{engine.url}/v1/completions", json=body, timeout=30)
         post_s = time.monotonic() - sent
         assert response.status_code == 200, response.text
         usage = response.json()["usage"]
@@ -144,4 +145,4 @@ def _scrape(exporter: LoadgenExporter) -> str:
 
 
 def _model(url: str) -> str:
-    return httpx.get(f"{url}/v1/models", timeout=5).json()["data"][0]["id"]
+    return loopback.get(f"{url}/v1/models", timeout=5).json()["data"][0]["id"]

@@ -10,13 +10,13 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import httpx
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
 )
 
+from tests.support import loopback
 from weighbridge.launch import emulator_process, free_port, sidecar_process
 
 KEY = "sk-otlp-tenant"
@@ -93,7 +93,7 @@ def receiver() -> Iterator[Receiver]:
 
 
 def _complete(url: str, stream: bool) -> None:
-    response = httpx.post(url + "/v1/completions", timeout=30,
+    response = loopback.post(url + "/v1/completions", timeout=30,
                           headers={"authorization": f"Bearer {KEY}"},
                           json={"model": "weighbridge-emulator", "prompt": PROMPT,
                                 "max_tokens": 4, "ignore_eos": True, "stream": stream})

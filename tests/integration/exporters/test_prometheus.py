@@ -16,11 +16,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
-from tests.support import driver
+from tests.support import driver, loopback
 from tests.support.metrics import parse
 from tests.support.prometheus import (
     REPO,
@@ -179,7 +178,7 @@ def test_every_documented_metric_exists_with_its_labels(stack: Stack) -> None:
 def test_every_exported_sidecar_metric_is_documented(stack: Stack) -> None:
     """The reverse check: nothing the sidecar exports is left out of docs/metrics.md."""
     documented = {m.name for m in documented_metrics("Sidecar")}
-    response = httpx.get(stack.sidecar + "/metrics", timeout=5)
+    response = loopback.get(stack.sidecar + "/metrics", timeout=5)
     exported = {name + "_total" if kind == "counter" else name
                 for name, kind in parse(response.text).types.items()}
     assert exported, response.text

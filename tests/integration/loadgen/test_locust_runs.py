@@ -15,7 +15,7 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support import locust
+from tests.support import locust, loopback
 from weighbridge.launch import ServerProcess, free_port
 from weighbridge.loadgen.plan import plan_request
 from weighbridge.loadgen.scenario import discover_scenarios
@@ -92,7 +92,7 @@ def steady_run(emulator: ServerProcess, tmp_path_factory: pytest.TempPathFactory
         while time.monotonic() < deadline and 'tenant="gamma"' not in text:
             time.sleep(0.5)
             with contextlib.suppress(httpx.HTTPError):
-                text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+                text = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -19,6 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.support import loopback
 from tests.support.ledger import ledger, settled
 from tests.support.stack import ADMIN_KEY, start_emulator, start_sidecar, tenant
 
@@ -49,7 +50,7 @@ def stack(processes) -> Iterator[Stack]:
     with httpx.Client(base_url=sidecar.url, timeout=30) as client:
         yield Stack(sidecar.url, client)
     # The process survived it all, and every request ended exactly once.
-    assert httpx.get(sidecar.url + "/healthz", timeout=10).status_code == 200
+    assert loopback.get(sidecar.url + "/healthz", timeout=10).status_code == 200
     settled(sidecar.url)
 
 

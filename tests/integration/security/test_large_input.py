@@ -11,10 +11,10 @@ from __future__ import annotations
 import contextlib
 import time
 
-import httpx
 import orjson
 import pytest
 
+from tests.support import loopback
 from tests.support.answers import assert_served
 from tests.support.chaos import rss_bytes
 from tests.support.ledger import ledger, settled
@@ -75,7 +75,7 @@ def test_heavy_body_is_a_clear_4xx_in_bounded_time_and_memory(stack: Stack, name
     assert len(body) <= LIMIT
     before, rss_before = ledger(stack.sidecar), rss_bytes(stack.pid)
     started = time.monotonic()
-    response = httpx.post(stack.sidecar + path, content=body, timeout=60,
+    response = loopback.post(stack.sidecar + path, content=body, timeout=60,
                           headers={**auth(KEY), "content-type": "application/json"})
     took = time.monotonic() - started
     assert response.status_code == status, response.text[:300]
@@ -87,7 +87,7 @@ def test_heavy_body_is_a_clear_4xx_in_bounded_time_and_memory(stack: Stack, name
     assert rss_bytes(stack.pid) - rss_before < 24 * LIMIT, name
     delta = settled(stack.sidecar) - before
     assert delta.arrived == 1 and delta.completed == (status == 200)
-    assert_served(httpx.post(stack.sidecar + "/v1/completions", json=completion(),
+    assert_served(loopback.post(stack.sidecar + "/v1/completions", json=completion(),
                              headers=auth(KEY), timeout=30), "t")
 
 
@@ -97,7 +97,7 @@ def test_invalid_utf8_in_headers_is_not_a_5xx(stack: Stack, header: str) -> None
     value = b"Bearer " + KEY.encode() + b"\xff\xfe" if header == "authorization" \
         else b"\xc3\x28\xff"
     headers = {**auth(KEY), "content-type": "application/json", header: value}
-    response = httpx.post(stack.sidecar + "/v1/completions", content=orjson.dumps(completion()),
+    response = loopback.post(stack.sidecar + "/v1/completions", content=orjson.dumps(completion()),
                           headers=headers, timeout=30)
     assert response.status_code < 500, response.text
     if header in ("authorization", "x-weighbridge-tier", "x-weighbridge-deadline-ms"):

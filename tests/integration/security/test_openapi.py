@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
+from tests.support import loopback
 from tests.support.stack import ADMIN_KEY, auth, completion, start_emulator, start_sidecar, tenant
 from tests.support.stub_backend import StubBackend
 from weighbridge.config import parse_config
@@ -201,7 +201,7 @@ def test_live_answers_match_the_description(stack: Stack, which: str, method: st
     if which == "down":
         # Its stub backend is gone: wait for the probe to notice.
         for _ in range(100):
-            if httpx.get(url + "/readyz", timeout=10).status_code == 503:
+            if loopback.get(url + "/readyz", timeout=10).status_code == 503:
                 break
             time.sleep(0.05)
     kwargs: dict[str, Any] = {"headers": headers, "timeout": 30}
@@ -209,7 +209,7 @@ def test_live_answers_match_the_description(stack: Stack, which: str, method: st
         kwargs["content"] = body
     elif body is not None:
         kwargs["json"] = body
-    response = httpx.request(method.upper(), url + path, **kwargs)
+    response = loopback.request(method.upper(), url + path, **kwargs)
     responses = SPEC["paths"][path][method]["responses"]
     status = str(response.status_code)
     assert status in responses or "default" in responses, (status, response.text[:300])

@@ -16,6 +16,7 @@ import time
 import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.answers import assert_rejected, assert_served
 from tests.support.chaos import rss_bytes
 from tests.support.ledger import ledger, settled
@@ -142,11 +143,11 @@ def test_a_slow_but_steady_body_within_the_timeout_is_served(stack: Stack) -> No
         time.sleep(TIMEOUT_MS / 4000)
         yield b' "max_tokens": 4}'
 
-    response = httpx.post(stack.sidecar + "/v1/completions", content=pieces(),
+    response = loopback.post(stack.sidecar + "/v1/completions", content=pieces(),
                           headers={**auth(KEY), "content-type": "application/json"},
                           timeout=10)
     assert_served(response, "t")
-    bad = httpx.post(stack.sidecar + "/v1/completions", content=b"{", headers=auth(KEY),
+    bad = loopback.post(stack.sidecar + "/v1/completions", content=b"{", headers=auth(KEY),
                      timeout=10)
     assert_rejected(bad, 400, "invalid_json")
     settled(stack.sidecar)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.answers import assert_rejected, assert_served
 from tests.support.ledger import admin_state, ledger, settled
 from tests.support.metrics import scrape
@@ -49,7 +49,7 @@ def stack(processes: contextlib.ExitStack) -> Stack:
 ], ids=["missing", "unknown", "empty", "basic", "no-scheme", "prefix", "admin-key"])
 def test_missing_or_invalid_key_is_401(stack: Stack, headers: dict[str, str]) -> None:
     before = ledger(stack.sidecar)
-    response = httpx.post(stack.sidecar + "/v1/completions", json=completion(),
+    response = loopback.post(stack.sidecar + "/v1/completions", json=completion(),
                           headers=headers, timeout=10)
     error = assert_rejected(response, 401, "unauthorized")
     assert error["type"] == "authentication_error"
@@ -61,12 +61,12 @@ def test_missing_or_invalid_key_is_401(stack: Stack, headers: dict[str, str]) ->
 
 
 def test_chat_endpoint_and_models_need_a_key(stack: Stack) -> None:
-    response = httpx.post(stack.sidecar + "/v1/chat/completions",
+    response = loopback.post(stack.sidecar + "/v1/chat/completions",
                           json={"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
     assert_rejected(response, 401, "unauthorized")
-    response = httpx.get(stack.sidecar + "/v1/models", timeout=10)
+    response = loopback.get(stack.sidecar + "/v1/models", timeout=10)
     assert_rejected(response, 401, "unauthorized")
-    response = httpx.get(stack.sidecar + "/v1/models", headers=auth("sk-gold"), timeout=10)
+    response = loopback.get(stack.sidecar + "/v1/models", headers=auth("sk-gold"), timeout=10)
     assert response.status_code == 200
     assert response.json()["data"][0]["id"] == "weighbridge-emulator"
     settled(stack.sidecar)
@@ -74,9 +74,9 @@ def test_chat_endpoint_and_models_need_a_key(stack: Stack) -> None:
 
 def test_admin_state_needs_the_admin_key(stack: Stack) -> None:
     url = stack.sidecar + "/admin/state"
-    assert_rejected(httpx.get(url, timeout=10), 401, "unauthorized")
-    assert_rejected(httpx.get(url, headers=auth("sk-wrong"), timeout=10), 401, "unauthorized")
-    error = assert_rejected(httpx.get(url, headers=auth("sk-gold"), timeout=10), 403,
+    assert_rejected(loopback.get(url, timeout=10), 401, "unauthorized")
+    assert_rejected(loopback.get(url, headers=auth("sk-wrong"), timeout=10), 401, "unauthorized")
+    error = assert_rejected(loopback.get(url, headers=auth("sk-gold"), timeout=10), 403,
                             "forbidden")
     assert error["type"] == "permission_error"
     state = admin_state(stack.sidecar)
@@ -110,7 +110,7 @@ async def test_admin_state_shows_queues_deficits_buckets_and_backends(stack: Sta
 def test_spoofed_tenant_header_is_ignored(stack: Stack) -> None:
     before_gold = ledger(stack.sidecar, tenant="gold")
     before_silver = ledger(stack.sidecar, tenant="silver")
-    response = httpx.post(stack.sidecar + "/v1/completions", json=completion(),
+    response = loopback.post(stack.sidecar + "/v1/completions", json=completion(),
                           headers={**auth("sk-silver"), "x-weighbridge-tenant": "gold"},
                           timeout=10)
     assert_served(response, "silver")
@@ -122,7 +122,7 @@ def test_spoofed_tenant_header_is_ignored(stack: Stack) -> None:
 
 def test_higher_tier_is_forbidden(stack: Stack) -> None:
     before = ledger(stack.sidecar, tenant="silver")
-    response = httpx.post(stack.sidecar + "/v1/completions", json=completion(),
+    response = loopback.post(stack.sidecar + "/v1/completions", json=completion(),
                           headers={**auth("sk-silver"), "x-weighbridge-tier": "interactive"},
                           timeout=10)
     error = assert_rejected(response, 403, "tier_not_allowed")
@@ -132,7 +132,7 @@ def test_higher_tier_is_forbidden(stack: Stack) -> None:
 
 
 def test_unknown_tier_is_400(stack: Stack) -> None:
-    response = httpx.post(stack.sidecar + "/v1/completions", json=completion(),
+    response = loopback.post(stack.sidecar + "/v1/completions", json=completion(),
                           headers={**auth("sk-gold"), "x-weighbridge-tier": "platinum"},
                           timeout=10)
     assert_rejected(response, 400, "unknown_tier")
@@ -143,7 +143,7 @@ def test_unknown_tier_is_400(stack: Stack) -> None:
 def test_lower_tier_is_accepted_and_runs_there(stack: Stack, stream: bool) -> None:
     before_batch = ledger(stack.sidecar, tenant="gold", tier="batch")
     before_own = ledger(stack.sidecar, tenant="gold", tier="interactive")
-    response = httpx.post(stack.sidecar + "/v1/completions", json=completion(stream=stream),
+    response = loopback.post(stack.sidecar + "/v1/completions", json=completion(stream=stream),
                           headers={**auth("sk-gold"), "x-weighbridge-tier": "batch"},
                           timeout=10)
     assert_served(response, "gold")
@@ -159,16 +159,16 @@ def test_keys_and_prompts_are_never_shown(stack: Stack) -> None:
     """Neither a key (good or mistyped) nor a prompt appears in the log, /admin/state or
     /metrics."""
     marker = "PROMPT-MARKER-7f3a"
-    response = httpx.post(stack.sidecar + "/v1/completions",
+    response = loopback.post(stack.sidecar + "/v1/completions",
                           json={"prompt": marker, "max_tokens": 2},
                           headers=auth("sk-gold"), timeout=10)
     assert_served(response, "gold")
-    response = httpx.post(stack.sidecar + "/v1/completions",
+    response = loopback.post(stack.sidecar + "/v1/completions",
                           json={"prompt": marker, "max_tokens": 2},
                           headers=auth("sk-typo-secret"), timeout=10)
     assert_rejected(response, 401, "unauthorized")
-    state = httpx.get(stack.sidecar + "/admin/state", headers=auth(ADMIN_KEY), timeout=10).text
-    metrics = httpx.get(stack.sidecar + "/metrics", timeout=10).text
+    state = loopback.get(stack.sidecar + "/admin/state", headers=auth(ADMIN_KEY), timeout=10).text
+    metrics = loopback.get(stack.sidecar + "/metrics", timeout=10).text
     log = stack.log.read_text(errors="replace")
     for text in (state, metrics, log):
         for secret in ("sk-gold", "sk-silver", "sk-typo-secret", ADMIN_KEY, marker):
@@ -176,6 +176,6 @@ def test_keys_and_prompts_are_never_shown(stack: Stack) -> None:
 
 
 def test_healthz_and_readyz(stack: Stack) -> None:
-    assert httpx.get(stack.sidecar + "/healthz", timeout=10).status_code == 200
-    response = httpx.get(stack.sidecar + "/readyz", timeout=10)
+    assert loopback.get(stack.sidecar + "/healthz", timeout=10).status_code == 200
+    response = loopback.get(stack.sidecar + "/readyz", timeout=10)
     assert response.status_code == 200 and response.json() == {"ready": True}

@@ -10,6 +10,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.support import loopback
 from tests.support.answers import assert_rejected, assert_served
 from tests.support.bad_input import (
     BAD_BODIES,
@@ -43,7 +44,7 @@ def stack(processes: contextlib.ExitStack) -> Stack:
 
 def post(stack: Stack, body: bytes, path: str = "/v1/completions",
          headers: dict[str, str] | None = None) -> httpx.Response:
-    return httpx.post(stack.sidecar + path, content=body,
+    return loopback.post(stack.sidecar + path, content=body,
                       headers={**auth(KEY), "content-type": "application/json",
                                **(headers or {})}, timeout=10)
 
@@ -131,7 +132,7 @@ def test_chunked_body_over_the_limit_is_413(stack: Stack) -> None:
             yield b"y" * 2000
         yield b'", "max_tokens": 4}'
 
-    response = httpx.post(stack.sidecar + "/v1/completions", content=chunks(),
+    response = loopback.post(stack.sidecar + "/v1/completions", content=chunks(),
                           headers={**auth(KEY), "content-type": "application/json"},
                           timeout=10)
     assert_rejected(response, 413, "body_too_large")
@@ -167,7 +168,7 @@ async def test_body_far_over_the_limit_is_413_not_a_reset(stack: Stack) -> None:
 ])
 def test_wrong_route_is_4xx_with_an_error_body(stack: Stack, method: str, path: str,
                                                status: int, reason: str) -> None:
-    response = httpx.request(method, stack.sidecar + path, headers=auth(KEY), timeout=10)
+    response = loopback.request(method, stack.sidecar + path, headers=auth(KEY), timeout=10)
     assert_rejected(response, status, reason)
 
 
@@ -183,7 +184,7 @@ def test_backend_validation_errors_pass_through_as_4xx(stack: Stack) -> None:
     assert 400 <= response.status_code < 500, response.text
     delta = settled(stack.sidecar) - before
     assert delta.arrived == 2 and delta.failed == 2
-    health = httpx.get(stack.sidecar + "/readyz", timeout=10)
+    health = loopback.get(stack.sidecar + "/readyz", timeout=10)
     assert health.status_code == 200  # a 4xx from a backend does not make it unhealthy
 
 

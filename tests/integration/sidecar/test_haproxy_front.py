@@ -16,9 +16,9 @@ import shutil
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.stack import start_emulator
 from weighbridge.launch import haproxy_process
 
@@ -50,7 +50,7 @@ def _first_event_s(url: str) -> float:
             "stream": True}
     start = time.monotonic()
     first: float | None = None
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
+    with loopback.stream("POST", url + "/v1/completions", json=body, timeout=30) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if first is None and line.startswith("data: {"):

@@ -12,6 +12,7 @@ import contextlib
 import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.answers import assert_served
 from tests.support.ledger import admin_state, settled
 from tests.support.metrics import scrape
@@ -52,12 +53,12 @@ def fleet(processes: contextlib.ExitStack) -> Fleet:
 
 
 def post(fleet: Fleet, key: str, body: dict[str, object]) -> httpx.Response:
-    return httpx.post(fleet.sidecar + "/v1/completions", json=body, headers=auth(key),
+    return loopback.post(fleet.sidecar + "/v1/completions", json=body, headers=auth(key),
                       timeout=30)
 
 
 def test_the_fleet_lists_every_model_and_adapter_once(fleet: Fleet) -> None:
-    response = httpx.get(fleet.sidecar + "/v1/models", headers=auth("sk-other"), timeout=10)
+    response = loopback.get(fleet.sidecar + "/v1/models", headers=auth("sk-other"), timeout=10)
     assert response.status_code == 200
     cards = {card["id"]: card for card in response.json()["data"]}
     assert list(cards) == [MODEL_A, ADAPTER, MODEL_B]
@@ -78,7 +79,7 @@ def test_each_request_reaches_a_backend_serving_its_model(fleet: Fleet) -> None:
 
 
 def test_a_model_no_backend_serves_is_vllm_s_404(fleet: Fleet) -> None:
-    direct = httpx.post(fleet.b + "/v1/completions", json=completion(model="no-such"),
+    direct = loopback.post(fleet.b + "/v1/completions", json=completion(model="no-such"),
                         timeout=10)
     response = post(fleet, "sk-other", completion(model="no-such"))
     assert response.status_code == direct.status_code == 404
@@ -123,7 +124,7 @@ async def test_a_flood_on_one_model_leaves_another_model_s_tenant_alone(fleet: F
 
 def test_embeddings_through_the_sidecar_cost_their_input_tokens(fleet: Fleet) -> None:
     for model, backend in ((MODEL_B, "engine-b"), (ADAPTER, "engine-a")):
-        response = httpx.post(fleet.sidecar + "/v1/embeddings", headers=auth("sk-embedder"),
+        response = loopback.post(fleet.sidecar + "/v1/embeddings", headers=auth("sk-embedder"),
                               json={"model": model, "input": [[5] * 40, [6] * 24]}, timeout=30)
         assert_served(response, "embedder", backend)
         body = response.json()

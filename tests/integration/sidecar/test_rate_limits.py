@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from tests.support import loopback
 from tests.support.answers import assert_rejected, assert_served
 from tests.support.ledger import admin_state, ledger, settled
 from tests.support.stack import (
@@ -52,7 +53,7 @@ def stack(processes: contextlib.ExitStack) -> Stack:
 
 
 def post(stack: Stack, key: str, body: dict, path: str = "/v1/completions") -> httpx.Response:
-    return httpx.post(stack.sidecar + path, json=body, headers=auth(key), timeout=30)
+    return loopback.post(stack.sidecar + path, json=body, headers=auth(key), timeout=30)
 
 
 def test_requests_per_minute(stack: Stack) -> None:
