@@ -33,6 +33,7 @@ past the engine's cache.
 
 from __future__ import annotations
 
+import struct
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,9 @@ from typing import Any
 from weighbridge.sidecar.prompt import BYTES_PER_TOKEN, content_text
 
 TEXT_BLOCK_BYTES = 64  # 16 estimated tokens: vLLM's default block size
+# A text block read as eight 64-bit words (as fast as hashing its bytes: 42 against 37 us a
+# 4 KB prompt, where one big int of it took 69).
+_TEXT_BLOCK_WORDS = struct.Struct(f"<{TEXT_BLOCK_BYTES // 8}Q")
 _ROOT = 0x5EED  # the chain's start, so an empty prefix hashes to no block's value
 
 
@@ -100,11 +104,11 @@ class PromptPrefix:
                 self.text = "".join(f"{m.get('role')}\x00{content_text(m.get('content'), '')}\x00"
                                     for m in self.messages).encode()
             text = self.text
-            # Hashed as an int, not as bytes: str and bytes hashes differ between processes
+            words = _TEXT_BLOCK_WORDS.unpack_from
+            # Hashed as ints, not as bytes: str and bytes hashes differ between processes
             # (PYTHONHASHSEED), ints' do not, so replicas name a block alike (sidecar.shared).
             for start in range(0, len(text) - TEXT_BLOCK_BYTES + 1, TEXT_BLOCK_BYTES):
-                parent = hash((parent, int.from_bytes(text[start:start + TEXT_BLOCK_BYTES],
-                                                      "little")))
+                parent = hash((parent, *words(text, start)))
                 hashes.append(parent)
         return tuple(hashes)
 

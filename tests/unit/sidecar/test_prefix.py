@@ -113,3 +113,13 @@ def test_a_new_block_size_starts_the_index_over() -> None:
     assert len(index) == 0 and index.predict(prefix_of(ids), len(ids)) == 0
     index.sent(prefix_of(ids))
     assert index.predict(prefix_of(ids), len(ids)) == 31
+
+
+def test_a_block_s_name_is_the_same_in_every_process() -> None:
+    """Replicas tell each other blocks by name (sidecar.shared): a text block is hashed as
+    ints, which PYTHONHASHSEED leaves alone, so these values (computed under two seeds)
+    are every process's."""
+    assert PromptPrefix(text=bytes(range(128))).blocks(BLOCK) == (7702398102232413564,
+                                                                  -9089123448667533195)
+    chat = PromptPrefix(messages=[{"role": "user", "content": "hello world " * 10}])
+    assert chat.blocks(BLOCK)[:1] == (-913118887417129894,)
