@@ -3,13 +3,19 @@ Locust against the emulated chat-sessions stack (two engines with their prefix c
 sidecar), and through ``weighbridge simulate --trace`` with the same stack, seed and rule.
 
 Asserted: both sides sent the very same requests (ids, tenants, send times, sizes: both are
-``weighbridge.loadgen.trace.trace_plans``), every one ended ok, and both report cached
-tokens. Printed (``pytest -s``), for benchmarks/RESULTS.md: the hit rate against ±5 points
-and per-tenant TTFT p50/p99 against docs/simulate.md's ±20% (weighbridge/simulation/
-agreement.py), with how fast the live engines ran against their own step model; a live
-emulated engine on a shared 2-core machine runs slower than its model, which no margin
-derived from the simulation covers (the same reason tests/acceptance/simulation/
-test_agreement.py prints its figures).
+``weighbridge.loadgen.trace.trace_plans``), every one ended ok, both report cached tokens,
+and the issue's acceptance: the prefix cache's hit rate within ±5 points and every tenant's
+TTFT p50 within docs/simulate.md's ±20%, each range widened by the live figure's own 95%
+sampling interval (weighbridge/simulation/agreement.py, the bounds docs/simulate.md uses).
+
+The TTFT is judged against the simulation with its engines slowed by the factor the live
+engines were measured to run at (``weighbridge_emulator_step_model_seconds`` against their
+step lag, as tests/acceptance/simulation/test_agreement.py measures it): a live emulated
+engine on a shared 2-core machine runs its model late, so the live run is the model slowed
+by the machine, and the like-for-like comparison is with the model slowed by the same
+measured factor. ``weighbridge simulate`` itself does not apply it: it predicts the engines
+as their stack file specifies them. The hit rate is judged against both. Printed
+(``pytest -s``), for benchmarks/RESULTS.md: both comparisons in full (the p99s too).
 """
 
 from __future__ import annotations
@@ -62,8 +68,8 @@ def test_live_and_virtual_replay_of_the_sample_trace(tmp_path: Path) -> None:
     slowed = run_policy(Inputs(stack=slowed_stack(STACK, sum(slowdown) / len(slowdown)),
                                trace=trace, trace_tenants=RULE, trace_speed=SPEED, seed=SEED),
                         None, tmp_path / "simulated-slowed").run_dir
-    print(markdown("the same, engines slowed as live",
-                   [c for c in compare(live, slowed) if "throughput" not in c.figure]) + "\n")
+    slowed_checks = [c for c in compare(live, slowed) if "throughput" not in c.figure]
+    print(markdown("the same, engines slowed as live", slowed_checks) + "\n")
     live_records = read_parquet(live / "requests.parquet")
     sim_records = outcome.result.records
 
@@ -74,3 +80,8 @@ def test_live_and_virtual_replay_of_the_sample_trace(tmp_path: Path) -> None:
     assert sent(live_records) == sent(sim_records) and len(live_records) == 300
     for records in (live_records, sim_records):
         assert all(r.status == "ok" and r.cached_tokens is not None for r in records)
+    judged = [c for c in (*checks, *slowed_checks) if "hit rate" in c.figure] + [
+        c for c in slowed_checks if c.figure.endswith("TTFT p50")]
+    assert len(judged) == 2 + 3  # the hit rate twice, each tenant's p50 (three tenants)
+    assert all(c.ok for c in judged), markdown("outside the accepted range",
+                                               [c for c in judged if not c.ok])
