@@ -211,15 +211,17 @@ def _load(ctx: BenchContext, name: str, url: str, out: Path, pgid: int
 
 def _attempts(ctx: BenchContext, name: str, backend: str, gate: fidelity.QuietGate,
               server: Callable[[], AbstractContextManager[tuple[str, int]]], out: Path,
-              duration_s: float, probe: dict[str, dict[str, list[turns.Turn]]]) -> Figures:
+              duration_s: float, probe: dict[str, dict[str, list[turns.Turn]]] | None
+              ) -> Figures:
     """The run on a fresh server each attempt (a second run on the same one would hit the
     first one's cache), again while the neighbours were noisy; the quietest is kept. The
-    single-turn probe runs on the first attempt's server, before its load."""
+    single-turn probe (when ``probe`` collects it) runs on the first attempt's server,
+    before its load."""
     tries: list[Figures] = []
     limit = ATTEMPTS if backend == "vllm" else 1
     for attempt in range(1, limit + 1):
         with server() as (url, pgid):
-            if name not in probe:
+            if probe is not None and name not in probe:
                 ctx.log(f"  {name}: single-turn probe ({TURN_REPEATS} repeats) ...")
                 probe[name] = asyncio.run(turns.measure(url, fidelity.MODEL, TURN_REPEATS))
             gate.wait(ctx, fidelity.QUIET_CORES[backend])
@@ -305,7 +307,7 @@ def _run(ctx: BenchContext) -> BenchResult:
         "emulator": _attempts(ctx, "emulator", "emulator", gate, emulator_server, out,
                               duration, probe),
         "vllm-no-cache": _attempts(ctx, "vllm-no-cache", "vllm", gate, vllm_server(False),
-                                   out, duration, probe),
+                                   out, duration, None),
     }
     vllm, emu, off = runs["vllm"], runs["emulator"], runs["vllm-no-cache"]
 
