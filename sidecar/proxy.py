@@ -199,6 +199,8 @@ async def _relay_stream(upstream: UpstreamResponse, request: web.Request,
                 while out := relay.take():
                     await response.write(out)
                     relay.check()
+                    if relay.drain:
+                        relay.drained()
                 relay.direct = True  # no await since the queue was found empty
             if relay.drain:
                 await request.writer.drain()
@@ -225,7 +227,7 @@ class _Relay:
     for it), and written straight to the client's transport once the response head is out
     (``direct``); before that, and for the last output, queued for the handler's task."""
 
-    __slots__ = ("_buffer", "_failure", "_pending", "_strip", "_transport",
+    __slots__ = ("_buffer", "_failure", "_pending", "_pending_bytes", "_strip", "_transport",
                  "_upstream", "_waiter", "chunked", "clock", "direct", "drain", "ended", "gone",
                  "on_content", "outcome")
 
@@ -242,6 +244,7 @@ class _Relay:
         self.outcome = outcome
         self._buffer = b""
         self._pending: list[bytes] = []
+        self._pending_bytes = 0
         self._waiter: asyncio.Future[None] | None = None
         self._failure: BaseException | None = None
         self.direct = False
@@ -273,6 +276,7 @@ class _Relay:
             return b""
         out = pending[0] if len(pending) == 1 else b"".join(pending)
         pending.clear()
+        self._pending_bytes = 0
         return out
 
     def drained(self) -> None:
@@ -303,6 +307,12 @@ class _Relay:
                 self._write(out)
             else:
                 self._pending.append(out)
+                self._pending_bytes += len(out)
+                if self._pending_bytes > HIGH_WATER:
+                    # The handler's task is still writing an earlier output to a slow
+                    # client: what waits for it is bounded as the direct path's buffer is.
+                    self._upstream.pause()
+                    self.drain = True
                 self._wake()
         except BaseException as e:  # a bug of the shell's: the handler raises it
             self._fail(e)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from weighbridge.sidecar import proxy
 from weighbridge.sidecar.proxy import RelayOutcome, relay
-from weighbridge.sidecar.upstream import Upstream
+from weighbridge.sidecar.upstream import Upstream, UpstreamResponse
 
 
 def chunk(text: str) -> bytes:
@@ -42,11 +42,12 @@ def pieces_of(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 async def relayed(pieces: list[bytes], client_wants_usage: bool, *, pause_s: float = 0.0,
-                  break_off: bool = False, read_slowly: bool = False,
+                  break_off: bool = False, read_after: asyncio.Event | None = None,
                   ) -> tuple[bytes, RelayOutcome, list[int]]:
     """The client's bytes, the relay's outcome and the counts ``on_content`` was called with,
     for a backend that writes ``pieces`` one write each (``pause_s`` apart: separate reads at
-    the relay; ``break_off``: then drops the connection)."""
+    the relay; ``break_off``: then drops the connection). With ``read_after`` the client
+    reads nothing of the body until the event is set."""
 
     async def backend(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
@@ -68,7 +69,7 @@ async def relayed(pieces: list[bytes], client_wants_usage: bool, *, pause_s: flo
     counts: list[int] = []
 
     async def front(request: web.Request) -> web.StreamResponse:
-        if read_slowly:  # a small kernel buffer toward the client: its reading paces ours
+        if read_after is not None:  # a small kernel buffer toward the client
             sock = request.transport.get_extra_info("socket")  # type: ignore[union-attr]
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
         pool = Upstream()
@@ -87,13 +88,10 @@ async def relayed(pieces: list[bytes], client_wants_usage: bool, *, pause_s: flo
     async with TestServer(upstream_app) as upstream, \
             TestClient(TestServer(front_app)) as client:
         answer = await client.post("/v1/completions", data=b"{}")
-        if read_slowly:
-            body = b""
-            while piece := await answer.content.read(4096):
-                body += piece
-                await asyncio.sleep(0.001)
-        else:
-            body = await answer.read()
+        if read_after is not None:
+            # A deadline, not a pace: reaching it means the relay never paused.
+            await asyncio.wait_for(read_after.wait(), timeout=60)
+        body = await answer.read()
     return body, outcomes[0], counts
 
 
@@ -143,19 +141,27 @@ async def test_a_backend_breaking_off_mid_stream_ends_it_with_an_error_event() -
 
 
 async def test_a_slow_client_gets_every_byte(monkeypatch: pytest.MonkeyPatch) -> None:
-    # Far more than the transports buffer: the relay stops reading the backend until the
-    # client caught up, and loses nothing.
+    # Far more than the kernel buffers toward a client that reads nothing (an 8 KiB send
+    # buffer, the receiver's untuned ~128 KiB): the relay stops reading the backend, whether
+    # the bytes queue for the handler's first write or go straight to the client, and once
+    # the client reads, resumes and loses nothing. The client waits for the pause itself,
+    # so how fast it would have read on this machine does not enter.
+    paused = asyncio.Event()
     drained: list[int] = []
-    original = proxy._Relay.drained
+    pause, original = UpstreamResponse.pause, proxy._Relay.drained
+
+    def watched(response: UpstreamResponse) -> None:
+        pause(response)
+        paused.set()
 
     def counted(relay: proxy._Relay) -> None:
         drained.append(1)
         original(relay)
 
+    monkeypatch.setattr(UpstreamResponse, "pause", watched)
     monkeypatch.setattr(proxy._Relay, "drained", counted)
     many = [chunk("x" * 1000) for _ in range(3000)]
-    body, outcome, _ = await relayed([ROLE, *many, USAGE, DONE], False,
-                                     read_slowly=True)
+    body, outcome, _ = await relayed([ROLE, *many, USAGE, DONE], False, read_after=paused)
     assert body == ROLE + b"".join(many) + DONE
     assert outcome.content_chunks == 3000
-    assert drained  # the client's buffer filled up at least once
+    assert drained  # paused, then resumed once the client's buffer drained
