@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,13 +26,15 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
-from weighbridge.config import EMBEDDINGS, Config
+from weighbridge.config import EMBEDDINGS, Config, ConfigError
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_over_capacity
 from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
 from weighbridge.sidecar.openapi import description_json
 from weighbridge.sidecar.proxy import BackendFailed, BackendUnavailable, relay
+from weighbridge.sidecar.rejection import TENANT_REMOVED, Reject
+from weighbridge.sidecar.reload import ConfigCollector, ConfigHolder, ReloadPlan, ReloadRefused
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.session import (
     MAX_DISPATCH_ATTEMPTS,
@@ -42,6 +45,7 @@ from weighbridge.sidecar.session import (
     RequestSession,
     bearer,
     body_too_large,
+    rejection,
 )
 from weighbridge.sidecar.shared import SharedState, SharedStateCollector
 from weighbridge.sidecar.stability import StabilityMeter
@@ -68,10 +72,13 @@ def _answer(error: ApiError) -> web.Response:
 
 class Sidecar:
     def __init__(self, config: Config, clock: Callable[[], float] = time.monotonic, *,
-                 tracing: RequestTracing | None = None) -> None:
+                 tracing: RequestTracing | None = None, config_path: str | None = None) -> None:
         """``tracing``: overrides the one ``config.telemetry`` describes (tests pass an
-        in-memory exporter's); None and no OTLP endpoint configured: no tracing."""
-        self.config = config
+        in-memory exporter's); None and no OTLP endpoint configured: no tracing.
+        ``config_path``: the file ``config`` was read from, which a reload reads again."""
+        # The configuration in force, swapped by a reload (sidecar.reload): read it through
+        # ``self.config`` at each use, never keep a part of it.
+        self.holder = ConfigHolder(config, config_path)
         self.clock = clock
         self.core = SchedulingCore(config)
         self.ingress = Ingress(config, self.core)  # every request's checks (sidecar.session)
@@ -100,9 +107,57 @@ class Sidecar:
         r.add_get("/healthz", self.healthz)
         r.add_get("/readyz", self.readyz)
         r.add_get("/admin/state", self.admin_state)
+        r.add_post("/admin/reload", self.admin_reload)
         r.add_get("/openapi.json", self.openapi)
         self._openapi = description_json(config.tiers)
         self.app.cleanup_ctx.append(self._lifecycle)
+
+    @property
+    def config(self) -> Config:
+        return self.holder.config
+
+    # -- reload ---------------------------------------------------------------------------------
+
+    def reload(self) -> ReloadPlan:
+        """Read the config file again and put it in force at once, between two dispatch
+        passes (sidecar.reload); raises ``ConfigError`` and changes nothing if it is invalid
+        or changes what only a restart can."""
+        new, plan = self.holder.check(self.core.draining)
+        evicted = self.core.reconfigure(new, self.clock())
+        self.holder.adopt(new)
+        if self.pool is not None:
+            self.pool.reconfigure(new)
+        self.ingress.config = new
+        removed = Reject(TENANT_REMOVED, None, "a configuration reload removed this request's "
+                         "tenant")
+        for request in evicted:  # ended in the core; their handlers answer
+            waiting = self._waiters.pop(request.id, None)
+            if waiting is not None and not waiting[0].done():
+                waiting[0].set_exception(rejection(removed))
+        log.info("config %s reloaded (version %s): %s", self.holder.path, self.holder.version,
+                 plan.summary())
+        self.wake()
+        return plan
+
+    def reload_on_signal(self) -> None:
+        """SIGHUP: a reload whose refusal is logged (there is nobody else to tell)."""
+        try:
+            self.reload()
+        except ConfigError as e:
+            log.error("config reload refused, the configuration in force stays:\n%s", e)
+
+    async def admin_reload(self, request: web.Request) -> web.Response:
+        self._admin(request, "this key may not reload the configuration")
+        try:
+            plan = self.reload()
+        except ConfigError as e:
+            log.error("config reload refused, the configuration in force stays:\n%s", e)
+            if isinstance(e, ReloadRefused):
+                raise ApiError(409, "restart_required", str(e), "invalid_request_error") from None
+            raise ApiError(422, "invalid_config", str(e), "invalid_request_error") from None
+        return web.Response(body=orjson.dumps({**self.holder.snapshot(),
+                                               "changes": plan.as_dict()}),
+                            content_type="application/json")
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -136,6 +191,7 @@ class Sidecar:
     def _metrics(self, pool: BackendPool | None) -> SidecarMetrics:
         metrics = SidecarMetrics(self.core, pool, self.stability, self.clock)
         metrics.registry.register(SharedStateCollector(self.shared))
+        metrics.registry.register(ConfigCollector(self.holder))
         return metrics
 
     def _on_sample(self, backend: str, sample: BackendSample) -> None:
@@ -221,21 +277,27 @@ class Sidecar:
         return web.Response(body=generate_latest(self.metrics.registry),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def admin_state(self, request: web.Request) -> web.Response:
+    def _admin(self, request: web.Request, forbidden: str) -> None:
+        """401 without a known key, 403 with a tenant's."""
         key = bearer(request.headers.get("authorization"))
         if key is None or (self.config.tenant_for_key(key) is None and not \
                 self.config.is_admin_key(key)):
             raise ApiError(401, "unauthorized", "a valid admin API key is required",
                            "authentication_error")
         if not self.config.is_admin_key(key):
-            raise ApiError(403, "forbidden", "this key may not read the admin state",
-                           "permission_error")
+            raise ApiError(403, "forbidden", forbidden, "permission_error")
+
+    async def admin_state(self, request: web.Request) -> web.Response:
+        self._admin(request, "this key may not read the admin state")
         now = self.clock()
         state: dict[str, Any] = self.core.snapshot(now)
+        state["config"] = self.holder.snapshot()
         state["state"] = ({"backend": "local"} if self.shared is None
                           else self.shared.snapshot())
         if self.pool is not None:
             for name, backend in self.pool.states.items():
+                if name not in state["backends"]:
+                    continue  # drained, leaving the pool at its next probe
                 sample = backend.last_sample
                 state["backends"][name].update({
                     "url": backend.config.url,
@@ -476,7 +538,8 @@ class Sidecar:
         trace.usage(prompt, output)
 
 
-def run_sidecar(config: Config, host: str, port: int) -> None:
+def run_sidecar(config: Config, host: str, port: int, config_path: str | None = None) -> None:
+    """Serve until SIGINT or SIGTERM; SIGHUP reloads ``config_path`` (sidecar.reload)."""
     try:
         import uvloop
 
@@ -488,9 +551,10 @@ def run_sidecar(config: Config, host: str, port: int) -> None:
     # No `<name>_created` series beside every counter and histogram: they double the
     # exposition and Prometheus stores them as gauges of their own.
     disable_created_metrics()
-    sidecar = Sidecar(config)
+    sidecar = Sidecar(config, config_path=config_path)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
+    loop.add_signal_handler(signal.SIGHUP, sidecar.reload_on_signal)
     main = loop.create_task(_serve(sidecar, host, port))
     # As aiohttp's run_app: SIGINT and SIGTERM end the serving task (GracefulExit), which
     # closes the listener, lets answers in flight finish and runs the app's cleanup.

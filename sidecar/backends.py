@@ -5,6 +5,11 @@ The loops belong to :class:`BackendPool`, which the application starts on startu
 cancels on shutdown; they only fetch and hand what they learn to the scheduling core, then
 ask the dispatcher to look again (a fresh scrape, a recovered backend or a newly served model
 may open a gate).
+
+A reload (sidecar.reload) adds and removes backends while the pool runs (``reconfigure``):
+an added backend takes no work until one scrape of its /metrics has been read (its shape
+begins to be learned: KV cache, block size) and one probe has answered; a removed one keeps
+its loops while the core drains it, and is forgotten at the first probe after the core has.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ class BackendPool:
         self.on_sample = on_sample
         self.clock = clock
         self.states = {b.name: BackendState(b) for b in config.backends}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, list[asyncio.Task[None]]] = {}  # each backend's loops
 
     def url(self, backend: str, path: str) -> str:
         return self.states[backend].config.url + path
@@ -68,26 +73,67 @@ class BackendPool:
         await asyncio.gather(*(self._probe(s, threshold=1) for s in self.states.values()),
                              *(self._discover(s) for s in self.states.values()))
         for state in self.states.values():
-            self._tasks.append(asyncio.create_task(self._discover_models(state),
-                                                   name=f"models:{state.config.name}"))
-            self._tasks.append(asyncio.create_task(self._poll_metrics(state),
-                                                   name=f"metrics:{state.config.name}"))
-            self._tasks.append(asyncio.create_task(self._probe_health(state),
-                                                   name=f"health:{state.config.name}"))
+            self._start_loops(state)
+
+    def _start_loops(self, state: BackendState) -> None:
+        name = state.config.name
+        self._tasks.setdefault(name, []).extend((
+            asyncio.create_task(self._discover_models(state), name=f"models:{name}"),
+            asyncio.create_task(self._poll_metrics(state), name=f"metrics:{name}"),
+            asyncio.create_task(self._probe_health(state), name=f"health:{name}")))
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [task for loops in self._tasks.values() for task in loops]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+
+    # -- reload -------------------------------------------------------------------------------
+
+    def reconfigure(self, config: Config) -> None:
+        """The core has taken ``config`` (``SchedulingCore.reconfigure``): join its new
+        backends, and forget the removed ones the core has already forgotten."""
+        self.config = config
+        for backend in config.backends:
+            if backend.name not in self.states:
+                state = self.states[backend.name] = BackendState(backend, healthy=False)
+                self._tasks[backend.name] = [asyncio.create_task(
+                    self._join(state), name=f"join:{backend.name}")]
+        for name in [n for n in self.states if not self.core.has_backend(n)]:
+            self._forget(name)
+
+    async def _join(self, state: BackendState) -> None:
+        """An added backend: scraped until a scrape is read, its models read, probed once
+        (the probe marks it healthy), then polled as every backend is."""
+        while state.last_sample is None:
+            started = self.clock()
+            await self._scrape(state)
+            if state.last_sample is None:
+                poll = self.core.poll_period_s(state.config.name)
+                await asyncio.sleep(max(0.0, poll - (self.clock() - started)))
+        await self._discover(state)
+        await self._probe(state, threshold=1)
+        self._start_loops(state)
+
+    def _forget(self, name: str) -> None:
+        """A drained backend leaves: its loops end (but the caller's own) and its state goes."""
+        current = asyncio.current_task()
+        for task in self._tasks.pop(name, ()):
+            if task is not current:
+                task.cancel()
+        self.states.pop(name, None)
+        log.info("backend %s drained and forgotten", name)
 
     # -- health -------------------------------------------------------------------------------
 
     def mark_failed(self, backend: str, why: str) -> None:
         """A request to the backend failed: stop routing to it until a probe succeeds."""
-        state = self.states[backend]
+        state = self.states.get(backend)
+        if state is None:
+            return  # removed by a reload and drained since
         if state.healthy:
             log.warning("backend %s marked unhealthy: %s", backend, why)
         state.healthy = False
@@ -125,6 +171,9 @@ class BackendPool:
         interval = self.config.health_probe.interval_ms / 1000
         while True:
             await asyncio.sleep(interval)
+            if not self.core.has_backend(state.config.name):
+                self._forget(state.config.name)  # removed by a reload, and drained
+                return
             await self._probe(state)
 
     # -- models -------------------------------------------------------------------------------

@@ -48,6 +48,18 @@ class ModelCatalog:
     def backends(self) -> frozenset[str]:
         return self._all
 
+    def reconfigure(self, backends: Sequence[str],
+                    declared: Mapping[str, Sequence[str]] | None = None) -> None:
+        """A reloaded fleet (sidecar.reload): what a kept backend was learned to serve stays,
+        a new one is unknown until it answers, a removed one is forgotten."""
+        learned = {name: served for name, served in self._served.items()
+                   if name in backends and name not in self._declared}
+        self._order = list(backends)
+        self._declared = frozenset(declared or ())
+        self._served = {**learned, **{name: tuple(models)
+                                      for name, models in (declared or {}).items()}}
+        self._all = frozenset(self._order)
+
     def learn(self, backend: str, models: Iterable[str]) -> bool:
         """What ``backend``'s /v1/models lists (ids, adapters included); True if that
         changed the catalog. A declared backend keeps its declaration."""

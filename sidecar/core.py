@@ -86,7 +86,12 @@ from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
 from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
 from weighbridge.sidecar.prefix import PrefixIndex, PromptPrefix
 from weighbridge.sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter, limited_tokens
-from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, MODEL_NOT_FOUND, Reject
+from weighbridge.sidecar.rejection import (
+    DEADLINE_UNMEETABLE,
+    MODEL_NOT_FOUND,
+    TENANT_REMOVED,
+    Reject,
+)
 from weighbridge.sidecar.request import QueuedRequest, RequestState
 from weighbridge.sidecar.router import Router
 from weighbridge.sidecar.scheduler import Scheduler
@@ -102,6 +107,20 @@ if TYPE_CHECKING:
 # covers the gaps of a tenant sending a few requests a second, and lets the headroom go back
 # to backlogged tenants soon after the last light one stopped.
 LIGHT_MEMORY_S = 10.0
+
+
+def _limit_table(config: Config) -> LimitTable:
+    """Every rate limit the configuration declares, by scope."""
+    return LimitTable(
+        {name: t.limits for name, t in config.tenants.items()},
+        {(tenant, path): limits for tenant, t in config.tenants.items()
+         for path, limits in t.endpoint_limits.items()},
+        {name: tier.limits for name, tier in config.tiers.items()},
+        endpoint_defaults={path: e.tenant_limits for path, e in config.endpoints.items()},
+        model_limits={(tenant, model): limits for tenant, t in config.tenants.items()
+                      for model, limits in t.model_limits.items()},
+        model_defaults={name: m.tenant_limits for name, m in config.models.items()},
+    )
 
 
 @dataclass(slots=True)
@@ -194,34 +213,17 @@ class SchedulingCore:
             {path: e.initial_output_estimate for path, e in config.endpoints.items()},
             config.scheduler.output_estimate_alpha,
         )
-        self.limit_table = LimitTable(
-            {name: t.limits for name, t in config.tenants.items()},
-            {(tenant, path): limits for tenant, t in config.tenants.items()
-             for path, limits in t.endpoint_limits.items()},
-            {name: tier.limits for name, tier in config.tiers.items()},
-            endpoint_defaults={path: e.tenant_limits for path, e in config.endpoints.items()},
-            model_limits={(tenant, model): limits for tenant, t in config.tenants.items()
-                          for model, limits in t.model_limits.items()},
-            model_defaults={name: m.tenant_limits for name, m in config.models.items()},
-        )
+        self.limit_table = _limit_table(config)
         # This process's own buckets: every limit when it runs alone; its share of them
         # (use_local_limits) while the limits replicas share cannot be reached.
         self.rate_limiter = TenantRateLimiter(self.limit_table)
         # Charges owed to the shared limits (take_shared_charges): (request, token delta),
         # positive a charge, negative a refund.
         self._shared_charges: list[tuple[QueuedRequest, int]] = []
-        tenant_aware = self.scheduler.uses_headroom
-        if gate_limits is not None:
-            fixed = gate_limits
-            self.gates = {b.name: AdmissionGate(fixed) for b in config.backends}
-        else:
-            admission = config.admission
-
-            def derive(shape: EngineShape) -> GateLimits:
-                return derive_limits(admission, shape, tenant_aware)
-
-            self.gates = {b.name: AdmissionGate(derive(EngineShape()), derive)
-                          for b in config.backends}
+        self._gate_limits = gate_limits
+        self.gates = {b.name: self._new_gate() for b in config.backends}
+        # Backends a reload removed, still finishing what they have in flight (``reconfigure``).
+        self.draining: set[str] = set()
         # What our in-flight requests will hold in each backend's KV cache at their largest.
         self._kv = {name: KvFootprint(gate.limits.block_size) for name, gate in self.gates.items()}
         self._router = Router([b.name for b in config.backends], config.routing)
@@ -256,6 +258,84 @@ class SchedulingCore:
         # index learns from the first request on, but a prediction no answer can settle
         # would undercount the prefill backlog and the charges).
         self.reporting: set[str] = set()
+
+    def _new_gate(self) -> AdmissionGate:
+        """A backend's gate: the fixed limits (tests), or derived from its learned shape."""
+        if self._gate_limits is not None:
+            return AdmissionGate(self._gate_limits)
+        admission, tenant_aware = self.config.admission, self.scheduler.uses_headroom
+
+        def derive(shape: EngineShape) -> GateLimits:
+            return derive_limits(admission, shape, tenant_aware)
+
+        return AdmissionGate(derive(EngineShape()), derive)
+
+    # ------------------------------------------------------------------ reload
+
+    def reconfigure(self, config: Config, now: float) -> list[QueuedRequest]:
+        """Take a reloaded configuration, between two decisions (sidecar.reload has checked
+        that it changes only what may change live). Every kept tenant, bucket, DRR credit,
+        queue and learned backend shape carries over; the new definitions apply from the
+        next decision. The queued requests of removed tenants are ended here, rejected
+        ``tenant_removed``, and returned for the shell to answer; their in-flight requests
+        finish. A removed backend drains (``draining``: no new work, forgotten when its last
+        request ends); an added one takes no work until ``mark_backend_healthy``."""
+        self._fold_streamed()
+        removed = set(self.config.tenants) - set(config.tenants)
+        evicted: list[QueuedRequest] = []
+        for pool in self._pools.values():
+            for tenant in removed:
+                evicted += pool.scheduler.queued_of(tenant)
+        for request in evicted:
+            self._pool_of.pop(request.id).scheduler.cancel(request.id)
+            self._refund(request, now)
+            self.ledger.end(request.id, Outcome.REJECTED, TENANT_REMOVED)
+        self.config = config
+        specs = Scheduler.tenant_specs(config)
+        for pool in self._pools.values():
+            pool.scheduler.set_tenants(specs)
+            for tenant in removed:
+                pool.light.pop(tenant, None)
+        self.limit_table = _limit_table(config)
+        self.rate_limiter.retable(self.limit_table, now)
+        self._priority_backends = {b.name for b in config.backends if b.priority_scheduling}
+        self._tier_priority = {name: t.vllm_priority for name, t in config.tiers.items()}
+        names = [b.name for b in config.backends]
+        gone = frozenset(self.gates) - self.draining - set(names)
+        added = frozenset(name for name in names if name not in self.gates)
+        for name in added:
+            gate = self.gates[name] = self._new_gate()
+            self._kv[name] = KvFootprint(gate.limits.block_size)
+            self._prefix[name] = PrefixIndex(0, gate.limits.block_size)
+            self._router.add(name)
+        for name in gone:
+            self._router.retire(name)
+            self.draining.add(name)
+            self._forget_if_drained(name)
+        self.catalog.reconfigure(
+            names, {b.name: b.models for b in config.backends if b.models is not None})
+        joining = frozenset(name for name in added if not self.catalog.known(name))
+        pools: dict[frozenset[str], _Pool] = {}
+        for key, pool in self._pools.items():
+            # Unknown backends serve every model (sidecar.catalog): they join every pool.
+            pool.backends = (pool.backends - gone) | joining
+            # Two pools that now cover the same backends stay apart (the second under its
+            # old key) until the older one's queue empties: merging queues would reorder them.
+            pools[key if pool.backends in pools else pool.backends] = pool
+        self._pools = pools
+        return evicted
+
+    def _forget_if_drained(self, backend: str) -> None:
+        if backend in self.draining and self._router.inflight(backend) == 0:
+            self.draining.discard(backend)
+            del self.gates[backend], self._kv[backend], self._prefix[backend]
+            self._router.remove(backend)
+            self.unreported.discard(backend)
+            self.reporting.discard(backend)
+
+    def has_backend(self, backend: str) -> bool:
+        """Whether the core still knows ``backend`` (configured, or draining)."""
+        return backend in self.gates
 
     # ------------------------------------------------------------------ pools
 
@@ -965,6 +1045,8 @@ class SchedulingCore:
             self._prefilled.discard(request.id)
         else:
             self._end_prefill(request)
+        if self.draining:
+            self._forget_if_drained(request.backend)
         return self._reported.pop(request.id, 0)
 
     def _end_prefill(self, request: QueuedRequest) -> None:
@@ -981,6 +1063,8 @@ class SchedulingCore:
     # ------------------------------------------------------------------ backends
 
     def on_backend_metrics(self, backend: str, sample: ScrapedMetrics) -> None:
+        if backend not in self.gates:
+            return  # drained and forgotten since the scrape was sent
         self._fold_streamed()
         self.gates[backend].observe(sample)
         self._router.observe_kv(backend, sample.kv_cache_usage)
@@ -996,15 +1080,17 @@ class SchedulingCore:
     def poll_period_s(self, backend: str | None = None) -> float:
         """How often to scrape ``backend`` (derived from its step time unless configured);
         without a backend, the shortest over all of them (the dispatch tick)."""
-        if backend is not None:
+        if backend is not None and backend in self.gates:
             return self.gates[backend].limits.poll_s
         return min(gate.limits.poll_s for gate in self.gates.values())
 
     def mark_backend_unhealthy(self, backend: str) -> None:
-        self._router.mark_unhealthy(backend)
+        if backend in self.gates:
+            self._router.mark_unhealthy(backend)
 
     def mark_backend_healthy(self, backend: str) -> None:
-        self._router.mark_healthy(backend)
+        if backend in self.gates:
+            self._router.mark_healthy(backend)
 
     # ------------------------------------------------------------------ admin
 
@@ -1063,6 +1149,7 @@ class SchedulingCore:
             "rate_limits": self.rate_limiter.snapshot(now),
             "backends": {
                 name: {**routing[name], "gate": gate.snapshot(now),
+                       "draining": name in self.draining,
                        "kv_footprint_blocks": self._kv[name].blocks(),
                        "prefix_index": self._prefix[name].snapshot(
                            reported=name not in self.unreported)}

@@ -276,7 +276,7 @@ class CoreCollector(Collector):
             rate = self.stability.backend_rate(name, now)
             if rate is not None:
                 processed.add_metric([name], rate)
-            state = self.pool.states[name] if self.pool else None
+            state = self.pool.states.get(name) if self.pool else None
             if state is None:
                 continue
             errors.add_metric([name], state.scrape_errors)

@@ -17,6 +17,12 @@ counts its endpoint's or tier's ``cached_prompt_token_weight``, 1 by default). S
 drive a bucket negative: that debt is how a tenant that under-estimated pays, by waiting
 longer for its next admission.
 
+Reload (``TenantRateLimiter.retable``, sidecar.reload): a bucket whose scope and window
+survive a new configuration keeps what was spent from it, ``capacity - level``, and takes the
+new size: a raised limit adds the difference to the level, a lowered one takes it away (the
+level may go negative, a debt the tenant waits out). A new scope or window starts full, as
+a first use does; a scope or window the configuration no longer has is dropped.
+
 Refund policy (``refund``): a request that passed the limiter but is then turned away before it
 reaches a backend (queue full, deadline unmeetable) or cancelled while queued gets its tokens
 back, since no tokens were produced; its *request* charge is kept, so ``requests_per_minute``
@@ -192,6 +198,18 @@ class LimitTable:
                 out.append((("model", tenant, model), limits))
         return out
 
+    def limits_for(self, scope: ScopeKey) -> RateLimits | None:
+        """The limits of one scope (as ``scopes`` names it), or None if none applies."""
+        kind, owner, *thing = scope
+        if kind == "tier":
+            return self._tiers.get(owner)
+        if kind == "tenant":
+            return self._tenants.get(owner)
+        if kind == "endpoint":
+            return self._endpoints.get((owner, thing[0])) or self._endpoint_defaults.get(
+                thing[0])
+        return self._models.get((owner, thing[0])) or self._model_defaults.get(thing[0])
+
     def buckets(self, tenant: str, endpoint: str, tier: str | None,
                 model: str | None) -> list[BucketSpec]:
         """Every bucket of every scope that applies, requests before tokens in each."""
@@ -234,6 +252,24 @@ class TenantRateLimiter:
                 scope = self._scopes_by_key[key] = _Scope.from_limits(limits, now, self._scale)
             scopes.append(scope)
         return scopes
+
+    def retable(self, table: LimitTable, now: float) -> None:
+        """Take a new configuration's limits, keeping what was spent (module doc, "Reload")."""
+        scopes: dict[ScopeKey, _Scope] = {}
+        for key, old in self._scopes_by_key.items():
+            limits = table.limits_for(key)
+            if limits is None or not _limits_anything(limits):
+                continue
+            new = scopes[key] = _Scope.from_limits(limits, now, self._scale)
+            spent = {}
+            for name, bucket in (*old.requests, *old.tokens):
+                bucket.refill(now)
+                spent[name] = bucket.capacity - bucket.level
+            for name, bucket in (*new.requests, *new.tokens):
+                if name in spent:
+                    bucket.level = bucket.capacity - spent[name]
+        self.table = table
+        self._scopes_by_key = scopes
 
     def admit(self, tenant: str, endpoint: str, tokens: int, now: float,
               tier: str | None = None, model: str | None = None) -> Admit | Reject:

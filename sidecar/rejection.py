@@ -15,6 +15,8 @@ QUEUE_FULL: Final = "queue_full"
 DEADLINE_UNMEETABLE: Final = "deadline_unmeetable"
 # No backend serves the request's `model` (sidecar.catalog): vLLM's own 404.
 MODEL_NOT_FOUND: Final = "model_not_found"
+# A reload removed the request's tenant while the request was queued (sidecar.reload).
+TENANT_REMOVED: Final = "tenant_removed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,4 +34,4 @@ class Reject:
         client's own limits and queue."""
         if self.reason == MODEL_NOT_FOUND:
             return 404
-        return 503 if self.reason == DEADLINE_UNMEETABLE else 429
+        return 503 if self.reason in (DEADLINE_UNMEETABLE, TENANT_REMOVED) else 429

@@ -17,6 +17,10 @@ baselines. Unhealthy backends and those the
 caller says cannot take work (closed admission gate) are skipped; ``pick`` returns None when
 no backend can take work.
 
+Backends come and go with a reload (sidecar.reload): ``add`` joins one that takes no work
+until it is marked healthy; ``retire`` stops routing to one while its requests finish, and
+``remove`` forgets it once none is left.
+
 ``pick`` has no side effects (the caller may not end up dispatching); ``on_dispatched``
 records the choice, and moves the round-robin pointer past it.
 """
@@ -45,6 +49,7 @@ class _Backend:
     name: str
     index: int
     healthy: bool = True
+    retired: bool = False  # draining: takes no new work (``retire``)
     inflight: int = 0
     outstanding_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens in flight whose first token has not come back
@@ -78,6 +83,28 @@ class Router:
 
     # ------------------------------------------------------------------ health and load
 
+    def add(self, backend: str) -> None:
+        """A new backend, unhealthy (no work) until ``mark_healthy``."""
+        if backend in self._by_name:
+            raise ValueError(f"backend {backend!r} is already routed to")
+        b = _Backend(backend, len(self._backends), healthy=False)
+        self._backends.append(b)
+        self._by_name[backend] = b
+
+    def retire(self, backend: str) -> None:
+        """Route nothing more to ``backend``; its requests in flight finish."""
+        self._by_name[backend].retired = True
+
+    def remove(self, backend: str) -> None:
+        """Forget a retired backend with nothing in flight."""
+        b = self._by_name[backend]
+        if b.inflight:
+            raise ValueError(f"backend {backend!r} has {b.inflight} requests in flight")
+        del self._by_name[backend]
+        self._backends.remove(b)
+        for i, other in enumerate(self._backends):
+            other.index = i
+
     def mark_unhealthy(self, backend: str) -> None:
         self._by_name[backend].healthy = False
 
@@ -85,7 +112,9 @@ class Router:
         self._by_name[backend].healthy = True
 
     def is_healthy(self, backend: str) -> bool:
-        return self._by_name[backend].healthy
+        """Whether it may take work: healthy and not retired."""
+        b = self._by_name[backend]
+        return b.healthy and not b.retired
 
     def observe_kv(self, backend: str, usage: float | None) -> None:
         self._by_name[backend].kv_cache_usage = usage
@@ -104,7 +133,8 @@ class Router:
 
     def pick(self, can_take: Callable[[str], bool] | None = None) -> str | None:
         candidates = [
-            b for b in self._backends if b.healthy and (can_take is None or can_take(b.name))
+            b for b in self._backends
+            if b.healthy and not b.retired and (can_take is None or can_take(b.name))
         ]
         if not candidates:
             return None

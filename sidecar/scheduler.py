@@ -138,17 +138,11 @@ class Scheduler:
         self._active: set[str] = set()  # tenants with requests queued or in flight
         self._active_weight = 0.0
         self._active_tenants = 0
+        self._retired: set[str] = set()  # removed by set_tenants, still in flight
 
     @classmethod
     def from_config(cls, config: Config) -> Scheduler:
-        tenants = {
-            name: TenantSpec(
-                tier=t.tier,
-                weight=t.weight,
-                limits=QueueLimits(t.limits.max_queued, t.limits.max_queued_tokens),
-            )
-            for name, t in config.tenants.items()
-        }
+        tenants = cls.tenant_specs(config)
         endpoints = {
             path: EndpointSpec(cost=e.cost, quantum=e.quantum)
             for path, e in config.endpoints.items()
@@ -163,6 +157,60 @@ class Scheduler:
             shortest_prompt_first=config.scheduler.shortest_prompt_first,
             charge_streamed_tokens=config.scheduler.charge_streamed_tokens,
         )
+
+    @staticmethod
+    def tenant_specs(config: Config) -> dict[str, TenantSpec]:
+        return {
+            name: TenantSpec(
+                tier=t.tier,
+                weight=t.weight,
+                limits=QueueLimits(t.limits.max_queued, t.limits.max_queued_tokens),
+            )
+            for name, t in config.tenants.items()
+        }
+
+    def set_tenants(self, tenants: Mapping[str, TenantSpec]) -> None:
+        """A reloaded configuration's tenants (sidecar.reload): a kept tenant keeps its
+        queues, in-flight count and DRR credit and takes its new spec (a new weight counts
+        from the next decision); a new one starts empty; a removed one must have nothing
+        queued (end those first) and is forgotten once nothing of it is in flight."""
+        weight_blind = not self._traits.weighted
+        for name, spec in tenants.items():
+            if spec.tier not in self._tiers:
+                raise ValueError(f"tenant {name!r}: unknown tier {spec.tier!r}")
+            if not spec.weight > 0:
+                raise ValueError(f"tenant {name!r}: weight must be positive")
+        for name in [n for n in self._tenants if n not in tenants]:
+            gone = self._tenants[name]
+            if gone.queued:
+                raise ValueError(f"tenant {name!r} still has {gone.queued} queued")
+            self._retired.add(name)
+            self._forget_retired(gone)
+        for name, spec in tenants.items():
+            weight = 1.0 if weight_blind else spec.weight
+            tenant = self._tenants.get(name)
+            self._retired.discard(name)
+            if tenant is None:
+                self._tenants[name] = _Tenant(name, spec, weight)
+                continue
+            tenant.spec = spec
+            delta, tenant.weight = weight - tenant.weight, weight
+            if not delta:
+                continue
+            if tenant.active:
+                self._active_weight += delta
+            for tier_name, queue in tenant.queues.items():
+                tier = self._tiers[tier_name]
+                if queue:
+                    tier.backlogged_weight += delta
+                if self._traits.per_tenant and name in tier.drr:
+                    tier.drr.add(name, weight)
+
+    def _forget_retired(self, tenant: _Tenant) -> None:
+        """A removed tenant leaves once nothing of it is queued or in flight."""
+        if tenant.name in self._retired and not tenant.active:
+            self._retired.discard(tenant.name)
+            del self._tenants[tenant.name]
 
     # ------------------------------------------------------------------ properties
 
@@ -218,6 +266,11 @@ class Scheduler:
         while others were served (DeficitRoundRobin.forfeited; 0 if it never queued there)."""
         drr = self._tiers[tier].drr
         return drr.forfeited(tenant) if tenant in drr else 0.0
+
+    def queued_of(self, tenant: str) -> list[QueuedRequest]:
+        """Every request ``tenant`` has queued, in all its tiers."""
+        t = self._tenants.get(tenant)
+        return [] if t is None else [r for q in t.queues.values() for r in q.ordered()]
 
     def queued(self, request_id: str) -> QueuedRequest | None:
         return self._queued_index.get(request_id)
@@ -413,6 +466,8 @@ class Scheduler:
         self._forget_user(tenant, request)
         request.state = RequestState.ENDED
         self._touch_active(tenant)
+        if self._retired:
+            self._forget_retired(tenant)
 
     # ------------------------------------------------------------------ other replicas
 
@@ -436,9 +491,10 @@ class Scheduler:
         return taken
 
     def active_load(self) -> dict[str, tuple[int, int]]:
-        """Tenant -> (in flight, queued), for the tenants with either."""
+        """Tenant -> (in flight, queued), for the configured tenants with either (a tenant a
+        reload removed is not judged for shares while its last requests finish)."""
         return {name: (t.inflight, t.queued) for name in self._active
-                if (t := self._tenants[name]).active}
+                if (t := self._tenants[name]).active and name not in self._retired}
 
     def queued_flows(self) -> list[tuple[str, str]]:
         """(tier, tenant) of every tenant queue with requests waiting."""

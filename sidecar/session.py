@@ -221,6 +221,12 @@ class Ingress:
             raise self._unauthorized(counted=True)
         return Caller(tenant, f"tenant:{tenant}", self.config.tenants[tenant].tier)
 
+    def _configured(self, caller: Caller) -> None:
+        """A reload (sidecar.reload) may remove the caller's tenant while the front reads
+        its body or asks the shared limits: its key is no longer one, a 401."""
+        if caller.tenant not in self.config.tenants:
+            raise self._unauthorized(counted=True)
+
     def _unauthorized(self, counted: bool) -> ApiError:
         if counted:  # before it has a tenant
             self.core.rejected_on_arrival("unauthorized")
@@ -244,6 +250,7 @@ class Ingress:
         """Validate everything the sidecar relies on (the backend validates the rest). A
         parsed ``body`` is normalised in place; ``prompt``: counted by the front (the body
         has none), else counted from the body."""
+        self._configured(caller)
         try:
             return self._read(caller, endpoint, headers, body, prompt)
         except ApiError as e:
@@ -322,6 +329,7 @@ class Ingress:
         request's session, or the rejection's answer. ``admitted``: the verdict of the
         limits several replicas share (``SchedulingCore.arrive``)."""
         caller = arrival.caller
+        self._configured(caller)
         result = self.core.arrive(
             request_id=request_id, tenant=caller.tenant, tier=arrival.tier,
             endpoint=arrival.endpoint, prompt_tokens=arrival.prompt_tokens,

@@ -80,19 +80,24 @@ PREFIX_READ_COUNT = 500  # entries read per sync at most (a replica catching up 
 
 # The bucket arithmetic of sidecar.ratelimit.TokenBucket, in Lua, on Redis's clock: `level`
 # reads a bucket refilled to `now` (a missing key is a full bucket), `store` writes it back
-# with an expiry at the moment it would be full again (what a missing key means).
+# with an expiry at the moment it would be full again (what a missing key means). A bucket
+# keeps the size it was stored with: a replica that meets it at another size (a reloaded
+# limit) refills it at the stored rate to the stored capacity, then keeps what was spent
+# (sidecar.ratelimit, "Reload"), once, inside the script, so no replica counts it twice.
 _BUCKET = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local function level(key, cap, rate)
-  local v = redis.call('HMGET', key, 'level', 'at')
+  local v = redis.call('HMGET', key, 'level', 'at', 'cap', 'rate')
   if not v[1] then return cap end
   local l, at = tonumber(v[1]), tonumber(v[2])
-  if now > at then l = math.min(cap, l + (now - at) * rate) end
-  return l
+  local was_cap, was_rate = tonumber(v[3]) or cap, tonumber(v[4]) or rate
+  if now > at then l = math.min(was_cap, l + (now - at) * was_rate) end
+  return l + (cap - was_cap)
 end
 local function store(key, cap, rate, l)
-  redis.call('HSET', key, 'level', string.format('%.17g', l), 'at', string.format('%.17g', now))
+  redis.call('HSET', key, 'level', string.format('%.17g', l), 'at', string.format('%.17g', now),
+             'cap', string.format('%.17g', cap), 'rate', string.format('%.17g', rate))
   redis.call('PEXPIRE', key, math.ceil((cap - l) / rate * 1000) + 1000)
 end
 """

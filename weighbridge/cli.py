@@ -143,7 +143,7 @@ def sidecar(
     typer.echo(f"weighbridge sidecar on http://{host}:{port}: {len(loaded.tenants)} tenants, "
                f"{len(loaded.backends)} backends, policy {loaded.scheduler.policy}, "
                f"routing {loaded.routing}", err=True)
-    run_sidecar(loaded, host, port)
+    run_sidecar(loaded, host, port, config_path=config)
 
 
 @app.command("hash-key")
