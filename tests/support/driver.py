@@ -34,6 +34,8 @@ class Outcome:
     # With record_chunks: (seconds after t0, output tokens) of every content chunk; a chunk
     # counts one token unless the server sends continuous usage (then exact).
     chunks: list[tuple[float, int]] | None = None
+    text: str = ""  # the generated text of every content chunk, in order
+    done: bool = False  # the stream ended with ``data: [DONE]``
 
     @property
     def ttft_s(self) -> float | None:
@@ -125,13 +127,15 @@ async def streamed_request(session: aiohttp.ClientSession, url: str, key: str, t
                 buffer += data
                 while (end := buffer.find(b"\n\n")) >= 0:
                     event, buffer = buffer[:end], buffer[end + 2:]
+                    out.done = out.done or event == b"data: [DONE]"
                     if not event.startswith(b"data: {"):
                         continue
                     chunk = orjson.loads(event[6:])
                     if "error" in chunk:
                         out.error = str(chunk["error"])
                     elif chunk.get("choices"):
-                        if _content(chunk["choices"][0]):
+                        if content := _content(chunk["choices"][0]):
+                            out.text += content
                             now = time.monotonic() - t0
                             if out.first_token_s is None:
                                 out.first_token_s = now
