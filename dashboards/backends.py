@@ -124,6 +124,34 @@ ENGINE_BATCH = Panel(
            "{{backend}}{{instance}} waiting")),
     min=0)
 
+CONFIG_VERSIONS = Panel(
+    "Configuration version by sidecar",
+    "The version (a content hash) of the configuration each sidecar replica runs "
+    "(weighbridge_config_info); after a reload every replica should show the same one.",
+    "none",
+    (Query("max by (instance, version) (weighbridge_config_info)", "{{instance}} {{version}}",
+           instant=True),),
+    type="stat", width=8, height=5)
+
+CONFIG_SKEW = Panel(
+    "Configuration versions in force",
+    "Distinct configuration versions across the sidecar replicas: 1 when they agree, more "
+    "while a reload is rolling through them or one was refused (reloads refused, beside it).",
+    "none",
+    (Query("count(count by (version) (weighbridge_config_info))", "versions", instant=True),
+     Query('sum(increase(weighbridge_config_reloads_total{result="refused"}[$__range]))',
+           "reloads refused", instant=True)),
+    type="stat", width=8, height=5, thresholds=(Threshold(2, "orange"),))
+
+CONFIG_LOADED = Panel(
+    "Configuration loaded at",
+    "When each sidecar replica put its configuration in force (start-up or the last "
+    "reload; weighbridge_config_loaded_timestamp_seconds).",
+    "dateTimeAsIso",
+    (Query("max by (instance) (weighbridge_config_loaded_timestamp_seconds) * 1000",
+           "{{instance}}", instant=True),),
+    type="stat", width=8, height=5)
+
 BACKENDS = Dashboard(
     uid="weighbridge-backends",
     title="weighbridge / Backends",
@@ -132,6 +160,7 @@ BACKENDS = Dashboard(
     variables=STANDARD,
     rows=(
         Row("Health", (HEALTH, METRICS_AGE, INFLIGHT)),
+        Row("Configuration", (CONFIG_VERSIONS, CONFIG_SKEW, CONFIG_LOADED)),
         Row("Engine load", (RUNNING_WAITING, KV_CACHE, PREEMPTIONS, DECODE_SPEED)),
         Row("Admission and throughput", (HOLDS, THROUGHPUT)),
         Row("Engines' own metrics", (ENGINE_TTFT, ENGINE_BATCH)),

@@ -146,6 +146,82 @@ def sidecar(
     run_sidecar(loaded, host, port, config_path=config)
 
 
+@app.command()
+@_needs("sidecar")
+def reload(
+    pid: Annotated[int | None, typer.Option(
+        help="Send SIGHUP to this sidecar process (its log says how the reload went).")] = None,
+    url: Annotated[str, typer.Option(
+        help="Otherwise POST /admin/reload to the sidecar at this URL.")] = (
+        "http://127.0.0.1:8000"),
+    admin_key: Annotated[str | None, typer.Option(
+        envvar="WEIGHBRIDGE_ADMIN_KEY",
+        help="An admin API key (or $WEIGHBRIDGE_ADMIN_KEY); default: the config's first "
+             "admin key given as plain: or env:.")] = None,
+    config: Annotated[Path | None, typer.Option(
+        help="The sidecar's config file, to read the admin key from.")] = None,
+) -> None:
+    """Reload a running sidecar's config file: queues, limits and streams carry over
+    (docs/sidecar.md, "Reloading the configuration")."""
+    import os
+    import signal
+
+    import httpx
+
+    if pid is not None:
+        try:
+            os.kill(pid, signal.SIGHUP)
+        except OSError as e:
+            typer.echo(f"weighbridge reload: pid {pid}: {e.strerror}", err=True)
+            raise typer.Exit(1) from None
+        typer.echo(f"sent SIGHUP to {pid}; the sidecar's log says whether the new "
+                   "configuration is in force", err=True)
+        return
+    key = admin_key or (None if config is None else _admin_key_of(config))
+    if key is None:
+        raise typer.BadParameter("give --admin-key, $WEIGHBRIDGE_ADMIN_KEY, or --config with "
+                                 "an admin key as plain: or env:", param_hint="--admin-key")
+    try:
+        response = httpx.post(url.rstrip("/") + "/admin/reload",
+                              headers={"authorization": f"Bearer {key}"}, timeout=30)
+    except httpx.HTTPError as e:
+        typer.echo(f"weighbridge reload: {url}: {e}", err=True)
+        raise typer.Exit(1) from None
+    try:
+        answer = response.json()
+    except ValueError:
+        answer = {}
+    if response.status_code != 200:
+        message = (answer.get("error") or {}).get("message") or response.text
+        typer.echo(f"weighbridge reload: {response.status_code}: {message}", err=True)
+        raise typer.Exit(1)
+    changes = {k: v for k, v in answer.get("changes", {}).items() if v}
+    typer.echo(f"version {answer.get('version')} in force; "
+               + (", ".join(f"{k}: {v}" for k, v in changes.items()) or "no change"))
+
+
+def _admin_key_of(config: Path) -> str | None:
+    """The first admin key a config file holds in a form that gives the key back (plain:,
+    or env: with the variable set); a sha256 digest does not."""
+    import os
+
+    from weighbridge.config import ConfigError
+    from weighbridge.settings_file import read_yaml
+
+    try:
+        data = read_yaml(config, ConfigError)
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="--config") from None
+    keys = data.get("admin_api_keys") if isinstance(data, dict) else None
+    for key in keys if isinstance(keys, list) else ():
+        scheme, _, rest = str(key).partition(":")
+        if scheme == "plain" and rest:
+            return rest
+        if scheme == "env" and os.environ.get(rest):
+            return os.environ[rest]
+    return None
+
+
 @app.command("hash-key")
 def hash_key(key: Annotated[str, typer.Argument(help="The raw API key.")]) -> None:
     """Print the sha256:<hex> form of an API key, for api_keys in the config."""
@@ -454,6 +530,10 @@ def up(
                 console.print("  prometheus  (not running: install `prometheus` or "
                               "--prometheus on)")
             console.print(f"  logs        {where / 'logs'}")
+            for proc in running.replicas:  # edit the file, then reload (docs/sidecar.md)
+                config_file = proc.argv[list(proc.argv).index("--config") + 1]
+                console.print(f"  reload      edit {config_file}, then weighbridge reload "
+                              f"--pid {proc.pid}", highlight=False, soft_wrap=True)
             console.print("Send the scenario (Locust's web UI on http://localhost:8089):")
             console.print("  " + shlex.join(urls.locust_command(spec)), highlight=False,
                           soft_wrap=True)

@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[list[str], str | None]] = {
     "emulator": ([], "weighbridge emulator needs the emulator extra: " + _PIP.format("emulator")),
     "sidecar": (["--config", "fleet.yaml"],
                 "weighbridge sidecar needs the sidecar extra: " + _PIP.format("sidecar")),
+    "reload": (["--pid", "1"],
+               "weighbridge reload needs the sidecar extra: " + _PIP.format("sidecar")),
     "hash-key": (["a-key"], None),
     "report": (["runs/x"], "weighbridge report needs the analysis extra: "
                + _PIP.format("analysis")),

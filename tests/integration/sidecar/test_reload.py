@@ -12,6 +12,7 @@ import contextlib
 import copy
 import os
 import signal
+import subprocess
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ from tests.support.stack import (
 from tests.support.wait import await_for
 from weighbridge.config import parse_config
 from weighbridge.emulator.text import generated_text
-from weighbridge.launch import ServerProcess
+from weighbridge.launch import ServerProcess, weighbridge_argv
 from weighbridge.sidecar.reload import config_version
 from weighbridge.sidecar.shared import bucket_key
 
@@ -79,7 +80,9 @@ def version(data: dict[str, Any]) -> str:
 
 async def reload_each(sites: list[Site], data: dict[str, Any], how: str = "http") -> None:
     """Write ``data`` to each replica's file and reload it, one replica at a time, each
-    confirmed (its version) before the next."""
+    confirmed (its version) before the next: ``how`` is ``http`` (POST /admin/reload),
+    ``cli`` (``weighbridge reload``, the key from the file) or ``signal`` (SIGHUP, through
+    ``weighbridge reload --pid``)."""
     want = version(data)
     async with httpx.AsyncClient(timeout=10) as client:
         for site in sites:
@@ -88,8 +91,18 @@ async def reload_each(sites: list[Site], data: dict[str, Any], how: str = "http"
                 response = await client.post(site.url + "/admin/reload", headers=auth(ADMIN_KEY))
                 assert response.status_code == 200, response.text
                 assert response.json()["version"] == want
+            elif how == "cli":
+                done = await asyncio.to_thread(
+                    subprocess.run, weighbridge_argv("reload", "--url", site.url, "--config",
+                                                     str(site.path)),
+                    capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0, done.stderr
+                assert done.stdout.startswith(f"version {want} in force"), done.stdout
             else:
-                os.kill(site.pid, signal.SIGHUP)
+                done = await asyncio.to_thread(
+                    subprocess.run, weighbridge_argv("reload", "--pid", str(site.pid)),
+                    capture_output=True, text=True, timeout=60)
+                assert done.returncode == 0, done.stderr
                 await await_for(lambda s=site: admin_state(s.url)["config"]["version"] == want,
                                 20, what="the SIGHUP reload")
 
@@ -202,7 +215,7 @@ async def run_scenario(sites: list[Site], engines: list[str],
 
         # A weight changed: in force from the next decision.
         data["tenants"]["b"]["weight"] = 3.0
-        await reload_each(sites, data)
+        await reload_each(sites, data, "cli")
         for site in sites:
             weight = scrape(site.url).value("weighbridge_drr_weight", tenant="b", tier="standard")
             assert weight == 3.0

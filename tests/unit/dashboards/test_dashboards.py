@@ -28,7 +28,8 @@ from weighbridge.dashboards.variables import STANDARD, interpolate, references
 
 REPO = Path(__file__).resolve().parents[3]
 RULES = sorted((REPO / "deploy" / "prometheus" / "rules").glob("*.yml"))
-EXPORTER_SOURCES = [REPO / "sidecar" / "metrics.py", REPO / "exporters" / "loadgen.py",
+EXPORTER_SOURCES = [REPO / "sidecar" / "metrics.py", REPO / "sidecar" / "reload.py",
+                    REPO / "exporters" / "loadgen.py",
                     REPO / "exporters" / "histogram.py", REPO / "emulator" / "metrics.py"]
 GRAFANA_BUILTINS = {"__rate_interval", "__range", "__interval"}
 PROMQL_WORDS = {"sum", "max", "min", "avg", "by", "on", "ignoring", "group_left", "bool",
