@@ -1,0 +1,186 @@
+"""Reload cost: the TTFT a configuration reload adds to the requests of the second in which it
+happens, at 200 streaming requests/s through one sidecar (issue 31).
+
+One Poisson stream of ``RATE`` requests/s (``sidecar_overhead``'s requests, client and engine
+shape: 32-token prompts, 16 output tokens, an engine with room for all of them) goes through
+one sidecar for ``seconds``. In ``RELOADS`` of those seconds the benchmark swaps a prepared
+config file into place (a rename: nothing to write on the client's loop) and sends the
+sidecar SIGHUP; consecutive files differ in one tenant's weight, so every reload changes
+something. Each request is filed under the second it was scheduled in: the baseline is the
+seconds without a reload of the same run (the first second, a warm-up, left out), so the
+machine's noise hits both sides. The sidecar logs how long it took to read and check the file
+and to apply it; those are reported beside the TTFT figures.
+
+Two config sizes: 10 tenants, and 1,000 (each with its key), since reading and validating the
+file is the part of a reload that grows with it and it runs on the sidecar's event loop.
+
+``python -m benchmarks reload_ttft [--quick]``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import uvloop
+import yaml
+
+from benchmarks import _system
+from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from benchmarks.sidecar_overhead import ENGINE, KEY, RATE, Stream, one_request, poisson
+from weighbridge.launch import emulator_process, sidecar_process
+from weighbridge.statistics import percentile
+
+TENANT_COUNTS = (10, 1000)
+# The seconds (after the start of a pass) in which a reload happens, and where in the second.
+RELOAD_AT_S = 0.3
+# How the sidecar logs a reload's two parts (sidecar.app.Sidecar.reload).
+_LOGGED = re.compile(r"read and checked in ([0-9.]+) ms, applied in ([0-9.]+) ms")
+
+
+def config(engine_url: str, tenants: int, weight: float) -> dict[str, object]:
+    """``tenants`` tenants, the first the benchmark's (its weight varies between files)."""
+    entries: dict[str, object] = {
+        "bench": {"tier": "standard", "api_keys": [f"plain:{KEY}"], "weight": weight}}
+    for i in range(1, tenants):
+        entries[f"t{i}"] = {"tier": "standard", "api_keys": [f"plain:sk-filler-{i:05d}"],
+                            "limits": {"tokens_per_minute": 100_000 + i}}
+    return {"tenants": entries, "backends": [{"url": engine_url}],
+            "admission": {"max_backend_waiting": 8}}
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadCost:
+    reload_requests: int
+    quiet_requests: int
+    failures: int
+    quiet_p50_s: float
+    quiet_p99_s: float
+    reload_p50_s: float
+    reload_p99_s: float
+    checked_ms: list[float]  # reading and checking the file, per reload
+    applied_ms: list[float]  # the swap, per reload
+
+    @property
+    def added_p99_s(self) -> float:
+        return self.reload_p99_s - self.quiet_p99_s
+
+    @property
+    def added_p50_s(self) -> float:
+        return self.reload_p50_s - self.quiet_p50_s
+
+
+async def drive(url: str, seconds: int, reload_seconds: list[int], files: list[Path],
+                live: Path, pid: int, seed: int) -> dict[int, Stream]:
+    """One pass: the stream, each request's TTFT filed under its scheduled second, and a
+    reload in each of ``reload_seconds`` (``files`` renamed onto ``live`` in turn)."""
+    by_second = {s: Stream(str(s)) for s in range(seconds)}
+    times = poisson(RATE, seconds, random.Random(seed))
+    headers = {"content-type": "application/json", "authorization": f"Bearer {KEY}"}
+
+    async def reloads(t0: float) -> None:
+        for second, path in zip(reload_seconds, files, strict=True):
+            await asyncio.sleep(max(0.0, t0 + second + RELOAD_AT_S - time.monotonic()))
+            os.replace(path, live)
+            os.kill(pid, signal.SIGHUP)
+
+    connector = aiohttp.TCPConnector(limit=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=60)) as session:
+        t0 = time.monotonic() + 0.2
+        await asyncio.gather(reloads(t0), *(
+            one_request(session, url + "/v1/completions", headers, t0 + at,
+                        by_second[int(at)]) for at in times))
+    return by_second
+
+
+def measure(tenants: int, seconds: int, passes: int, reloads: int,
+            log: Callable[[str], None] = print) -> ReloadCost:
+    directory = Path(tempfile.mkdtemp(prefix="weighbridge-reload-bench-"))
+    quiet: list[float] = []
+    loud: list[float] = []
+    failures = 0
+    step = seconds // (reloads + 1)
+    reload_seconds = [step * (k + 1) for k in range(reloads)]
+    with emulator_process(name="reload-engine", **ENGINE) as engine, \
+            sidecar_process(config(engine.url, tenants, 1.0), name="reload-sidecar",
+                            config_dir=directory) as sidecar:
+        assert sidecar.pid is not None and sidecar.log_path is not None
+        live = directory / "reload-sidecar.yaml"
+        # Warm the path (connection pools, first dispatch, the first scrape).
+        uvloop.run(drive(sidecar.url, 2, [], [], live, sidecar.pid, seed=0))
+        for k in range(passes):
+            files = []
+            for j in range(reloads):
+                path = directory / f"next-{k}-{j}.yaml"
+                path.write_text(yaml.safe_dump(
+                    config(engine.url, tenants, 2.0 if j % 2 == 0 else 1.0)))
+                files.append(path)
+            got = uvloop.run(drive(sidecar.url, seconds, reload_seconds, files, live,
+                                   sidecar.pid, seed=k + 1))
+            for second, stream in got.items():
+                failures += stream.failures
+                if second == 0:
+                    continue  # the warm-up second
+                (loud if second in reload_seconds else quiet).extend(stream.ttft_s)
+            log(f"{tenants} tenants, pass {k + 1}/{passes}: {len(loud)} requests in "
+                f"reload seconds, {len(quiet)} in quiet ones so far")
+        text = sidecar.log_path.read_text(errors="replace")
+    logged = [(float(a), float(b)) for a, b in _LOGGED.findall(text)]
+    if len(logged) != passes * reloads:
+        raise RuntimeError(f"the sidecar logged {len(logged)} reloads, "
+                           f"{passes * reloads} were sent (log: {sidecar.log_path})")
+    quiet.sort()
+    loud.sort()
+    return ReloadCost(len(loud), len(quiet), failures, percentile(quiet, 0.5),
+                      percentile(quiet, 0.99), percentile(loud, 0.5), percentile(loud, 0.99),
+                      [a for a, _ in logged], [b for _, b in logged])
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.2f}"
+
+
+def run(ctx: BenchContext) -> BenchResult:
+    seconds, passes, reloads = (10, 1, 3) if ctx.quick else (30, 2, 6)
+    load_before = _system.load_average()
+    costs = {}
+    for tenants in TENANT_COUNTS:
+        ctx.log(f"{tenants} tenants: {passes} passes of {seconds} s at {RATE:.0f} req/s, "
+                f"{reloads} reloads each")
+        costs[tenants] = measure(tenants, seconds, passes, reloads, ctx.log)
+    load_after = _system.load_average()
+    rows = [(f"{tenants}", str(c.reload_requests), str(c.quiet_requests), _ms(c.quiet_p50_s),
+             _ms(c.reload_p50_s), _ms(c.quiet_p99_s), _ms(c.reload_p99_s),
+             f"**{_ms(c.added_p99_s)}**",
+             f"{percentile(sorted(c.checked_ms), 0.5):.1f} / {max(c.checked_ms):.1f}",
+             f"{percentile(sorted(c.applied_ms), 0.5):.2f} / {max(c.applied_ms):.2f}",
+             str(c.failures))
+            for tenants, c in costs.items()]
+    small, large = costs[TENANT_COUNTS[0]], costs[TENANT_COUNTS[-1]]
+    summary = [f"TTFT p99 added in the second of a reload at {RATE:.0f} streaming req/s: "
+               f"**{_ms(small.added_p99_s)} ms** with {TENANT_COUNTS[0]} tenants, "
+               f"**{_ms(large.added_p99_s)} ms** with {TENANT_COUNTS[-1]} (against the quiet "
+               "seconds of the same runs); failures "
+               f"{sum(c.failures for c in costs.values())}."]
+    table = Table(("tenants", "requests (reload s)", "requests (quiet s)", "quiet p50 ms",
+                   "reload p50 ms", "quiet p99 ms", "reload p99 ms", "added p99 ms",
+                   "read + check ms (median / max)", "apply ms (median / max)", "failures"),
+                  rows)
+    notes = [f"{passes} passes of {seconds} s per size, reloads at seconds "
+             f"{', '.join(str(seconds // (reloads + 1) * (k + 1)) for k in range(reloads))} "
+             f"(+{RELOAD_AT_S} s) of each; TTFT from the scheduled send to the first chunk "
+             "with text; load average before " + load_before + ", after " + load_after + "."]
+    return BenchResult(summary, [table], notes)
+
+
+BENCHMARK = Benchmark("reload_ttft", "Reload cost: TTFT added in the second of a reload", run)
