@@ -424,7 +424,6 @@ class Sidecar:
             admitted = await self.shared.admit(
                 tenant, endpoint, tier, model,
                 self.core.shared_estimate(tenant, endpoint, prompt, max_tokens, sequences))
-            self._tier_of(tenant)  # a reload may have removed it meanwhile
             now = self.clock()
         try:
             session = ingress.arrive(arrival, request_id, now, admitted)

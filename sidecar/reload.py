@@ -15,7 +15,8 @@ What a reload changes live
   flight finish. A removed or rotated key gets 401 from the next request on; streams
   already open are not cut.
 - ``admin_api_keys``; the rate limits of ``tiers``, ``endpoints`` (``tenant_limits``) and
-  ``models``; a tier's ``vllm_priority``, SLOs and ``stream_interval``;
+  ``models``; a tier's ``vllm_priority``, SLOs, ``stream_interval`` and
+  ``cached_prompt_token_weight``, an endpoint's too;
   ``max_tokens_limit``; ``client_body_timeout_ms``.
 - ``backends``: added (probed and scraped before it takes work) or removed (drained: no new
   work, its requests in flight finish, then it is forgotten).
@@ -58,6 +59,8 @@ RESTART_ONLY = ("scheduler", "admission", "routing", "health_probe", "model_disc
                 "default_model", "max_body_bytes", "client_timeout_ms",
                 "max_client_connections", "telemetry", "state")
 _RESTART = "changing it needs a restart"
+# An endpoint's fields read at each request (the rest shape the scheduler's state).
+_ENDPOINT_LIVE = ("tenant_limits", "cached_prompt_token_weight")
 
 
 class ReloadRefused(ConfigError):
@@ -138,12 +141,12 @@ def plan(old: Config, new: Config, draining: Collection[str] = (),
         issues.append(("endpoints", "adding or removing an endpoint needs a restart"))
     for path in sorted(set(old.endpoints) & set(new.endpoints)):
         was, now = old.endpoints[path], new.endpoints[path]
-        if _without(was.model_dump(), "tenant_limits") != \
-                _without(now.model_dump(), "tenant_limits"):
-            issues.append((f"endpoints.{path}", "only tenant_limits may change without a "
-                           "restart"))
+        if _without(was.model_dump(), *_ENDPOINT_LIVE) != \
+                _without(now.model_dump(), *_ENDPOINT_LIVE):
+            issues.append((f"endpoints.{path}", "only " + " and ".join(_ENDPOINT_LIVE)
+                           + " may change without a restart"))
         elif was != now:
-            other.append(f"endpoints.{path}.tenant_limits")
+            other.append(f"endpoints.{path}")
     if old.models != new.models:
         other.append("models")
     for name in ("max_tokens_limit", "client_body_timeout_ms"):

@@ -39,7 +39,7 @@ from tests.support.stack import (
 from tests.support.wait import await_for
 from weighbridge.config import parse_config
 from weighbridge.emulator.text import generated_text
-from weighbridge.launch import ServerProcess, weighbridge_argv
+from weighbridge.launch import ServerProcess, free_port, weighbridge_argv
 from weighbridge.sidecar.reload import config_version
 from weighbridge.sidecar.shared import bucket_key
 
@@ -51,6 +51,8 @@ CLIENTS = 6  # closed-loop clients per loaded tenant
 # Tenant d's limit, lowered below what it has spent and raised again; each of its requests
 # costs exactly 20 tokens (a 4-token prompt, 16 of output, which the estimate also says).
 D_LIMIT, D_LOWERED, D_COST = 10_000, 70, 20
+# c's requests queued for a model no backend that takes work serves, per replica.
+HELD, HELD_MODEL = 3, "held-model"
 
 
 @dataclass
@@ -306,17 +308,33 @@ async def run_scenario(sites: list[Site], engines: list[str],
         await await_for(lambda: load.completed("a") > served, 30, what="a served after")
 
         # A tenant removed while it has requests queued: those are answered 503
-        # tenant_removed, its streams finish, its next requests get 401. Each replica is
-        # reloaded as soon as it is seen holding two of c's requests: c, alone in the batch
-        # tier, gets at most a quarter of the dispatches while standard is backlogged (12
-        # clients for at most 6 slots), so its queue cannot drain in the one round trip.
-        del data["tenants"]["c"]
-        for site in sites:
-            await await_for(lambda s=site: admin_state(s.url)["scheduler"]["tenants"].get(
-                "c", {}).get("queued", 0) >= 2, 30, what="c to have requests queued")
-            await reload_each([site], data)
+        # tenant_removed, its streams finish, its next requests get 401. So that some are
+        # certainly queued, c also asks for a model only a backend that never answers
+        # serves: that backend never takes work (never scraped nor probed healthy), and
+        # those requests wait until the removal answers them.
+        data["backends"].append({"url": f"http://127.0.0.1:{free_port()}", "name": "held",
+                                 "models": [HELD_MODEL]})
+        await reload_each(sites, data)
+        async with httpx.AsyncClient(timeout=60) as client:
+            held = [asyncio.create_task(client.post(
+                site.url + "/v1/completions", json=completion(4, model=HELD_MODEL),
+                headers=auth("kc"))) for site in sites for _ in range(HELD)]
+            for site in sites:
+                await await_for(lambda s=site: scrape(s.url).total(
+                    "weighbridge_requests_queued", tenant="c") >= HELD, 30,
+                    what="c's held requests to be queued")
+            del data["tenants"]["c"]
+            await reload_each(sites, data)
+            for answer in await asyncio.gather(*held):
+                assert answer.status_code == 503, answer.text
+                assert answer.json()["error"]["code"] == "tenant_removed"
         await await_for(lambda: all(t.done() for t in load.tasks[2 * CLIENTS:]), 30,
                         what="c's clients to be refused")
+        # The backend that never took work, removed: nothing to drain, forgotten at once.
+        data["backends"] = [b for b in data["backends"] if b["name"] != "held"]
+        await reload_each(sites, data)
+        for site in sites:
+            assert "held" not in admin_state(site.url)["backends"]
         await load.stop()
 
     # What every client saw: only the intended refusals.
@@ -325,8 +343,9 @@ async def run_scenario(sites: list[Site], engines: list[str],
             (o.status, o.reject_reason, o.error) for o in load.outcomes[name] if not o.ok]
     seen_c = Counter((o.status, o.reject_reason) for o in load.outcomes["c"] if not o.ok)
     assert set(seen_c) <= {(503, "tenant_removed"), (401, "unauthorized")}, seen_c
-    removed, refused_c = seen_c[(503, "tenant_removed")], seen_c[(401, "unauthorized")]
-    assert removed > 0 and refused_c == CLIENTS
+    removed = seen_c[(503, "tenant_removed")] + HELD * len(sites)
+    refused_c = seen_c[(401, "unauthorized")]
+    assert refused_c == CLIENTS
     # Every stream byte for byte: the emulator's text for some request of its, all of it,
     # its usage, and the stream's end.
     served_total = sum(backend_finished(e) for e in engines)

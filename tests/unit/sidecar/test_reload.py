@@ -135,8 +135,7 @@ def test_rate_limits_of_tiers_endpoints_and_models_reload() -> None:
                   "limits": {"tokens_per_day": 10}}, "batch": {"rank": 3}})
     old = changed(base(), "tiers", {"interactive": {"rank": 1}, "standard": {"rank": 2},
                                     "batch": {"rank": 3}})
-    assert plan(config(old), config(new)).other == ("tiers.standard",
-                                                    f"endpoints.{CHAT}.tenant_limits")
+    assert plan(config(old), config(new)).other == ("tiers.standard", f"endpoints.{CHAT}")
 
 
 def test_a_kept_backend_may_not_change_and_a_draining_name_may_not_return() -> None:
