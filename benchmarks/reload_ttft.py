@@ -6,9 +6,10 @@ shape: 32-token prompts, 16 output tokens, an engine with room for all of them) 
 one sidecar for ``seconds``. In ``RELOADS`` of those seconds the benchmark swaps a prepared
 config file into place (a rename: nothing to write on the client's loop) and sends the
 sidecar SIGHUP; consecutive files differ in one tenant's weight, so every reload changes
-something. Each request is filed under the second it was scheduled in: the baseline is the
-seconds without a reload of the same run (the first second, a warm-up, left out), so the
-machine's noise hits both sides. The sidecar logs how long it took to read and check the file
+something. Each request is filed under the second it was scheduled in: the reload's second,
+the ``AFTER_S`` seconds after it (a large file's read and check outlast its second), and the
+quiet seconds, the baseline, of the same run (the first second, a warm-up, left out), so the
+machine's noise hits every side. The sidecar logs how long it took to read and check the file
 and to apply it; those are reported beside the TTFT figures.
 
 Two config sizes: 10 tenants, and 1,000 (each with its key), since reading and validating the
@@ -41,8 +42,11 @@ from weighbridge.launch import emulator_process, sidecar_process
 from weighbridge.statistics import percentile
 
 TENANT_COUNTS = (10, 1000)
-# The seconds (after the start of a pass) in which a reload happens, and where in the second.
+# Where in its second a reload happens, how far apart reloads are, and the seconds after one
+# filed apart from the quiet ones.
 RELOAD_AT_S = 0.3
+RELOAD_EVERY_S = 10
+AFTER_S = 4
 # How the sidecar logs a reload's two parts (sidecar.app.Sidecar.reload).
 _LOGGED = re.compile(r"read and checked in ([0-9.]+) ms, applied in ([0-9.]+) ms")
 
@@ -59,24 +63,27 @@ def config(engine_url: str, tenants: int, weight: float) -> dict[str, object]:
 
 
 @dataclass(frozen=True, slots=True)
+class Seconds:
+    """The TTFTs of one kind of second, sorted."""
+
+    ttft_s: list[float]
+
+    def p(self, q: float) -> float:
+        return percentile(self.ttft_s, q)
+
+
+@dataclass(frozen=True, slots=True)
 class ReloadCost:
-    reload_requests: int
-    quiet_requests: int
+    reload: Seconds  # the seconds in which a reload happened
+    after: Seconds  # the AFTER_S seconds after each
+    quiet: Seconds  # the others
     failures: int
-    quiet_p50_s: float
-    quiet_p99_s: float
-    reload_p50_s: float
-    reload_p99_s: float
     checked_ms: list[float]  # reading and checking the file, per reload
     applied_ms: list[float]  # the swap, per reload
 
     @property
     def added_p99_s(self) -> float:
-        return self.reload_p99_s - self.quiet_p99_s
-
-    @property
-    def added_p50_s(self) -> float:
-        return self.reload_p50_s - self.quiet_p50_s
+        return self.reload.p(0.99) - self.quiet.p(0.99)
 
 
 async def drive(url: str, seconds: int, reload_seconds: list[int], files: list[Path],
@@ -93,24 +100,28 @@ async def drive(url: str, seconds: int, reload_seconds: list[int], files: list[P
             os.replace(path, live)
             os.kill(pid, signal.SIGHUP)
 
+    async def timed(at: float) -> None:
+        stream = by_second[int(at)]
+        try:
+            await one_request(session, url + "/v1/completions", headers, t0 + at, stream)
+        except TimeoutError:  # no answer within the session's 60 s: a failure, counted
+            stream.failures += 1
+
     connector = aiohttp.TCPConnector(limit=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=60)) as session:
         t0 = time.monotonic() + 0.2
-        await asyncio.gather(reloads(t0), *(
-            one_request(session, url + "/v1/completions", headers, t0 + at,
-                        by_second[int(at)]) for at in times))
+        await asyncio.gather(reloads(t0), *(timed(at) for at in times))
     return by_second
 
 
-def measure(tenants: int, seconds: int, passes: int, reloads: int,
+def measure(tenants: int, seconds: int, passes: int,
             log: Callable[[str], None] = print) -> ReloadCost:
     directory = Path(tempfile.mkdtemp(prefix="weighbridge-reload-bench-"))
-    quiet: list[float] = []
-    loud: list[float] = []
+    kinds: dict[str, list[float]] = {"reload": [], "after": [], "quiet": []}
     failures = 0
-    step = seconds // (reloads + 1)
-    reload_seconds = [step * (k + 1) for k in range(reloads)]
+    reload_seconds = list(range(RELOAD_EVERY_S, seconds - AFTER_S, RELOAD_EVERY_S))
+    reloads = len(reload_seconds)
     with emulator_process(name="reload-engine", **ENGINE) as engine, \
             sidecar_process(config(engine.url, tenants, 1.0), name="reload-sidecar",
                             config_dir=directory) as sidecar:
@@ -131,19 +142,25 @@ def measure(tenants: int, seconds: int, passes: int, reloads: int,
                 failures += stream.failures
                 if second == 0:
                     continue  # the warm-up second
-                (loud if second in reload_seconds else quiet).extend(stream.ttft_s)
-            log(f"{tenants} tenants, pass {k + 1}/{passes}: {len(loud)} requests in "
-                f"reload seconds, {len(quiet)} in quiet ones so far")
+                kinds[_kind(second, reload_seconds)].extend(stream.ttft_s)
+            log(f"{tenants} tenants, pass {k + 1}/{passes}: {len(kinds['reload'])} requests "
+                f"in reload seconds, {len(kinds['quiet'])} in quiet ones so far")
         text = sidecar.log_path.read_text(errors="replace")
     logged = [(float(a), float(b)) for a, b in _LOGGED.findall(text)]
     if len(logged) != passes * reloads:
         raise RuntimeError(f"the sidecar logged {len(logged)} reloads, "
                            f"{passes * reloads} were sent (log: {sidecar.log_path})")
-    quiet.sort()
-    loud.sort()
-    return ReloadCost(len(loud), len(quiet), failures, percentile(quiet, 0.5),
-                      percentile(quiet, 0.99), percentile(loud, 0.5), percentile(loud, 0.99),
-                      [a for a, _ in logged], [b for _, b in logged])
+    reload, after, quiet = (Seconds(sorted(kinds[k])) for k in ("reload", "after", "quiet"))
+    return ReloadCost(reload, after, quiet, failures, [a for a, _ in logged],
+                      [b for _, b in logged])
+
+
+def _kind(second: int, reload_seconds: list[int]) -> str:
+    if second in reload_seconds:
+        return "reload"
+    if any(r < second <= r + AFTER_S for r in reload_seconds):
+        return "after"
+    return "quiet"
 
 
 def _ms(x: float) -> str:
@@ -151,35 +168,40 @@ def _ms(x: float) -> str:
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    seconds, passes, reloads = (10, 1, 3) if ctx.quick else (30, 2, 6)
+    seconds, passes = (22, 1) if ctx.quick else (40, 2)
     load_before = _system.load_average()
     costs = {}
     for tenants in TENANT_COUNTS:
-        ctx.log(f"{tenants} tenants: {passes} passes of {seconds} s at {RATE:.0f} req/s, "
-                f"{reloads} reloads each")
-        costs[tenants] = measure(tenants, seconds, passes, reloads, ctx.log)
+        ctx.log(f"{tenants} tenants: {passes} passes of {seconds} s at {RATE:.0f} req/s, a "
+                f"reload every {RELOAD_EVERY_S} s")
+        costs[tenants] = measure(tenants, seconds, passes, ctx.log)
     load_after = _system.load_average()
-    rows = [(f"{tenants}", str(c.reload_requests), str(c.quiet_requests), _ms(c.quiet_p50_s),
-             _ms(c.reload_p50_s), _ms(c.quiet_p99_s), _ms(c.reload_p99_s),
+    rows = [(f"{tenants}", f"{len(c.reload.ttft_s)} / {len(c.after.ttft_s)} / "
+             f"{len(c.quiet.ttft_s)}",
+             " / ".join(_ms(k.p(0.5)) for k in (c.reload, c.after, c.quiet)),
+             " / ".join(_ms(k.p(0.99)) for k in (c.reload, c.after, c.quiet)),
              f"**{_ms(c.added_p99_s)}**",
              f"{percentile(sorted(c.checked_ms), 0.5):.1f} / {max(c.checked_ms):.1f}",
              f"{percentile(sorted(c.applied_ms), 0.5):.2f} / {max(c.applied_ms):.2f}",
              str(c.failures))
             for tenants, c in costs.items()]
     small, large = costs[TENANT_COUNTS[0]], costs[TENANT_COUNTS[-1]]
-    summary = [f"TTFT p99 added in the second of a reload at {RATE:.0f} streaming req/s: "
+    summary = [f"TTFT p99 added in the second of a reload at {RATE:.0f} streaming req/s, "
+               "against the quiet seconds of the same runs: "
                f"**{_ms(small.added_p99_s)} ms** with {TENANT_COUNTS[0]} tenants, "
-               f"**{_ms(large.added_p99_s)} ms** with {TENANT_COUNTS[-1]} (against the quiet "
-               "seconds of the same runs); failures "
+               f"**{_ms(large.added_p99_s)} ms** with {TENANT_COUNTS[-1]}; failures "
                f"{sum(c.failures for c in costs.values())}."]
-    table = Table(("tenants", "requests (reload s)", "requests (quiet s)", "quiet p50 ms",
-                   "reload p50 ms", "quiet p99 ms", "reload p99 ms", "added p99 ms",
+    table = Table(("tenants", "requests: reload s / after / quiet",
+                   "TTFT p50 ms: reload s / after / quiet",
+                   "TTFT p99 ms: reload s / after / quiet", "added p99 ms",
                    "read + check ms (median / max)", "apply ms (median / max)", "failures"),
                   rows)
-    notes = [f"{passes} passes of {seconds} s per size, reloads at seconds "
-             f"{', '.join(str(seconds // (reloads + 1) * (k + 1)) for k in range(reloads))} "
-             f"(+{RELOAD_AT_S} s) of each; TTFT from the scheduled send to the first chunk "
-             "with text; load average before " + load_before + ", after " + load_after + "."]
+    notes = [f"{passes} passes of {seconds} s per size at {RATE:.0f} req/s, a reload every "
+             f"{RELOAD_EVERY_S} s (+{RELOAD_AT_S} s into its second); 'after' is the "
+             f"{AFTER_S} s following each reload; TTFT from the scheduled send to the first "
+             "chunk with text; the read and check run in a thread, the apply on the loop. "
+             f"Load average before {load_before}, after {load_after}: the machine is shared "
+             "with other sessions' tests and benchmarks."]
     return BenchResult(summary, [table], notes)
 
 
