@@ -15,10 +15,12 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import multiprocessing
 import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import aiohttp
@@ -34,7 +36,13 @@ from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
 from weighbridge.sidecar.openapi import description_json
 from weighbridge.sidecar.proxy import BackendFailed, BackendUnavailable, relay
 from weighbridge.sidecar.rejection import TENANT_REMOVED, Reject
-from weighbridge.sidecar.reload import ConfigCollector, ConfigHolder, ReloadPlan, ReloadRefused
+from weighbridge.sidecar.reload import (
+    ConfigCollector,
+    ConfigHolder,
+    ReloadPlan,
+    ReloadRefused,
+    read_config,
+)
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.session import (
     MAX_DISPATCH_ATTEMPTS,
@@ -123,13 +131,24 @@ class Sidecar:
     async def reload(self) -> ReloadPlan:
         """Read the config file again and put it in force, between two dispatch passes
         (sidecar.reload); raises ``ConfigError`` and changes nothing if it is invalid or
-        changes what only a restart can. Reading and checking the file run in a thread (a
-        large file's YAML takes seconds of CPU, which would stall every stream); the swap
-        runs on the loop, in one step; reloads take turns."""
+        changes what only a restart can. The file is read and validated in a process of its
+        own (a large file's YAML is seconds of pure Python: on the loop or in a thread it
+        stalls every stream), compared with the configuration in force in a thread, and
+        swapped in on the loop, in one step; reloads take turns."""
         async with self._reloading:
             started = time.perf_counter()
+            read = None
+            if self.holder.path is not None:
+                # A fresh interpreter each time (spawn: no fork of a process with threads
+                # and an event loop), gone once it answers: no process idles between reloads.
+                reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+                try:
+                    read = await asyncio.get_running_loop().run_in_executor(
+                        reader, read_config, self.holder.path)
+                finally:
+                    reader.shutdown(wait=False)
             new, plan = await asyncio.to_thread(self.holder.check,
-                                                frozenset(self.core.draining))
+                                                frozenset(self.core.draining), read)
             return self._put_in_force(new, plan, time.perf_counter() - started)
 
     def _put_in_force(self, new: Config, plan: ReloadPlan, checked_s: float) -> ReloadPlan:

@@ -51,8 +51,8 @@ from prometheus_client.registry import Collector
 
 from weighbridge.config import Config, ConfigError, load_config
 
-__all__ = ["RESTART_ONLY", "ConfigCollector", "ConfigHolder", "ReloadPlan", "ReloadRefused",
-           "config_version", "plan"]
+__all__ = ["RESTART_ONLY", "ConfigCollector", "ConfigHolder", "ReadError", "ReloadPlan",
+           "ReloadRefused", "config_version", "plan", "read_config"]
 
 # Top-level fields a reload may not change (module doc).
 RESTART_ONLY = ("scheduler", "admission", "routing", "health_probe", "model_discovery",
@@ -189,6 +189,24 @@ def plan(old: Config, new: Config, draining: Collection[str] = (),
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ReadError:
+    """A ``ConfigError`` as it crosses a process boundary (the exception itself does not
+    pickle: its constructor takes the problems, not the message)."""
+
+    source: str
+    errors: list[tuple[str, str]]
+
+
+def read_config(path: str) -> Config | ReadError:
+    """``load_config`` for a worker process: parsing a large file's YAML is seconds of pure
+    Python, which in a thread of the sidecar would hold the GIL its streams need."""
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        return ReadError(e.source, e.errors)
+
+
 @dataclass(slots=True)
 class ConfigHolder:
     """The configuration in force, where it came from, its version and when it was loaded
@@ -204,15 +222,19 @@ class ConfigHolder:
     def __post_init__(self) -> None:
         self.version = self.version or config_version(self.config)
 
-    def check(self, draining: Collection[str] = ()) -> tuple[Config, ReloadPlan]:
+    def check(self, draining: Collection[str] = (),
+              read: Config | ReadError | None = None) -> tuple[Config, ReloadPlan]:
         """Read the file again and validate it against the configuration in force; raises
         ``ConfigError`` (``ReloadRefused`` for restart-only changes), counted and kept as
-        ``last_error``, and changes nothing."""
+        ``last_error``, and changes nothing. ``read``: the file already read and validated
+        elsewhere (``read_config`` in another process); None: read here."""
         try:
             if self.path is None:
                 raise ConfigError("<config>", [("(source)", "the sidecar was given its "
                                                "configuration in code: no file to reload")])
-            new = load_config(self.path)
+            new = load_config(self.path) if read is None else read
+            if isinstance(new, ReadError):
+                raise ConfigError(new.source, new.errors)
             return new, plan(self.config, new, draining, self.path)
         except ConfigError as e:
             self.reloads["refused"] += 1
