@@ -16,6 +16,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
 import signal
 import time
 import uuid
@@ -67,6 +68,18 @@ log = logging.getLogger("weighbridge.sidecar")
 # keep-alive connections after 5 s, and a request written on a connection the server is
 # closing fails as if the backend had died.
 UPSTREAM_KEEPALIVE_S = 4.0
+# A config file at least this large is read in a process of its own on reload: from about
+# 100 tenants on, its pure-Python YAML costs more CPU than a new interpreter does
+# (benchmarks/RESULTS.md, reload_ttft).
+PROCESS_READ_BYTES = 32 * 1024
+
+
+def _file_bytes(path: str) -> int:
+    """The file's size; 0 when unreadable (the read reports why)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _answer(error: ApiError) -> web.Response:
@@ -131,14 +144,16 @@ class Sidecar:
     async def reload(self) -> ReloadPlan:
         """Read the config file again and put it in force, between two dispatch passes
         (sidecar.reload); raises ``ConfigError`` and changes nothing if it is invalid or
-        changes what only a restart can. The file is read and validated in a process of its
-        own (a large file's YAML is seconds of pure Python: on the loop or in a thread it
-        stalls every stream), compared with the configuration in force in a thread, and
-        swapped in on the loop, in one step; reloads take turns."""
+        changes what only a restart can. A large file is read and validated in a process of
+        its own (its YAML is seconds of pure Python: on the loop or in a thread it stalls
+        every stream), a small one in a thread (a new interpreter costs more than it);
+        either is compared with the configuration in force in a thread and swapped in on
+        the loop, in one step; reloads take turns."""
         async with self._reloading:
             started = time.perf_counter()
             read = None
-            if self.holder.path is not None:
+            if self.holder.path is not None and _file_bytes(self.holder.path) >= \
+                    PROCESS_READ_BYTES:
                 # A fresh interpreter each time (spawn: no fork of a process with threads
                 # and an event loop), gone once it answers: no process idles between reloads.
                 reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
