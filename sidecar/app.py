@@ -169,7 +169,7 @@ class Sidecar:
     def _put_in_force(self, new: Config, plan: ReloadPlan, checked_s: float) -> ReloadPlan:
         started = time.perf_counter()
         evicted = self.core.reconfigure(new, self.clock())
-        self.holder.adopt(new)
+        self.holder.adopt(new, plan.version)
         if self.pool is not None:
             self.pool.reconfigure(new)
         self.ingress.config = new

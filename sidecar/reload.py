@@ -81,6 +81,7 @@ class ReloadPlan:
     backends_added: tuple[str, ...] = ()
     backends_removed: tuple[str, ...] = ()
     other: tuple[str, ...] = ()  # the other reloadable fields that changed, dotted
+    version: str = ""  # the new configuration's (config_version), computed with the plan
 
     @property
     def changes(self) -> bool:
@@ -96,7 +97,7 @@ class ReloadPlan:
                 "admin_keys_changed": self.admin_keys_changed,
                 "backends_added": list(self.backends_added),
                 "backends_removed": list(self.backends_removed),
-                "other": list(self.other)}
+                "other": list(self.other), "version": self.version}
 
     def summary(self) -> str:
         parts = [f"{what} {', '.join(names)}" for what, names in (
@@ -186,6 +187,7 @@ def plan(old: Config, new: Config, draining: Collection[str] = (),
         backends_added=tuple(b.name for b in new.backends if b.name not in before_backends),
         backends_removed=tuple(n for n in before_backends if n not in after_backends),
         other=tuple(other),
+        version=config_version(new),
     )
 
 
@@ -241,10 +243,11 @@ class ConfigHolder:
             self.last_error = str(e)
             raise
 
-    def adopt(self, config: Config) -> None:
-        """``config`` is in force from now (the shell applied it)."""
+    def adopt(self, config: Config, version: str = "") -> None:
+        """``config`` is in force from now (the shell applied it); ``version``: its, when
+        already computed (``ReloadPlan.version``, off the event loop)."""
         self.config = config
-        self.version = config_version(config)
+        self.version = version or config_version(config)
         self.loaded_unix_s = time.time()
         self.reloads["ok"] += 1
         self.last_error = None

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from weighbridge.config import Config, ConfigError, parse_config
 from weighbridge.keys import hash_api_key
+from weighbridge.sidecar.admission import MetricsSample
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.ratelimit import LimitTable, TenantRateLimiter
 from weighbridge.sidecar.rejection import TENANT_REMOVED
@@ -101,7 +102,7 @@ def test_the_plan_names_every_change_by_name_never_by_key() -> None:
     assert result.as_dict() == {
         "tenants_added": ["c"], "tenants_removed": ["b"], "tenants_changed": ["a"],
         "keys_changed": ["a"], "admin_keys_changed": True, "backends_added": ["b2"],
-        "backends_removed": ["b1"], "other": []}
+        "backends_removed": ["b1"], "other": [], "version": config_version(config(new))}
     assert "ka2" not in result.summary() and "admin" in result.summary()
 
 
@@ -164,8 +165,9 @@ def test_the_holder_keeps_the_config_in_force_when_the_file_is_invalid(tmp_path:
     path.write_text(yaml.safe_dump(changed(base(), "tenants.a.weight", 3.0)))
     new, result = holder.check()
     assert result.tenants_changed == ("a",)
-    holder.adopt(new)
-    assert holder.version != version and holder.reloads == {"ok": 1, "refused": 1}
+    holder.adopt(new, result.version)
+    assert holder.version == config_version(new) != version
+    assert holder.reloads == {"ok": 1, "refused": 1}
 
 
 # ----------------------------------------------------------------------------- buckets
@@ -261,6 +263,19 @@ def test_an_added_backend_takes_work_once_healthy_and_a_removed_one_drains() -> 
         core.on_completed(request, 100, 100, 1.0)
     balanced(core)
     assert core.ledger.total().completed == 3
+
+
+def test_a_kept_backend_keeps_its_gate_and_learned_shape() -> None:
+    core = SchedulingCore(config(base()))
+    for at in (0.0, 1.0, 2.0):  # the engine saturated: its slots are learned
+        core.on_backend_metrics("b1", MetricsSample(at, waiting=3, running=4,
+                                                    generation_tokens_total=100 * at))
+    gate, shape = core.gates["b1"], core.gates["b1"].shape
+    both = changed(base(), "backends", [{"url": "http://127.0.0.1:8001", "name": "b1"},
+                                        {"url": "http://127.0.0.1:8002", "name": "b2"}])
+    core.reconfigure(config(changed(both, "tenants.a.weight", 2.0)), 3.0)
+    assert core.gates["b1"] is gate and gate.shape == shape
+    assert core.gates["b2"].shape != shape  # the added one learns its own
 
 
 # ----------------------------------------------------------------------------- properties
