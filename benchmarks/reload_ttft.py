@@ -13,8 +13,9 @@ machine's noise hits every side. The sidecar logs how long it took to read and c
 and to apply it; those are reported beside the TTFT figures.
 
 Two config sizes: 10 tenants, and 1,000 (each with its key), since reading and validating the
-file is the part of a reload that grows with it (in a thread, but one that holds the GIL
-for most of it: pure-Python YAML); each at ``RATE`` and at a quarter of it.
+file is the part of a reload that grows with it (pure-Python YAML: the sidecar reads a
+large file in a process of its own, a small one in a thread); each at ``RATE`` and at a
+quarter of it.
 
 ``python -m benchmarks reload_ttft [--quick]``
 """
@@ -204,8 +205,9 @@ def run(ctx: BenchContext) -> BenchResult:
                   rows)
     notes = [f"{passes} passes of {seconds} s per row, a reload every {RELOAD_EVERY_S} s "
              f"(+{RELOAD_AT_S} s into its second); 'after' is the {AFTER_S} s following each "
-             "reload; TTFT from the scheduled send to the first chunk with text; the read "
-             "and check run in a thread, the apply on the loop. "
+             "reload; TTFT from the scheduled send to the first chunk with text; the file is "
+             "read in a thread below 32 KiB, in a process of its own from it, checked in a "
+             "thread, swapped in on the loop. "
              f"Load average before {load_before}, after {load_after}: the machine is shared "
              "with other sessions' tests and benchmarks."]
     return BenchResult(summary, [table], notes)
