@@ -60,13 +60,13 @@ from benchmarks import _prom, _system, fidelity
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.summary import analyse, summary
+from weighbridge.app.loadrun import LoadRun
+from weighbridge.app.simulation.agreement import hit_rate
 from weighbridge.emulator.profiles import get_profile
 from weighbridge.emulator.real_vllm import RealVllmServer
 from weighbridge.launch import emulator_process
-from weighbridge.loadrun import LoadRun
 from weighbridge.records import RequestRecord
 from weighbridge.rundir import read_records, read_run_info
-from weighbridge.simulation.agreement import hit_rate
 from weighbridge.statistics import percentile
 
 SCENARIO = "chat_sessions"
@@ -385,7 +385,7 @@ def _run(ctx: BenchContext) -> BenchResult:
         summary=summary_lines, tables=[main, clocks, windows, floor, per_tenant],
         notes=[*calibration,
                "Load: `locust -f scenarios/ --headless --scenario chat_sessions --seed 0` "
-               "(weighbridge.loadrun), 60 s, straight to each server (no sidecar); the run "
+               "(weighbridge.app.loadrun), 60 s, straight to each server (no sidecar); the run "
                f"directories are kept in {out}.",
                "Hit rate: cached over prompt tokens of the requests that reported them "
                "(usage.prompt_tokens_details.cached_tokens). Chat prompts are the tenants' "

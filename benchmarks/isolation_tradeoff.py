@@ -6,7 +6,7 @@ The engine is the emulator's model of ``benchmarks/isolation.py``'s (cpu-tiny st
 token sequences, fcfs) with its API front end (``weighbridge.emulator.frontend``: a serial
 and a parallel part per request, and the streaming of every generated token, serial with
 the admissions). The victim is Poisson 4 requests/s of 64 + 16 tokens. Every arm is the
-simulator's own loop (``weighbridge.simulation.loop.Simulation``), so every delay is the
+simulator's own loop (``weighbridge.app.simulation.loop.Simulation``), so every delay is the
 live emulator's model; nothing else is modelled (no HTTP, no CPU contention).
 
 Arms:
@@ -26,7 +26,7 @@ Arms:
 no queue and no gate (in virtual time the sidecar costs nothing). Per arm, over several seeds:
 the victim's TTFT p50/p90/p99 pooled over the requests it sends in the measurement window, the
 range of the per-seed p99, and the engine's generated tokens/s over the window. Beside them,
-the p99 of the bare step model (``weighbridge.simulation.ideal.ideal_run`` unpaced, the
+the p99 of the bare step model (``weighbridge.app.simulation.ideal.ideal_run`` unpaced, the
 isolation matrix's bound: no API front end) at the same N.
 
 The decomposition follows each victim request: its wait in the sidecar's queue, the front
@@ -69,6 +69,10 @@ from benchmarks.isolation import (
     VICTIM_RATE,
     plain_config,
 )
+from weighbridge.app.simulation.clients import WorkloadClients
+from weighbridge.app.simulation.engines import SimEngine
+from weighbridge.app.simulation.ideal import IdealShape, ideal_run
+from weighbridge.app.simulation.loop import Simulation
 from weighbridge.config import Config, parse_config
 from weighbridge.emulator.engine import Batch, Coast, Sequence, StepResult
 from weighbridge.emulator.frontend import ApiFrontEnd
@@ -77,10 +81,6 @@ from weighbridge.loadgen.arrivals import Closed, Poisson
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
-from weighbridge.simulation.clients import WorkloadClients
-from weighbridge.simulation.engines import SimEngine
-from weighbridge.simulation.ideal import IdealShape, ideal_run
-from weighbridge.simulation.loop import Simulation
 from weighbridge.statistics import percentile
 
 CONCURRENCIES = (1, 2, 4, 6, 8, 12, 16, 20, 24, 26)
@@ -526,7 +526,7 @@ def bench_result(results: list[ArmResult], seeds: list[int], window_s: float,
              f"Seeds {', '.join(map(str, seeds))}; each seed simulates {WARMUP_S:.0f} s of "
              f"warm-up, a {window_s:.0f} s measurement window and {TAIL_S:.0f} s of tail; "
              f"{wall_s:.0f} s of wall time in all.",
-             "Bare step model: weighbridge.simulation.ideal.ideal_run unpaced at the same N "
+             "Bare step model: weighbridge.app.simulation.ideal.ideal_run unpaced at the same N "
              "(median of the seeds' p99s), the engine without its API front end; its quiet "
              "row is N = 0.",
              "Parts of a victim's TTFT: sidecar queue (dispatch - send); front end fixed "

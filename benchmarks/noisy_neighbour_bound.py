@@ -16,7 +16,7 @@ victim shares carries the flood's decodes, its KV reads and a chunk of one of it
 it is ~2x longer than the victim's steps alone, and a TTFT is about 1.5 steps. Only shrinking
 the flood's batch shortens the steps, and that costs the flood throughput in proportion.
 
-The model is ``weighbridge.simulation.ideal`` (the same code ``weighbridge simulate --ideal``
+The model is ``weighbridge.app.simulation.ideal`` (the same code ``weighbridge simulate --ideal``
 runs for a stack and scenario).
 
 ``python -m benchmarks.noisy_neighbour_bound [--quick]``
@@ -28,9 +28,9 @@ import argparse
 import sys
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from weighbridge.app.simulation.ideal import IdealPoint, IdealShape, ideal_run
 from weighbridge.emulator.engine import EngineConfig
 from weighbridge.emulator.profiles import get_profile
-from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run
 
 ENGINE = EngineConfig(max_num_seqs=64, max_num_batched_tokens=512, num_kv_blocks=6000,
                       block_size=16, max_model_len=4096, scheduling_policy="priority",

@@ -34,6 +34,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from weighbridge.app.simulation.clients import WorkloadClients
+from weighbridge.app.simulation.engines import SimEngine
+from weighbridge.app.simulation.loop import Simulation
 from weighbridge.config import parse_config
 from weighbridge.emulator.engine import StepResult
 from weighbridge.emulator.options import EmulatorOptions
@@ -41,9 +44,6 @@ from weighbridge.loadgen.arrivals import Closed
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import SystemPrompt, TenantSpec
-from weighbridge.simulation.clients import WorkloadClients
-from weighbridge.simulation.engines import SimEngine
-from weighbridge.simulation.loop import Simulation
 from weighbridge.statistics import jain_index
 
 PROMPT, SYSTEM, OUTPUT = 1000, 900, 64
@@ -171,7 +171,7 @@ def run(ctx: BenchContext) -> BenchResult:
                "blocks of 16, KV for every sequence; sidecar: DRR, two tenants of weight 1",
                f"traffic: {USERS} closed-loop users per tenant, {PROMPT} + {OUTPUT} tokens; the "
                f"cached tenant's first {SYSTEM} the same in every request",
-               "virtual time (weighbridge.simulation): deterministic; the machine's load does "
+               "virtual time (weighbridge.app.simulation): deterministic; the machine's load does "
                "not enter the figures"],
         notes=[__doc__.split("\n\n")[2].replace("\n", " ")],
         passed=passed)

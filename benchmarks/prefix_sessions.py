@@ -12,7 +12,7 @@ falls from 0.86 at scale 8 to under 0.8). The 4x engine has 4x the blocks, the s
 the step budget: the four as one big engine. The sidecar is the stack's (DRR, its tenants and
 tiers); only ``routing`` differs between the arms.
 
-Virtual time (weighbridge.simulation: the sidecar's SchedulingCore in front of the emulator's
+Virtual time (weighbridge.app.simulation: the sidecar's SchedulingCore in front of the emulator's
 step model, with its prefix cache): the figures are about the routing and the engine model, so
 they come out the same on every run, whatever else the shared machine runs.
 
@@ -37,13 +37,13 @@ from collections import Counter
 from dataclasses import dataclass
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from weighbridge.app.simulation.agreement import hit_rate
+from weighbridge.app.simulation.loop import Simulation
+from weighbridge.app.simulation.run import Inputs, engines_for, scenario_load, sidecar_for
+from weighbridge.app.stack import StackSpec, load_stack, parse_stack
 from weighbridge.emulator.profiles import StepTimeProfile
 from weighbridge.records import RequestRecord
 from weighbridge.resources import DEPLOY_DIR
-from weighbridge.simulation.agreement import hit_rate
-from weighbridge.simulation.loop import Simulation
-from weighbridge.simulation.run import Inputs, engines_for, scenario_load, sidecar_for
-from weighbridge.stack import StackSpec, load_stack, parse_stack
 from weighbridge.statistics import percentile
 
 SCALES = (4, 8, 16, 24)
@@ -214,7 +214,7 @@ def run(ctx: BenchContext) -> BenchResult:
                f"512, prefill chunks <= 128, blocks of 16) with {KV_BLOCKS} blocks each; the "
                f"4x engine: 1 x 128 seqs, budget 2,048, {KV_BLOCKS * ENGINES} blocks",
                f"traffic: chat_sessions, seed {SEED}, 60 s, --scale {', '.join(map(str, scales))}",
-               "virtual time (weighbridge.simulation): deterministic; the machine's load does "
+               "virtual time (weighbridge.app.simulation): deterministic; the machine's load does "
                "not enter the figures"],
         notes=[__doc__.split("\n\n")[4].replace("\n", " ")],
         passed=all(checks.values()))

@@ -22,10 +22,10 @@ from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.headline import HeadlineFigures, headline_figures
 from weighbridge.analysis.summary import analyse, summary
+from weighbridge.app.loadrun import LoadRun
+from weighbridge.app.stack import DEFAULT_STACK, Loadgen, LocalStack, Ports, StackSpec, load_stack
 from weighbridge.loadgen.tenants import load_tenants
-from weighbridge.loadrun import LoadRun
 from weighbridge.resources import SCENARIOS_DIR
-from weighbridge.stack import DEFAULT_STACK, Loadgen, LocalStack, Ports, StackSpec, load_stack
 
 REPORT_WINDOW_S = 2.0
 FULL_STRETCH = 0.3  # phases of ~60 s become ~18 s: 15 runs in about 6 minutes

@@ -2,11 +2,11 @@
 on the demo's two engines, on one core.
 
 The simulation is the real SchedulingCore in front of two StepModel engines in virtual time
-(weighbridge/simulation/loop.py). Figures: simulated seconds per CPU second of the loop (the
+(weighbridge/app/simulation/loop.py). Figures: simulated seconds per CPU second of the loop (the
 target is >= 200x real time; 1,000x is the aim), CPU per simulated request and per engine
 step, and for scale: the same engines' StepModel alone replaying the very sequences the run
 sent them one step at a time (``weighbridge.emulator.engine.simulate``). The simulation takes runs
-of plain decode steps at once (coasting, weighbridge/simulation/loop.py), so its engines cost
+of plain decode steps at once (coasting, weighbridge/app/simulation/loop.py), so its engines cost
 less than that replay; the sidecar's own code paths (the core, the meters, the records) are
 the rest.
 
@@ -26,11 +26,11 @@ from typing import Any
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks._system import choose_pinning, load_average, pin_this_thread, thread_sched
+from weighbridge.app.simulation.engines import SimEngine
+from weighbridge.app.simulation.loop import Simulation, SimulationResult
+from weighbridge.app.simulation.run import Inputs, scenario_load, sidecar_for
+from weighbridge.app.stack import DEFAULT_STACK, load_stack
 from weighbridge.emulator.engine import Sequence, StepModel, simulate
-from weighbridge.simulation.engines import SimEngine
-from weighbridge.simulation.loop import Simulation, SimulationResult
-from weighbridge.simulation.run import Inputs, scenario_load, sidecar_for
-from weighbridge.stack import DEFAULT_STACK, load_stack
 
 TARGET = 200.0
 AIM = 1000.0

@@ -2,7 +2,7 @@
 end, written once for every front that drives it.
 
 A front reads bytes and writes answers; this module decides. The fronts are the aiohttp app
-(``sidecar/app.py``), the simulator (``weighbridge/simulation/loop.py``) and any other (an
+(``sidecar/app.py``), the simulator (``weighbridge/app/simulation/loop.py``) and any other (an
 Envoy external-processing service, say): each passes plain values (a header mapping whose
 keys are looked up in lower case, the body as bytes or parsed, the clock's reading as
 ``now``) and gets plain values back, or an :class:`ApiError`, the OpenAI-style answer it

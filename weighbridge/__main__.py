@@ -1,3 +1,3 @@
-from weighbridge.cli import main
+from weighbridge.app.cli import main
 
 main()

@@ -3,7 +3,7 @@ with it reported at once, each as ``dotted.path: message``.
 
 Strict means: a repeated mapping key is an error (YAML would let the last one win silently:
 a tenant defined twice), and the file must be readable UTF-8 holding a mapping. The schemas
-themselves are pydantic models (``weighbridge.config``, ``weighbridge.stack``); this module
+themselves are pydantic models (``weighbridge.config``, ``weighbridge.app.stack``); this module
 turns their validation errors into the one report format both use.
 """
 

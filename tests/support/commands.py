@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import typer.main
 
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 
 _PIP = "pip install 'weighbridge[{}]'"
 

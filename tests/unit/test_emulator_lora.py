@@ -18,14 +18,14 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from tests.support.metrics import parse as parse_metrics
-from weighbridge.cli import app
+from weighbridge.app.cli import app
+from weighbridge.app.stack import parse_stack
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, simulate
 from weighbridge.emulator.metrics import EngineMetrics
 from weighbridge.emulator.options import EmulatorOptions, LoraModule, parse_lora_module
 from weighbridge.emulator.profiles import StepTimeProfile, get_profile
 from weighbridge.emulator.server import Emulator, EmulatorSettings
 from weighbridge.launch import emulator_process
-from weighbridge.stack import parse_stack
 
 FLAT = StepTimeProfile("flat", t_fixed=0.01, t_prefill_token=0.0, t_decode_seq=0.0,
                        t_kv_token=0.0)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from weighbridge.cli import app
+from weighbridge.app.cli import app
+from weighbridge.app.stack import parse_stack
 from weighbridge.emulator.options import DEFAULT_KV_BLOCKS, EmulatorOptions
-from weighbridge.stack import parse_stack
 
 
 def test_every_option_is_a_flag_of_the_command_with_its_help() -> None:

@@ -11,12 +11,12 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from weighbridge.app.simulation.engines import SimEngine
+from weighbridge.app.stack import parse_stack
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, simulate
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.emulator.prefix_cache import BlockPool, RequestBlocks, hash_block
 from weighbridge.emulator.profiles import get_profile
-from weighbridge.simulation.engines import SimEngine
-from weighbridge.stack import parse_stack
 
 BS = 4
 

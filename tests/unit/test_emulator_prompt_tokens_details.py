@@ -9,7 +9,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 from weighbridge.emulator import text
 from weighbridge.emulator.api import (
     Endpoint,

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from tests.conformance.backends import assert_interval_chunks, content_chunks
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 from weighbridge.emulator.api import ApiError, parse_generation_request
 from weighbridge.emulator.engine import Sequence
 from weighbridge.emulator.options import EmulatorOptions

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tests.support.commands import COMMANDS, registered
 from weighbridge import extras
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 
 REQUIRES = [
     "pydantic>=2.14",

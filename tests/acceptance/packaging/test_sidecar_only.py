@@ -27,7 +27,7 @@ FOREIGN = ("locust", "gevent", "geventhttpclient", "pandas", "matplotlib", "pyar
 # config, the whole Sidecar application object.
 BUILD_SIDECAR = f"""
 import sys
-import weighbridge.cli
+import weighbridge.app.cli
 from weighbridge.sidecar.app import Sidecar, run_sidecar
 from weighbridge.config import load_config
 Sidecar(load_config({str(SIDECAR_YAML)!r}))

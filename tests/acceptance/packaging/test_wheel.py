@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[3]
 WHERE = """
 import json, weighbridge, weighbridge.prometheus as p, weighbridge.resources as r
 from weighbridge.dashboards.generate import JSON_DIR
-from weighbridge.stack import DEFAULT_STACK
+from weighbridge.app.stack import DEFAULT_STACK
 print(json.dumps({"package": weighbridge.__file__, "scenarios": str(r.SCENARIOS_DIR),
                   "deploy": str(r.DEPLOY_DIR), "rules": [str(f) for f in p.rule_files()],
                   "stack": str(DEFAULT_STACK), "dashboards": str(JSON_DIR)}))

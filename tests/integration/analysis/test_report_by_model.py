@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from tests.support.ledger import settled
 from tests.support.metrics import scrape
 from tests.support.stack import start_emulator, start_sidecar
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 from weighbridge.records import read_parquet
 from weighbridge.resources import SCENARIOS_DIR
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from tests.integration.analysis.chromium import open_page
 from tests.support.records import flood_run
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 
 VIEWPORT = (1400, 900)
 

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.integration.analysis.test_report_in_browser import check_report_page
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 from weighbridge.launch import emulator_process
 from weighbridge.rundir import read_run_info
 

@@ -20,7 +20,7 @@ import typer.main
 import yaml
 
 from tests.support.prometheus import check_config
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 from weighbridge.config import load_config
 from weighbridge.dashboards.generate import DASHBOARDS, JSON_DIR, file_name
 from weighbridge.keys import hash_api_key

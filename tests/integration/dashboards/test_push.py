@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 from weighbridge.dashboards.generate import DASHBOARDS
 
 TOKEN = "glsa_test-token"

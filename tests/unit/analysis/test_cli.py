@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.support.records import flood_run, rec, write_run
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 
 runner = CliRunner()
 

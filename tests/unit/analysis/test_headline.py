@@ -14,7 +14,7 @@ from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.gate import evaluate, parse_check
 from weighbridge.analysis.headline import headline, reading
 from weighbridge.analysis.summary import analyse, summary
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 
 
 def summaries(tmp_path: Path) -> tuple[dict, dict]:  # type: ignore[type-arg]

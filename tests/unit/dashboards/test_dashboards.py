@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from weighbridge.cli import app
+from weighbridge.app.cli import app
 from weighbridge.dashboards.generate import (
     DASHBOARDS,
     JSON_DIR,

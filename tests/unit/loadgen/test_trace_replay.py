@@ -15,6 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from weighbridge.app.simulation.run import Inputs, run_policy
+from weighbridge.app.simulation.trace import trace_clients
+from weighbridge.app.stack import load_stack
 from weighbridge.loadgen.bodies import TRACE_BLOCK, build_body
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.loadgen.tenants import TenantSpec, parse_tenants
@@ -27,9 +30,6 @@ from weighbridge.loadgen.trace import (
     trace_plans,
 )
 from weighbridge.records import RecordAppender, RequestRecord, read_parquet, write_parquet
-from weighbridge.simulation.run import Inputs, run_policy
-from weighbridge.simulation.trace import trace_clients
-from weighbridge.stack import load_stack
 
 REPO = Path(__file__).resolve().parents[3]
 SAMPLE = REPO / "scripts" / "sample_mooncake_trace.py"
@@ -208,7 +208,7 @@ def test_the_simulator_sends_the_plans_the_load_generator_sends(tmp_path: Path) 
     inputs = Inputs(stack=stack, trace=trace_file, trace_speed=2.0, seed=5)
     outcome = run_policy(inputs, None, tmp_path / "run")
     records = {r.request_id: r for r in outcome.result.records}
-    from weighbridge.simulation.run import find_scenario
+    from weighbridge.app.simulation.run import find_scenario
 
     tenants = find_scenario("chat_sessions").workload().tenants
     plans = trace_plans(read_trace_rows(trace_file), tenants, TenantRule("hash"), speed=2.0,

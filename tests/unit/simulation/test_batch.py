@@ -9,11 +9,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
-from weighbridge.simulation.batch import SUMMARY_JSON, SWEEP_HTML, BatchRequest, run_batch
-from weighbridge.simulation.ideal import ideal_for
-from weighbridge.simulation.run import Inputs
-from weighbridge.simulation.sweep import parse_sweep
-from weighbridge.stack import DEFAULT_STACK, load_stack
+from weighbridge.app.simulation.batch import SUMMARY_JSON, SWEEP_HTML, BatchRequest, run_batch
+from weighbridge.app.simulation.ideal import ideal_for
+from weighbridge.app.simulation.run import Inputs
+from weighbridge.app.simulation.sweep import parse_sweep
+from weighbridge.app.stack import DEFAULT_STACK, load_stack
 
 
 def test_a_sweep_of_two_policies_writes_every_run_the_summary_and_the_page(
@@ -55,7 +55,7 @@ def test_the_ideal_bound_for_the_demo_stack() -> None:
 def test_the_command_line(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from weighbridge.cli import app
+    from weighbridge.app.cli import app
 
     trace = tmp_path / "trace.csv"
     pacsv.write_csv(pa.table({"t": [0.0, 0.5, 1.0], "tenant": ["victim", "steady-a", "victim"],

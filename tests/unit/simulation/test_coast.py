@@ -1,4 +1,4 @@
-"""Coasting (weighbridge/simulation/loop.py, ``Simulation._coast_steps``) changes nothing: the
+"""Coasting (weighbridge/app/simulation/loop.py, ``Simulation._coast_steps``) changes nothing: the
 same inputs and seed give a byte-identical requests.parquet, the same engine steps and the
 same event count with runs of plain decode steps taken at once as with every step an event
 of its own. It guards the simulator's speed work (benchmarks/simulate_speed.py)."""
@@ -9,11 +9,17 @@ from pathlib import Path
 
 import pytest
 
+from weighbridge.app.simulation.loop import Simulation
+from weighbridge.app.simulation.run import (
+    Inputs,
+    engines_for,
+    policy_stack,
+    scenario_load,
+    sidecar_for,
+)
+from weighbridge.app.simulation.sweep import apply, parse_sweep
+from weighbridge.app.stack import DEPLOY_DIR, StackSpec, load_stack
 from weighbridge.records import write_parquet
-from weighbridge.simulation.loop import Simulation
-from weighbridge.simulation.run import Inputs, engines_for, policy_stack, scenario_load, sidecar_for
-from weighbridge.simulation.sweep import apply, parse_sweep
-from weighbridge.stack import DEPLOY_DIR, StackSpec, load_stack
 
 STACKS = DEPLOY_DIR / "stacks"
 

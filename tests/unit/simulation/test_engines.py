@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
+from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.emulator.metrics import EngineMetrics
 from weighbridge.emulator.options import EmulatorOptions
-from weighbridge.simulation.engines import SimEngine
 from weighbridge.vllm_metrics import parse_vllm_metrics
 
 # A small KV cache so the run preempts (the preemption counter must agree too).

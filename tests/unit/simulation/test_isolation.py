@@ -1,7 +1,8 @@
-"""The isolation matrix's claims at its KV-tight fcfs point (weighbridge/simulation/isolation.py,
-benchmarks/isolation_matrix.py): with a config naming only tiers, tenants and the backend,
-a victim in the flood's tier with its weight gets a TTFT p50 and p90 within 1.3x of the ideal
-bound's, at an engine output the live acceptance would accept (>= 85% of the ideal's).
+"""The isolation matrix's claims at its KV-tight fcfs point
+(weighbridge/app/simulation/isolation.py, benchmarks/isolation_matrix.py): with a config
+naming only tiers, tenants and the backend, a victim in the flood's tier with its weight gets
+a TTFT p50 and p90 within 1.3x of the ideal bound's, at an engine output the live acceptance
+would accept (>= 85% of the ideal's).
 
 The shape is issue 14's (benchmarks/isolation.py: KV for fewer of the flood's sequences than
 the engine has slots, fcfs, 512 + 192-token flood) at 64 slots and the default step budget.
@@ -14,7 +15,7 @@ import math
 
 import pytest
 
-from weighbridge.simulation.isolation import (
+from weighbridge.app.simulation.isolation import (
     VICTIM_ROOM_SEQS,
     IsolationPoint,
     PointResult,

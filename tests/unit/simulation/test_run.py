@@ -13,11 +13,11 @@ import pytest
 
 from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.summary import analyse, summary
+from weighbridge.app.simulation.run import Inputs, policy_stack, run_policy
+from weighbridge.app.simulation.sweep import apply, parse_sweep
+from weighbridge.app.stack import DEFAULT_STACK, load_stack
 from weighbridge.records import read_parquet
 from weighbridge.rundir import REQUESTS_PARQUET, read_run_info
-from weighbridge.simulation.run import Inputs, policy_stack, run_policy
-from weighbridge.simulation.sweep import apply, parse_sweep
-from weighbridge.stack import DEFAULT_STACK, load_stack
 
 # The demo's stack and scenario, phases at a fifth of their length (3 + 4 + 5 s): the flood
 # still outruns the two engines, so queues, gates and rejections are all exercised.

@@ -1,5 +1,5 @@
 """Acceptance scenarios 2 (token fairness) and 3 (tiers) in virtual time: the sidecar's
-scheduling core in front of the engine's step model (weighbridge.simulation), with the
+scheduling core in front of the engine's step model (weighbridge.app.simulation), with the
 engines, tenants and settings of the live scenarios (tests/support/scenarios.py).
 
 Here the exact targets are asserted: nothing but the scheduler and the engine model decides
@@ -38,6 +38,9 @@ from tests.support.scenarios import (
     key,
     tier_config,
 )
+from weighbridge.app.simulation.clients import WorkloadClients
+from weighbridge.app.simulation.engines import SimEngine
+from weighbridge.app.simulation.loop import Simulation
 from weighbridge.config import parse_config
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.loadgen.arrivals import Closed, Poisson
@@ -45,9 +48,6 @@ from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.records import RequestRecord
-from weighbridge.simulation.clients import WorkloadClients
-from weighbridge.simulation.engines import SimEngine
-from weighbridge.simulation.loop import Simulation
 from weighbridge.statistics import jain_index, percentile
 
 ENGINE = "engine-0"

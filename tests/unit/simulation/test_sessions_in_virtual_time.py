@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from weighbridge.app.simulation.run import Inputs, find_scenario, run_policy
+from weighbridge.app.stack import load_stack
 from weighbridge.loadgen.sessions import Answer, first_turn, next_turn, sessions_of
-from weighbridge.simulation.run import Inputs, find_scenario, run_policy
-from weighbridge.stack import load_stack
 
 STACK = Path(__file__).resolve().parents[3] / "deploy" / "stacks" / "chat-sessions.yaml"
 STRETCH, SEED = 0.25, 2

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from tests.support.records import rec
+from weighbridge.app.simulation.trace import read_trace
 from weighbridge.records import ADDED_FIELDS, records_to_table
-from weighbridge.simulation.trace import read_trace
 
 
 def test_records_of_either_schema_replay_with_their_models(tmp_path: Path) -> None:

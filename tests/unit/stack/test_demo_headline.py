@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from weighbridge.analysis.headline import HeadlineFigures as Headline
 from weighbridge.analysis.headline import headline_figures as headline
-from weighbridge.demo import headline_rows, verdict
+from weighbridge.app.demo import headline_rows, verdict
 
 
 def summary(quiet: float | None = 0.05, flood: float | None = 0.5) -> dict[str, Any]:

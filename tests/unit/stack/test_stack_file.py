@@ -9,14 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from weighbridge import stack as stack_module
-from weighbridge.config import parse_config
-from weighbridge.demo import FAIRNESS_ADMISSION, baseline_stack
-from weighbridge.launch import LaunchError
-from weighbridge.resources import SCENARIOS_DIR
-from weighbridge.sidecar.admission import derive_limits
-from weighbridge.sidecar.shape import EngineShape
-from weighbridge.stack import (
+from weighbridge.app import stack as stack_module
+from weighbridge.app.demo import FAIRNESS_ADMISSION, baseline_stack
+from weighbridge.app.stack import (
     DEFAULT_STACK,
     LocalStack,
     StackError,
@@ -25,6 +20,11 @@ from weighbridge.stack import (
     parse_stack,
     sidecar_config,
 )
+from weighbridge.config import parse_config
+from weighbridge.launch import LaunchError
+from weighbridge.resources import SCENARIOS_DIR
+from weighbridge.sidecar.admission import derive_limits
+from weighbridge.sidecar.shape import EngineShape
 
 STACKS = sorted((DEFAULT_STACK.parent).glob("*.yaml"))
 

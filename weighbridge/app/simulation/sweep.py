@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import yaml
 
-from weighbridge.stack import StackSpec, parse_stack
+from weighbridge.app.stack import StackSpec, parse_stack
 
 __all__ = ["Sweep", "apply", "parse_sweep", "sweep_html"]
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weighbridge import headers as headers_
+from weighbridge.app.simulation.clients import ClientRequest, client_request
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.loadgen.trace import (
@@ -28,7 +29,6 @@ from weighbridge.loadgen.trace import (
     read_trace_rows,
     trace_plans,
 )
-from weighbridge.simulation.clients import ClientRequest, client_request
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Trace", "TraceError", "read_trace", "trace_clients"]
 

@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from weighbridge.app.simulation.clients import Clients, TraceClients, WorkloadClients
+from weighbridge.app.simulation.engines import SimEngine
+from weighbridge.app.simulation.loop import Simulation, SimulationResult
+from weighbridge.app.simulation.trace import DEFAULT_TIMEOUT_S, read_trace, trace_clients
+from weighbridge.app.stack import SCENARIOS_DIR, StackSpec, sidecar_config
 from weighbridge.config import Config, Policy, parse_config
 from weighbridge.loadgen.scenario import (
     Scenario,
@@ -34,16 +39,11 @@ from weighbridge.rundir import (
     read_run_info,
     write_run_info,
 )
-from weighbridge.simulation.clients import Clients, TraceClients, WorkloadClients
-from weighbridge.simulation.engines import SimEngine
-from weighbridge.simulation.loop import Simulation, SimulationResult
-from weighbridge.simulation.trace import DEFAULT_TIMEOUT_S, read_trace, trace_clients
-from weighbridge.stack import SCENARIOS_DIR, StackSpec, sidecar_config
 
 __all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "policy_stack", "run_policy",
            "scenario_load", "sidecar_for", "trace_load"]
 
-BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.demo.baseline_stack)
+BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.app.demo.baseline_stack)
 POLICIES = (*(policy.value for policy in Policy), BASELINE)
 
 
@@ -76,7 +76,7 @@ def policy_stack(stack: StackSpec, policy: str | None) -> StackSpec:
     if policy is None:
         return stack
     if policy == BASELINE:
-        from weighbridge.demo import baseline_stack
+        from weighbridge.app.demo import baseline_stack
 
         return baseline_stack(stack)
     if policy not in POLICIES:

@@ -31,9 +31,8 @@ from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.headline import HeadlineFigures, headline_figures
 from weighbridge.analysis.report import SUMMARY_JSON, ReportRequest, make_report
 from weighbridge.analysis.summary import analyse, summary
-from weighbridge.launch import free_port, sigterm_as_interrupt
-from weighbridge.loadrun import LoadRun
-from weighbridge.stack import (
+from weighbridge.app.loadrun import LoadRun
+from weighbridge.app.stack import (
     DEFAULT_STACK,
     LocalStack,
     Ports,
@@ -41,6 +40,7 @@ from weighbridge.stack import (
     StackSpec,
     load_stack,
 )
+from weighbridge.launch import free_port, sigterm_as_interrupt
 
 __all__ = ["ARMS", "DemoOptions", "baseline_stack", "headline_rows", "run_demo", "verdict"]
 

@@ -45,6 +45,8 @@ from typing import Any
 
 import orjson
 
+from weighbridge.app.simulation.clients import ClientRequest, Clients
+from weighbridge.app.simulation.engines import SimEngine, output_token_id
 from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.emulator.engine import Sequence
 from weighbridge.loadgen.bodies import message_token_ids
@@ -63,8 +65,6 @@ from weighbridge.sidecar.session import (
     RequestSession,
     Usage,
 )
-from weighbridge.simulation.clients import ClientRequest, Clients
-from weighbridge.simulation.engines import SimEngine, output_token_id
 
 __all__ = ["Simulation", "SimulationResult"]
 

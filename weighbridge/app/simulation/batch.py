@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from weighbridge.analysis.summary import json_safe
-from weighbridge.simulation.figures import FIGURES, auto_window_s, figures
-from weighbridge.simulation.ideal import ideal_for
-from weighbridge.simulation.run import Inputs, run_policy
-from weighbridge.simulation.sweep import Sweep, apply, sweep_html
+from weighbridge.app.simulation.figures import FIGURES, auto_window_s, figures
+from weighbridge.app.simulation.ideal import ideal_for
+from weighbridge.app.simulation.run import Inputs, run_policy
+from weighbridge.app.simulation.sweep import Sweep, apply, sweep_html
 
 __all__ = ["SUMMARY_JSON", "BatchRequest", "run_batch"]
 

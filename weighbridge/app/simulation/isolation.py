@@ -9,7 +9,7 @@ tier) and the flood's request size. Two arms run on the same step model:
               tenants and the backend, in front of a ``SimEngine``. The flood is a closed
               loop of ``FLOOD_USERS_PER_SLOT`` x the engine's slots users, so it is
               backlogged at the sidecar for the whole run; the victim is Poisson.
-``ideal``     ``weighbridge.simulation.ideal.ideal_run`` unpaced: the flood limits itself to
+``ideal``     ``weighbridge.app.simulation.ideal.ideal_run`` unpaced: the flood limits itself to
               ``cap`` closed-loop streams sent straight to the engine, where ``cap`` is what
               fits in the engine with room for the victim (see :func:`ideal_cap`); the
               victim goes straight to the engine too. On a priority engine the victim is
@@ -39,6 +39,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from weighbridge.app.simulation.clients import WorkloadClients
+from weighbridge.app.simulation.engines import SimEngine
+from weighbridge.app.simulation.ideal import IdealPoint, IdealShape, ideal_run
+from weighbridge.app.simulation.loop import Simulation
 from weighbridge.config import Config, parse_config
 from weighbridge.emulator.engine import StepResult
 from weighbridge.emulator.options import EmulatorOptions
@@ -46,10 +50,6 @@ from weighbridge.loadgen.arrivals import Closed, Poisson
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
-from weighbridge.simulation.clients import WorkloadClients
-from weighbridge.simulation.engines import SimEngine
-from weighbridge.simulation.ideal import IdealPoint, IdealShape, ideal_run
-from weighbridge.simulation.loop import Simulation
 from weighbridge.statistics import percentile
 
 __all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "ideal_cap",

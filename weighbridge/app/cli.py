@@ -362,10 +362,10 @@ def demo(
 
     from rich.console import Console
 
-    from weighbridge.demo import DemoOptions, run_demo
+    from weighbridge.app.demo import DemoOptions, run_demo
+    from weighbridge.app.loadrun import LoadRunError
+    from weighbridge.app.stack import DEFAULT_STACK, StackError
     from weighbridge.launch import LaunchError
-    from weighbridge.loadrun import LoadRunError
-    from weighbridge.stack import DEFAULT_STACK, StackError
 
     out = out or Path("runs") / f"demo-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
     options = DemoOptions(out=out, quick=quick, stack_file=stack or DEFAULT_STACK,
@@ -437,14 +437,14 @@ def simulate(
     from rich.console import Console
 
     from weighbridge.analysis.report import parse_window
+    from weighbridge.app.simulation.batch import SUMMARY_JSON, BatchRequest, run_batch
+    from weighbridge.app.simulation.figures import figures_table
+    from weighbridge.app.simulation.run import Inputs
+    from weighbridge.app.simulation.sweep import parse_sweep
+    from weighbridge.app.simulation.trace import TraceError
+    from weighbridge.app.stack import DEFAULT_STACK, StackError, load_stack
     from weighbridge.config import ConfigError
     from weighbridge.loadgen.scenario import ScenarioError
-    from weighbridge.simulation.batch import SUMMARY_JSON, BatchRequest, run_batch
-    from weighbridge.simulation.figures import figures_table
-    from weighbridge.simulation.run import Inputs
-    from weighbridge.simulation.sweep import parse_sweep
-    from weighbridge.simulation.trace import TraceError
-    from weighbridge.stack import DEFAULT_STACK, StackError, load_stack
 
     console = Console()
     out = out or Path("runs") / f"simulate-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"
@@ -495,8 +495,8 @@ def up(
 
     from rich.console import Console
 
+    from weighbridge.app.stack import DEFAULT_STACK, LocalStack, StackError, load_stack
     from weighbridge.launch import LaunchError, sigterm_as_interrupt
-    from weighbridge.stack import DEFAULT_STACK, LocalStack, StackError, load_stack
 
     console = Console()
     try:

@@ -6,7 +6,7 @@ engine's priority queue, and keeps the flood at exactly ``cap`` sequences in the
 prompts admitted one at a time (the best case of prefill pacing). No HTTP, no CPU, no
 scrapes: only the step times. Unpaced (``paced=False``) it is a polite flood instead: ``cap``
 closed-loop streams straight to the engine, each sending its next request the step its
-previous one ends (the isolation matrix's bound, ``weighbridge.simulation.isolation``).
+previous one ends (the isolation matrix's bound, ``weighbridge.app.simulation.isolation``).
 ``benchmarks/noisy_neighbour_bound.py`` tabulates it over caps; ``weighbridge simulate
 --ideal`` computes it for the stack and scenario it simulates.
 """
@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from weighbridge.app.simulation.run import Inputs, find_scenario, sidecar_for
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel
 from weighbridge.emulator.profiles import StepTimeProfile
 from weighbridge.loadgen.arrivals import Closed
 from weighbridge.sidecar.admission import derive_limits
 from weighbridge.sidecar.shape import EngineShape
-from weighbridge.simulation.run import Inputs, find_scenario, sidecar_for
 from weighbridge.statistics import percentile
 
 __all__ = ["IdealPoint", "IdealShape", "ideal_for", "ideal_run"]
