@@ -9,6 +9,10 @@ fleet's measured token throughput. Under the fair policies that work is
   ``mine * W / w_t``, but never more than the whole tier backlog (other tenants may run dry
   first). ``W`` sums the weights of the backlogged tenants, the newcomer included.
 
+An arrival with nothing queued ahead of it in its pool has no wait to predict: it is
+dispatched at the next pass, and its own prefill is the engine's to time (the served rate,
+mostly decode, would overstate it many times over), so it is never turned away early.
+
 Under fcfs everything queued is ahead. The tenant's whole backlog is counted even if this
 request's priority would put it first: pessimistic for urgent requests, but O(1) (an exact
 position would need an order-statistics tree per tenant).
@@ -72,7 +76,9 @@ class ThroughputMeter:
 def tokens_ahead(view: BacklogView, own_tokens: int) -> float:
     """Token work served before a new request's first token (module doc)."""
     if view.fifo:
-        return view.total_tokens + own_tokens
+        return 0.0 if view.total_tokens == 0 else view.total_tokens + own_tokens
+    if view.higher_tiers_tokens == 0 and view.tier_tokens == 0:
+        return 0.0  # nothing ahead: dispatched at the next pass (module doc)
     weight = view.tier_weight + (0.0 if view.tenant_backlogged else view.tenant_weight)
     mine = view.tenant_tokens + own_tokens
     in_tier = min(view.tier_tokens + own_tokens, mine * weight / view.tenant_weight)

@@ -288,7 +288,8 @@ class SharedState:
         if self.up:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
                 await self._sync()  # what this replica still owes the shared buckets
-                await self._redis.zrem(self._replicas_key, self.replica_id)
+                async with asyncio.timeout(max(self._timeout_s, 0.25)):
+                    await self._redis.zrem(self._replicas_key, self.replica_id)
         await self._redis.aclose()
 
     def _mark(self, up: bool, why: str = "") -> None:

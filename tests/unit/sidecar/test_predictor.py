@@ -68,3 +68,19 @@ def test_deadline_unmeetable() -> None:
     assert p.deadline_unmeetable(late, 0.4)
     assert p.deadline_unmeetable(make_request("b", "t", deadline_s=1.0), 1.0)
     assert not p.deadline_unmeetable(make_request("b", "t", endpoint="/c"), 0.0)
+
+
+@pytest.mark.parametrize("policy_fifo", [False, True])
+def test_an_arrival_with_nothing_queued_ahead_is_never_turned_away(policy_fifo: bool) -> None:
+    """However slow the served rate, nothing queued ahead means dispatch at the next pass."""
+    s = Scheduler({"t": 1}, {"a": TenantSpec("t"), "b": TenantSpec("t")},
+                  {"/c": EndpointSpec("tokens", 1000)}, policy="fcfs" if policy_fifo else "drr")
+    meter = ThroughputMeter(window_s=1.0)
+    meter.observe(0, 0.0, True)
+    meter.observe(1, 1.0, True)  # 1 token/s: any prompt would take minutes at this rate
+    p = WaitPredictor(s, meter)
+    lone = make_request("b", "t", endpoint="/c", prompt=4_000, deadline_s=1.0)
+    assert p.predicted_wait_s(lone) == 0.0
+    assert not p.deadline_unmeetable(lone, 0.0)
+    s.enqueue(make_request("a", "t", endpoint="/c", prompt=1, output=1), 0)
+    assert p.deadline_unmeetable(lone, 0.0)  # one token queued ahead: judged again
