@@ -3,8 +3,9 @@ scheduling core and relays backend answers. The rules of a request's ingress and
 are ``sidecar/session.py``'s (which the simulator drives too); this module does the I/O
 around them: reading the body, waiting for the dispatch, the relay, metrics and traces.
 
-Ownership: the aiohttp application owns one client session, the :class:`BackendPool` (its
-poller and prober tasks) and a periodic dispatch tick; all end on shutdown. Each request
+Ownership: the aiohttp application owns one client to the backends (sidecar.upstream: the
+relay, scrapes, probes and model lists), the :class:`BackendPool` (its poller and prober
+tasks) and a periodic dispatch tick; all end on shutdown. Each request
 handler owns its request from arrival to its single end in the ledger; the dispatcher only
 resolves handlers' futures. Everything runs on one event loop, so the core needs no locks.
 """
@@ -24,7 +25,6 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
@@ -59,7 +59,7 @@ from weighbridge.sidecar.session import (
 from weighbridge.sidecar.shared import SharedState, SharedStateCollector
 from weighbridge.sidecar.stability import StabilityMeter
 from weighbridge.sidecar.tracing import NO_TRACE, RequestTracing, Trace
-from weighbridge.sidecar.upstream import Upstream
+from weighbridge.sidecar.upstream import Upstream, UpstreamConnectError, UpstreamError
 from weighbridge.vllm_metrics import BackendSample
 
 log = logging.getLogger("weighbridge.sidecar")
@@ -68,6 +68,9 @@ log = logging.getLogger("weighbridge.sidecar")
 # keep-alive connections after 5 s, and a request written on a connection the server is
 # closing fails as if the backend had died.
 UPSTREAM_KEEPALIVE_S = 4.0
+# A backend's /v1/models answered to a client's listing: longer than a probe, as the client
+# waits for the whole fleet's list anyway.
+MODELS_TIMEOUT_S = 10.0
 # A config file at least this large is read in a process of its own on reload: from about
 # 100 tenants on, its pure-Python YAML costs more CPU than a new interpreter does
 # (benchmarks/RESULTS.md, reload_ttft).
@@ -106,8 +109,8 @@ class Sidecar:
         self.core = SchedulingCore(config)
         self.ingress = Ingress(config, self.core)  # every request's checks (sidecar.session)
         self.pool: BackendPool | None = None
-        self.session: aiohttp.ClientSession | None = None  # scrapes, probes, model lists
-        self.upstream: Upstream | None = None  # the relayed requests (sidecar.upstream)
+        # Every request to a backend: relay, scrapes, probes, model lists (sidecar.upstream).
+        self.upstream: Upstream | None = None
         self.stability = StabilityMeter()
         # State shared with other replicas (sidecar.shared); None: this process alone.
         self.shared = (SharedState(config.state, self.core, clock=clock)
@@ -213,12 +216,9 @@ class Sidecar:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def _lifecycle(self, _app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300,
-                                         keepalive_timeout=UPSTREAM_KEEPALIVE_S)
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         self.upstream = Upstream(keepalive_s=UPSTREAM_KEEPALIVE_S)
-        self.pool = BackendPool(self.config, self.core, self.session, self.upstream, self.wake,
-                                self.clock, on_sample=self._on_sample)
+        self.pool = BackendPool(self.config, self.core, self.upstream, self.wake, self.clock,
+                                on_sample=self._on_sample)
         self.metrics = self._metrics(self.pool)
         await self.pool.start()
         if self.shared is not None:
@@ -233,7 +233,6 @@ class Sidecar:
             if self.shared is not None:
                 await self.shared.stop()
             await self.pool.stop()
-            await self.session.close()
             await self.upstream.close()
             if self.tracing is not None:
                 # Flushes buffered spans over HTTP: blocking, so off the loop.
@@ -365,21 +364,16 @@ class Sidecar:
         """Every model the healthy backends serve (base models and adapters), each listed
         once, in backend order: the fleet as one vLLM server would list it."""
         self.ingress.authenticate(request.headers, counted=False)
-        assert self.pool is not None and self.session is not None
-        pool, session = self.pool, self.session
+        assert self.pool is not None
+        pool = self.pool
 
         async def listing(name: str) -> list[Any] | None:
             try:
-                async with session.get(pool.url(name, "/v1/models"),
-                                       timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    if r.status != 200:
-                        return None
-                    data = (await r.json(content_type=None))["data"]
-                    return data if isinstance(data, list) else None
-            except (TimeoutError, aiohttp.ClientError, OSError) as e:
+                return await pool.models_of(name, MODELS_TIMEOUT_S)
+            except (TimeoutError, UpstreamError, UpstreamConnectError, OSError) as e:
                 pool.mark_failed(name, f"/v1/models: {e}")
             except (ValueError, KeyError, TypeError):
-                pass  # not a model list: that backend adds nothing
+                pass  # not 200, or not a model list: that backend adds nothing
             return None
 
         healthy = [name for name, state in pool.states.items() if state.healthy]

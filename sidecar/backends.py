@@ -4,7 +4,9 @@ reader (/v1/models) each.
 The loops belong to :class:`BackendPool`, which the application starts on startup and
 cancels on shutdown; they only fetch and hand what they learn to the scheduling core, then
 ask the dispatcher to look again (a fresh scrape, a recovered backend or a newly served model
-may open a gate).
+may open a gate). Every fetch goes through the relay's own client (sidecar.upstream), each
+within its deadline: a probe ``health_probe.timeout_ms``, a model list
+``model_discovery.timeout_ms``, a scrape two poll periods.
 
 A reload (sidecar.reload) adds and removes backends while the pool runs (``reconfigure``):
 an added backend takes no work until one scrape of its /metrics has been read (its shape
@@ -20,8 +22,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
-import aiohttp
+import orjson
 
 from weighbridge.config import Backend, Config
 from weighbridge.sidecar.core import SchedulingCore
@@ -43,17 +46,15 @@ class BackendState:
 
 
 class BackendPool:
-    def __init__(self, config: Config, core: SchedulingCore, session: aiohttp.ClientSession,
-                 upstream: Upstream, on_change: Callable[[], None],
+    def __init__(self, config: Config, core: SchedulingCore, upstream: Upstream,
+                 on_change: Callable[[], None],
                  clock: Callable[[], float] = time.monotonic,
                  on_sample: Callable[[str, BackendSample], None] | None = None) -> None:
         """``on_change``: something that may open a gate happened; ``on_sample``: a
-        successful scrape (besides the core, which always gets it). The metrics scrapes go
-        through ``upstream``, the relay's own client (a third of aiohttp's cost per scrape);
-        probes and model lists through ``session``."""
+        successful scrape (besides the core, which always gets it). Scrapes, probes and model
+        lists go through ``upstream``, the relay's own client."""
         self.config = config
         self.core = core
-        self.session = session
         self.upstream = upstream
         self.on_change = on_change
         self.on_sample = on_sample
@@ -147,12 +148,9 @@ class BackendPool:
             threshold = probe.unhealthy_threshold
         url = state.config.url + probe.path
         try:
-            async with self.session.get(
-                url, timeout=aiohttp.ClientTimeout(total=probe.timeout_ms / 1000)
-            ) as response:
-                ok = response.status == 200
-                await response.read()
-        except (TimeoutError, aiohttp.ClientError, OSError):
+            status, _ = await self.upstream.get(url, probe.timeout_ms / 1000)
+            ok = status == 200
+        except (TimeoutError, UpstreamError, UpstreamConnectError, OSError):
             ok = False
         if ok:
             state.probe_failures = 0
@@ -164,8 +162,9 @@ class BackendPool:
         else:
             state.probe_failures += 1
             if state.healthy and state.probe_failures >= threshold:
+                # The path, not the URL: a URL's user:password is never logged.
                 self.mark_failed(state.config.name,
-                                 f"{state.probe_failures} health probes of {url} failed")
+                                 f"{state.probe_failures} health probes of {probe.path} failed")
 
     async def _probe_health(self, state: BackendState) -> None:
         interval = self.config.health_probe.interval_ms / 1000
@@ -186,21 +185,27 @@ class BackendPool:
             return  # declared in the config
         discovery = self.config.model_discovery
         try:
-            async with self.session.get(
-                state.config.url + "/v1/models",
-                timeout=aiohttp.ClientTimeout(total=discovery.timeout_ms / 1000),
-            ) as response:
-                if response.status != 200:
-                    raise ScrapeError(f"status {response.status}")
-                listing = await response.json(content_type=None)
-            models = [str(card["id"]) for card in listing["data"]]
-        except (TimeoutError, aiohttp.ClientError, OSError, ScrapeError, ValueError, KeyError,
-                TypeError) as e:
+            models = [str(card["id"]) for card in await self.models_of(
+                state.config.name, discovery.timeout_ms / 1000)]
+        except (TimeoutError, UpstreamError, UpstreamConnectError, OSError, ScrapeError,
+                ValueError, KeyError, TypeError) as e:
             log.debug("/v1/models of %s failed: %s", state.config.name, e)
             return
         if self.core.on_backend_models(state.config.name, models):
             log.info("backend %s serves %s", state.config.name, ", ".join(models) or "nothing")
             self.on_change()
+
+    async def models_of(self, backend: str, timeout_s: float) -> list[Any]:
+        """The model cards of ``backend``'s /v1/models (its ``data``). Raises what
+        :meth:`Upstream.get` raises, :class:`ScrapeError` for an answer other than 200, and
+        ValueError, KeyError or TypeError for a body that is not a model list."""
+        status, body = await self.upstream.get(self.url(backend, "/v1/models"), timeout_s)
+        if status != 200:
+            raise ScrapeError(f"status {status}")
+        data = orjson.loads(body)["data"]
+        if not isinstance(data, list):
+            raise TypeError(f"data is {type(data).__name__}, not a list")
+        return data
 
     async def _discover_models(self, state: BackendState) -> None:
         interval = self.config.model_discovery.interval_ms / 1000
@@ -213,7 +218,7 @@ class BackendPool:
     async def _scrape(self, state: BackendState) -> None:
         poll = self.core.poll_period_s(state.config.name)
         sent = self.clock()  # dispatches after this instant are certainly not in the sample
-        text = await self._scrape_upstream(state, self.upstream, poll)
+        text = await self._scrape_text(state, poll)
         if text is None:
             return
         try:
@@ -224,32 +229,20 @@ class BackendPool:
             return
         self._sampled(state, sample)
 
-    async def _scrape_upstream(self, state: BackendState, upstream: Upstream,
-                               poll: float) -> str | None:
-        """The text of a backend's /metrics through the relay's client, or None after
-        counting the failure."""
-        response = None
+    async def _scrape_text(self, state: BackendState, poll: float) -> str | None:
+        """The text of a backend's /metrics, or None after counting the failure."""
         try:
-            async with asyncio.timeout(poll * 2):
-                response = await upstream.request("GET", state.config.url + "/metrics")
-                if response.status != 200:
-                    raise ScrapeError(f"status {response.status}")
-                # UTF-8 as the exposition format says: no charset sniffing per scrape.
-                text = (await response.read()).decode()
-            response.release()
-            return text
+            status, body = await self.upstream.get(state.config.url + "/metrics", poll * 2)
+            if status != 200:
+                raise ScrapeError(f"status {status}")
+            # UTF-8 as the exposition format says: no charset sniffing per scrape.
+            return body.decode()
         except (TimeoutError, UpstreamError, UpstreamConnectError, OSError, ScrapeError,
                 UnicodeDecodeError) as e:
-            if response is not None:
-                response.close()
             # No call into the core: the last sample goes stale and the fallback cap applies.
             state.scrape_errors += 1
             log.debug("scrape of %s failed: %s", state.config.name, e)
             return None
-        except BaseException:
-            if response is not None:
-                response.close()
-            raise
 
     def _sampled(self, state: BackendState, sample: BackendSample) -> None:
         state.last_sample = sample

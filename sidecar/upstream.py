@@ -1,13 +1,21 @@
-"""The relay's HTTP/1.1 client to its backends: a pool of keep-alive connections, each an
-``asyncio.Protocol`` that parses the response itself.
+"""The sidecar's one HTTP/1.1 client to its backends: a pool of keep-alive connections, each
+an ``asyncio.Protocol`` that parses the response itself.
 
-Why not aiohttp's client (which the sidecar still uses for scrapes, probes and model
-listings): per proxied request it builds a URL object, a request object, header multidicts,
-timers and a response object, and per body piece it wakes a stream reader through a future.
-That was about a fifth of the sidecar's CPU per streamed request (the profile in
-docs/sidecar-performance.md). Here a request is one ``write`` of preformatted bytes, the
-response's status line and headers are split once, and the body's chunked framing is undone
-in ``data_received``; the relay's task wakes once per read from the backend.
+Every request the sidecar sends to a backend goes through one :class:`Upstream`: the relayed
+requests (:meth:`Upstream.request`, read as they stream) and the small exchanges read whole
+within a deadline (:meth:`Upstream.get`: metrics scrapes, health probes, model lists). So
+there is one connection-pool policy, one timeout vocabulary (``connect_timeout_s`` for every
+connect, a caller's ``timeout_s`` for a whole exchange, none on a relayed stream) and one
+place that writes a request's head, which is where a header every backend request carries
+would go; header values are never logged or put in an error's message.
+
+Why not aiohttp's client: per proxied request it builds a URL object, a request object,
+header multidicts, timers and a response object, and per body piece it wakes a stream reader
+through a future. That was about a fifth of the sidecar's CPU per streamed request (the
+profile in docs/sidecar-performance.md), and about three times this client's cost per
+scrape. Here a request is one ``write`` of preformatted bytes, the response's status line
+and headers are split once, and the body's chunked framing is undone in ``data_received``;
+the relay's task wakes once per read from the backend.
 
 Only what the relay needs: ``http://`` and ``https://`` backends (TLS verified against the
 system's CAs, as aiohttp's default), ``POST``/``GET`` with a body of known length,
@@ -453,7 +461,8 @@ class Upstream:
         if target is None:
             parts = urlsplit(url)
             if parts.scheme not in _DEFAULT_PORTS or parts.hostname is None:
-                raise UpstreamConnectError(f"unsupported backend URL {url!r}")
+                # Not the URL itself: it may carry user:password.
+                raise UpstreamConnectError("a backend URL must be http(s)://host[:port]/...")
             default = _DEFAULT_PORTS[parts.scheme]
             port = parts.port or default
             path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
@@ -543,6 +552,24 @@ class Upstream:
             response.close()
             raise
         return response
+
+    async def get(self, url: str, timeout_s: float,
+                  headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+        """GET ``url`` and read the whole answer within ``timeout_s`` (connect included):
+        its status and body. Raises :class:`TimeoutError`, :class:`UpstreamConnectError` or
+        :class:`UpstreamError`; the connection goes back to the pool only after a whole
+        answer, so a late one never leaves a half-read connection behind."""
+        response: UpstreamResponse | None = None
+        try:
+            async with asyncio.timeout(timeout_s):
+                response = await self.request("GET", url, headers=headers)
+                body = await response.read()
+        except BaseException:
+            if response is not None:
+                response.close()
+            raise
+        response.release()
+        return response.status, body
 
     async def close(self) -> None:
         self._closed = True

@@ -1,5 +1,6 @@
-"""The relay's HTTP/1.1 client (sidecar.upstream): responses parsed from any split of their
-bytes across reads, the framings a backend may use, and connections reused only when whole."""
+"""The sidecar's HTTP/1.1 client to its backends (sidecar.upstream): responses parsed from any
+split of their bytes across reads, the framings a backend may use, and connections reused
+only when whole."""
 
 from __future__ import annotations
 
@@ -173,6 +174,43 @@ async def test_connections_are_reused_only_after_a_whole_response() -> None:
             response.release()
             assert len(set(peers)) == 2
         finally:
+            await pool.close()
+
+
+async def test_get_reads_whole_answers_and_drops_a_late_one() -> None:
+    """Scrapes, probes and model lists (``Upstream.get``): a whole answer within the deadline
+    leaves its connection pooled; a late one raises TimeoutError and its connection is
+    dropped, so the next exchange never reads the late answer's bytes."""
+    peers: list[object] = []
+    held = asyncio.Event()  # /slow answers only once the test lets it
+
+    async def health(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername"))  # type: ignore[union-attr]
+        return web.Response(status=503, body=b"down")
+
+    async def slow(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername"))  # type: ignore[union-attr]
+        await held.wait()
+        return web.Response(body=b"late")
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/slow", slow)
+    async with TestServer(app) as server:
+        pool = Upstream()
+        try:
+            assert await pool.get(str(server.make_url("/health")), 5.0) == (503, b"down")
+            assert await pool.get(str(server.make_url("/health")), 5.0) == (503, b"down")
+            assert len(set(peers)) == 1  # a whole answer, even a failing one: pooled
+            with pytest.raises(TimeoutError):
+                # Never answered before the test sets ``held``: the deadline always passes.
+                await pool.get(str(server.make_url("/slow")), 0.05)
+            assert not any(pool._idle.values())  # the late exchange's connection is not reused
+            held.set()
+            assert await pool.get(str(server.make_url("/health")), 5.0) == (503, b"down")
+            assert len(set(peers)) == 2
+        finally:
+            held.set()
             await pool.close()
 
 
