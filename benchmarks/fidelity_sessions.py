@@ -58,10 +58,10 @@ import httpx
 from benchmarks import _fidelity_turns as turns
 from benchmarks import _prom, _system, fidelity
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
+from benchmarks.agreement import hit_rate
 from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.summary import analyse, summary
 from weighbridge.app.loadrun import LoadRun
-from weighbridge.app.simulation.agreement import hit_rate
 from weighbridge.emulator.profiles import get_profile
 from weighbridge.emulator.real_vllm import RealVllmServer
 from weighbridge.launch import emulator_process

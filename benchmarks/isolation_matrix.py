@@ -12,7 +12,7 @@ dominated by its API server), blocks of 16 tokens. The victim sends Poisson 4 re
 keeps it a victim (far under its share) even on 16 slots. The flood is a closed loop of 3x
 the slots users, backlogged at the sidecar throughout.
 
-Arms (weighbridge/app/simulation/isolation.py has the exact definitions):
+Arms (benchmarks/isolation_sim.py has the exact definitions):
 
 ``defaults``  the whole sidecar core with a config naming only tiers, tenants and the backend
               (``priority_scheduling`` set on priority engines: a fact, not a knob), so every
@@ -50,7 +50,7 @@ from typing import get_args
 
 from benchmarks import _results
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from weighbridge.app.simulation.isolation import (
+from benchmarks.isolation_sim import (
     ArmFigures,
     EngineScheduling,
     FloodSize,

@@ -37,7 +37,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from weighbridge.app.simulation.agreement import hit_rate
+from benchmarks.agreement import hit_rate
 from weighbridge.app.simulation.loop import Simulation
 from weighbridge.app.simulation.run import Inputs, engines_for, scenario_load, sidecar_for
 from weighbridge.app.stack import StackSpec, load_stack, parse_stack

@@ -4,7 +4,7 @@ Each case runs its stack live (emulated engines, the sidecar and the Locust load
 loopback) and simulated, with the same seed. Asserted: both sides sent the very same requests
 (ids, tenants, send times, sizes: the simulation's clients are the load generator's). Printed
 (``pytest -s``), for docs/simulate.md: per-tenant p50/p99 TTFT, token throughput and
-rejections by reason against the issue's tolerances (weighbridge/app/simulation/agreement.py),
+rejections by reason against the issue's tolerances (benchmarks/agreement.py),
 and how fast the live engines actually ran against their own step model.
 
 Why the figures are printed and not asserted: a live emulated engine is a model running in
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.agreement import compare, markdown
 from weighbridge.app.loadrun import LoadRun
-from weighbridge.app.simulation.agreement import compare, markdown
 from weighbridge.app.simulation.run import Inputs, find_scenario, run_policy
 from weighbridge.app.stack import LocalStack, Ports, StackSpec, load_stack
 from weighbridge.loadgen.arrivals import Closed

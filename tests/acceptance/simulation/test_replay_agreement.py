@@ -6,7 +6,7 @@ Asserted: both sides sent the very same requests (ids, tenants, send times, size
 ``weighbridge.loadgen.trace.trace_plans``), every one ended ok, both report cached tokens,
 and the issue's acceptance: the prefix cache's hit rate within ±5 points and every tenant's
 TTFT p50 within docs/simulate.md's ±20%, each range widened by the live figure's own 95%
-sampling interval (weighbridge/app/simulation/agreement.py, the bounds docs/simulate.md uses).
+sampling interval (benchmarks/agreement.py, the bounds docs/simulate.md uses).
 
 The TTFT is judged against the simulation with its engines slowed by the factor the live
 engines were measured to run at (``weighbridge_emulator_step_model_seconds`` against their
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.agreement import compare, markdown
 from tests.acceptance.simulation.test_agreement import engine_slowdown, slowed_stack
 from tests.support import locust
-from weighbridge.app.simulation.agreement import compare, markdown
 from weighbridge.app.simulation.run import Inputs, run_policy
 from weighbridge.app.stack import LocalStack, Ports, load_stack
 from weighbridge.records import read_parquet

@@ -1,5 +1,5 @@
 """The isolation matrix's claims at its KV-tight fcfs point
-(weighbridge/app/simulation/isolation.py, benchmarks/isolation_matrix.py): with a config
+(benchmarks/isolation_sim.py, benchmarks/isolation_matrix.py): with a config
 naming only tiers, tenants and the backend, a victim in the flood's tier with its weight gets
 a TTFT p50 and p90 within 1.3x of the ideal bound's, at an engine output the live acceptance
 would accept (>= 85% of the ideal's).
@@ -15,7 +15,7 @@ import math
 
 import pytest
 
-from weighbridge.app.simulation.isolation import (
+from benchmarks.isolation_sim import (
     VICTIM_ROOM_SEQS,
     IsolationPoint,
     PointResult,

@@ -6,7 +6,7 @@ engine's priority queue, and keeps the flood at exactly ``cap`` sequences in the
 prompts admitted one at a time (the best case of prefill pacing). No HTTP, no CPU, no
 scrapes: only the step times. Unpaced (``paced=False``) it is a polite flood instead: ``cap``
 closed-loop streams straight to the engine, each sending its next request the step its
-previous one ends (the isolation matrix's bound, ``weighbridge.app.simulation.isolation``).
+previous one ends (the isolation matrix's bound, ``benchmarks.isolation_sim``).
 ``benchmarks/noisy_neighbour_bound.py`` tabulates it over caps; ``weighbridge simulate
 --ideal`` computes it for the stack and scenario it simulates.
 """
