@@ -1,26 +1,65 @@
 """A vLLM-compatible engine emulator: a pure step model of continuous batching, chunked
-prefill, a finite KV cache and preemption, and an HTTP face with vLLM's API and metrics."""
+prefill, a finite KV cache and preemption, and an HTTP face with vLLM's API and metrics.
 
-from weighbridge.emulator.engine import (
-    Batch,
-    EngineConfig,
-    Sequence,
-    SequenceStatus,
-    StepModel,
-    StepResult,
-    simulate,
-)
-from weighbridge.emulator.profiles import PROFILES, StepTimeProfile, get_profile
+The surface (``__all__``) is what the application and the other parts use: the step model
+and its types (``engine``), the step-time profiles, the options declared once
+(``EmulatorOptions``), the API front end and end-of-sequence model the virtual-time engines
+reuse, the HTTP server, and the real-vLLM harness. Each name is read from its module on
+first use (``weighbridge.surface``), so importing the step model loads no aiohttp.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from weighbridge.surface import surface
+
+if TYPE_CHECKING:
+    from weighbridge.emulator.engine import (
+        Batch,
+        Coast,
+        EngineConfig,
+        Sequence,
+        SequenceStatus,
+        StepModel,
+        StepResult,
+        simulate,
+    )
+    from weighbridge.emulator.eos import EosModel
+    from weighbridge.emulator.frontend import ApiFrontEnd
+    from weighbridge.emulator.options import EmulatorOptions
+    from weighbridge.emulator.profiles import PROFILES, StepTimeProfile, get_profile
+    from weighbridge.emulator.real_vllm import RealVllmServer
+    from weighbridge.emulator.server import Emulator, EmulatorSettings, run_emulator
+else:
+    __getattr__, __dir__ = surface(__name__, {
+        "engine": ("Batch", "Coast", "EngineConfig", "Sequence", "SequenceStatus", "StepModel",
+                   "StepResult", "simulate"),
+        "eos": ("EosModel",),
+        "frontend": ("ApiFrontEnd",),
+        "options": ("EmulatorOptions",),
+        "profiles": ("PROFILES", "StepTimeProfile", "get_profile"),
+        "real_vllm": ("RealVllmServer",),
+        "server": ("Emulator", "EmulatorSettings", "run_emulator"),
+    })
 
 __all__ = [
     "PROFILES",
+    "ApiFrontEnd",
     "Batch",
+    "Coast",
+    "Emulator",
+    "EmulatorOptions",
+    "EmulatorSettings",
     "EngineConfig",
+    "EosModel",
+    "RealVllmServer",
     "Sequence",
     "SequenceStatus",
     "StepModel",
     "StepResult",
     "StepTimeProfile",
     "get_profile",
+    "run_emulator",
     "simulate",
 ]

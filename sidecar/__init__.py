@@ -4,5 +4,64 @@ The core modules (``request``, ``rejection``, ``ratelimit``, ``estimator``, ``qu
 ``drr``, ``tiers``, ``scheduler``, ``predictor``, ``admission``, ``router``, ``ledger`` and
 ``core``, which composes them) do no I/O and never read a clock: every method that depends on
 time takes ``now`` (seconds, any monotonic origin). The same code serves the live proxy, the
-hypothesis properties and virtual-time simulations.
+hypothesis properties and virtual-time simulations. ``session`` holds a request's ingress
+checks and its end for every front; ``app`` is the aiohttp shell, and ``upstream`` its one
+client to the backends.
+
+The surface (``__all__``) is what the application and the other parts use: the live sidecar
+(``Sidecar``, ``run_sidecar``), the core and a request's session as the simulator drives
+them, and the engine shape and limits the ideal bound derives. Each name is read from its
+module on first use (``weighbridge.surface``), so importing a pure module loads no aiohttp.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from weighbridge.surface import surface
+
+if TYPE_CHECKING:
+    from weighbridge.sidecar.admission import derive_limits
+    from weighbridge.sidecar.app import Sidecar, run_sidecar
+    from weighbridge.sidecar.core import Dispatch, SchedulingCore
+    from weighbridge.sidecar.prefix import PromptPrefix
+    from weighbridge.sidecar.request import QueuedRequest
+    from weighbridge.sidecar.session import (
+        ApiError,
+        Caller,
+        Ingress,
+        Prompt,
+        RelayOutcome,
+        RequestSession,
+        Usage,
+    )
+    from weighbridge.sidecar.shape import EngineShape
+else:
+    __getattr__, __dir__ = surface(__name__, {
+        "admission": ("derive_limits",),
+        "app": ("Sidecar", "run_sidecar"),
+        "core": ("Dispatch", "SchedulingCore"),
+        "prefix": ("PromptPrefix",),
+        "request": ("QueuedRequest",),
+        "session": ("ApiError", "Caller", "Ingress", "Prompt", "RelayOutcome", "RequestSession",
+                    "Usage"),
+        "shape": ("EngineShape",),
+    })
+
+__all__ = [
+    "ApiError",
+    "Caller",
+    "Dispatch",
+    "EngineShape",
+    "Ingress",
+    "Prompt",
+    "PromptPrefix",
+    "QueuedRequest",
+    "RelayOutcome",
+    "RequestSession",
+    "SchedulingCore",
+    "Sidecar",
+    "Usage",
+    "derive_limits",
+    "run_sidecar",
+]
