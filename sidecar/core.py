@@ -572,6 +572,11 @@ class SchedulingCore:
             self.ledger.end(request_id, Outcome.REJECTED, admitted.reason)
             return admitted
         request.admitted_tokens = admitted.tokens
+        if prefix is not None:
+            # The backlog and early rejection count what the engine computes: the most any
+            # backend of the pool holds (where prefix_aware sends it); dispatch re-predicts.
+            request.predicted_cached_tokens = max(
+                self._predicted_cached(name, request) for name in backends)
         scheduler = pool.scheduler
         if scheduler.holds_requests and pool.predictor.deadline_unmeetable(request, now):
             wait = pool.predictor.predicted_wait_s(request)
@@ -923,7 +928,7 @@ class SchedulingCore:
         served = max(0, tokens)
         if request.id not in self._prefilled:
             self._prefilled.add(request.id)  # the first token says the prompt was served
-            served += request.prompt_tokens
+            served += request.computed_prompt_tokens  # the meter counts what DRR charges
             self._end_prefill(request)
             assert request.backend is not None
             self.gates[request.backend].on_first_token(now)
@@ -1019,12 +1024,11 @@ class SchedulingCore:
         cached = request.predicted_cached_tokens if cached_tokens is None else cached_tokens
         computed = prompt_tokens - max(0, min(cached, prompt_tokens - 1))
         pool.scheduler.on_finished(request, computed, output_tokens)
-        actual = prompt_tokens + output_tokens
         # Rate limits discount only what the engine reported cached, by the contract's weight.
         self._settle(request, limited_tokens(prompt_tokens, output_tokens, cached_tokens or 0,
                                              self._cached_weight(request)), now)
         reported = self._release_backend(request, now)
-        self._observe_served(pool, max(0, actual - reported), now)
+        self._observe_served(pool, max(0, computed + output_tokens - reported), now)
 
     def _cached_weight(self, request: QueuedRequest) -> float:
         """What a cached prompt token counts in the request's rate limits: its tier's

@@ -92,7 +92,9 @@ class CoreCollector(Collector):
         yield seconds
 
         queued_tokens = GaugeMetricFamily("weighbridge_queued_tokens",
-                                          "Estimated tokens waiting in a tenant's queues.",
+                                          "Tokens the engine is expected to compute "
+                                          "(uncached prompt + expected output) waiting in "
+                                          "a tenant's queues.",
                                           labels=["tenant"])
         deficit = GaugeMetricFamily("weighbridge_drr_deficit_quanta",
                                     "A tenant's deficit round robin credit in a tier, in "
@@ -120,7 +122,8 @@ class CoreCollector(Collector):
         yield holds
 
         throughput = GaugeMetricFamily("weighbridge_predictor_tokens_per_second",
-                                       "Measured token throughput feeding the wait predictor.")
+                                       "Measured computed-token throughput (uncached "
+                                       "prompt + output) feeding the wait predictor.")
         throughput.add_metric([], stats.tokens_per_s or 0.0)
         yield throughput
         yield from self._stability(now, stats)

@@ -13,6 +13,11 @@ An arrival with nothing queued ahead of it in its pool has no wait to predict: i
 dispatched at the next pass, and its own prefill is the engine's to time (the served rate,
 mostly decode, would overstate it many times over), so it is never turned away early.
 
+Tokens are the ones the engine computes (``QueuedRequest.computed_tokens``, what DRR
+charges): a queued request's and the newcomer's prompt count only what no backend of the pool
+is predicted to hold in its prefix cache, set at arrival (``SchedulingCore.arrive``). The
+throughput is measured in the same unit, so a cached history costs only its new tokens.
+
 Under fcfs everything queued is ahead. The tenant's whole backlog is counted even if this
 request's priority would put it first: pessimistic for urgent requests, but O(1) (an exact
 position would need an order-statistics tree per tenant).
@@ -46,9 +51,10 @@ class ThroughputMeter:
         return self._rate
 
     def observe(self, tokens: float, now: float, saturated: bool) -> None:
-        """Tokens served (prompt or output, as they are reported) at ``now``; ``saturated``
-        says whether requests are waiting upstream. Call with 0 tokens on other events too,
-        so a backend that stops producing drags the rate down instead of freezing it."""
+        """Tokens served (computed prompt or output, as they are reported) at ``now``;
+        ``saturated`` says whether requests are waiting upstream. Call with 0 tokens on other
+        events too, so a backend that stops producing drags the rate down instead of
+        freezing it."""
         if not saturated:
             self._start = None  # the current window is not a capacity measurement
             self._tokens = 0.0
@@ -96,7 +102,7 @@ class WaitPredictor:
         if rate is None:
             return None
         view = self._scheduler.backlog_view(request.tier, request.tenant)
-        ahead = tokens_ahead(view, request.prompt_tokens)
+        ahead = tokens_ahead(view, request.computed_prompt_tokens)
         if rate <= 0:
             return 0.0 if ahead <= 0 else float("inf")
         return ahead / rate

@@ -36,7 +36,7 @@ class TenantQueue:
 
     @property
     def tokens(self) -> int:
-        """Estimated tokens (prompt + expected output) of the queued requests."""
+        """Tokens the queued requests are expected to cost the engine (``computed_tokens``)."""
         return self._tokens
 
     def push(self, request: QueuedRequest) -> None:
@@ -45,7 +45,7 @@ class TenantQueue:
         # order_key ends with the scheduler's unique seq, so entries never compare requests.
         heapq.heappush(self._heap, (request.order_key(), request))
         self._live[request.id] = request
-        self._tokens += request.estimated_tokens
+        self._tokens += request.computed_tokens
 
     def _drop_dead(self) -> None:
         heap, live = self._heap, self._live
@@ -62,14 +62,14 @@ class TenantQueue:
             raise IndexError("pop from an empty TenantQueue")
         request = heapq.heappop(self._heap)[1]
         del self._live[request.id]
-        self._tokens -= request.estimated_tokens
+        self._tokens -= request.computed_tokens
         return request
 
     def remove(self, request_id: str) -> QueuedRequest | None:
         request = self._live.pop(request_id, None)
         if request is None:
             return None
-        self._tokens -= request.estimated_tokens
+        self._tokens -= request.computed_tokens
         # Dead entries are otherwise only dropped from the top; a tenant that cancels from
         # the middle over and over must not grow the heap without bound.
         if len(self._heap) > 2 * len(self._live) + 32:

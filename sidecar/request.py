@@ -66,16 +66,25 @@ class QueuedRequest:
     backend: str | None = None
     # ---- set by the rate limiter --------------------------------------------------------
     admitted_tokens: int = 0  # the token estimate charged at admission, settled at the end
-    # ---- set at dispatch ----------------------------------------------------------------
-    predicted_cached_tokens: int = 0  # prompt tokens its backend's prefix cache should hold
+    # ---- set at arrival, then at dispatch ---------------------------------------------
+    # Prompt tokens its backend's prefix cache should hold: at arrival the most any backend
+    # of its pool holds (the backlog and early rejection count the rest), at dispatch its own.
+    predicted_cached_tokens: int = 0
     # Admitted by the limits every replica shares (sidecar.shared), which then get its
     # refund or settlement; False: by this process's own limiter.
     shared_limits: bool = False
 
     @property
     def estimated_tokens(self) -> int:
-        """Prompt plus expected output: the unit of backlog, throughput and rate limits."""
+        """Prompt plus expected output: the unit of rate limits (contracts count every
+        prompt token)."""
         return self.prompt_tokens + self.estimated_output_tokens
+
+    @property
+    def computed_tokens(self) -> int:
+        """Computed prompt plus expected output, what DRR charges: the unit of the backlog
+        (queued tokens) and of the throughput early rejection divides it by."""
+        return self.computed_prompt_tokens + self.estimated_output_tokens
 
     @property
     def computed_prompt_tokens(self) -> int:

@@ -60,7 +60,10 @@ _DEFAULT_ENDPOINT = EndpointSpec()
 
 @dataclass(frozen=True, slots=True)
 class BacklogView:
-    """What is queued ahead of a new request, for the wait predictor (all O(1) aggregates)."""
+    """What is queued ahead of a new request, for the wait predictor (all O(1) aggregates).
+
+    Tokens are ``QueuedRequest.computed_tokens``: what DRR charges, the cached prompt free.
+    """
 
     fifo: bool  # fcfs/passthrough: everything queued is ahead, whoever sent it
     total_tokens: int  # everything queued, all tiers
@@ -242,7 +245,7 @@ class Scheduler:
         return len(self._dispatched)
 
     def tenant_queued(self, tenant: str) -> tuple[int, int]:
-        """(requests, estimated tokens) queued by a tenant, all tiers."""
+        """(requests, computed tokens) queued by a tenant, all tiers."""
         t = self._tenants[tenant]
         return t.queued, t.queued_tokens
 
@@ -292,7 +295,7 @@ class Scheduler:
         if request.tier not in self._tiers:
             raise ValueError(f"unknown tier {request.tier!r}")
         reject = tenant.spec.limits.check(
-            tenant.queued, tenant.queued_tokens, request.estimated_tokens
+            tenant.queued, tenant.queued_tokens, request.computed_tokens
         )
         if reject is not None:
             return reject
@@ -564,7 +567,7 @@ class Scheduler:
         )
 
     def backlog_tokens(self, tier: str, tenant: str | None = None) -> int:
-        """Queued estimated tokens in a tier, or of one tenant in it."""
+        """Queued computed tokens in a tier, or of one tenant in it."""
         if tenant is None:
             return self._tiers[tier].queued_tokens
         queue = self._tenant(tenant).queues.get(tier)
@@ -593,7 +596,7 @@ class Scheduler:
         queue.push(request)
         request.state = RequestState.QUEUED
         self._queued_index[request.id] = request
-        tokens = request.estimated_tokens
+        tokens = request.computed_tokens
         tier.queued += 1
         tier.queued_tokens += tokens
         tenant.queued += 1
@@ -620,7 +623,7 @@ class Scheduler:
     def _account_removed(
         self, tenant: _Tenant, tier: _Tier, request: QueuedRequest, queue: TenantQueue
     ) -> None:
-        tokens = request.estimated_tokens
+        tokens = request.computed_tokens
         tier.queued -= 1
         tier.queued_tokens -= tokens
         tenant.queued -= 1

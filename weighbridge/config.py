@@ -272,7 +272,8 @@ class Limits(RateLimits):
     """Requests queued in the sidecar at once; one more gets 429 `queue_full`. Bounded by
     default: an unbounded queue only converts overload into latency."""
     max_queued_tokens: PositiveInt | None = None
-    """Estimated tokens queued at once."""
+    """Tokens queued at once, as the backlog counts them: the prompt its engine is predicted
+    to compute (the cached part free) plus the expected output."""
 
 
 class Tenant(_Model):
