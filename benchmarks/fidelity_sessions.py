@@ -63,7 +63,7 @@ from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.summary import analyse, summary
 from weighbridge.app.loadrun import LoadRun
 from weighbridge.emulator.profiles import get_profile
-from weighbridge.emulator.real_vllm import RealVllmServer
+from weighbridge.emulator.real_vllm import RealVllmServer, tiny_model_dir
 from weighbridge.launch import emulator_process
 from weighbridge.records import RequestRecord
 from weighbridge.rundir import read_records, read_run_info
@@ -297,6 +297,7 @@ def _run(ctx: BenchContext) -> BenchResult:
         with emulator_process(name="bench-fidelity-sessions-emulator",
                               model_name=fidelity.MODEL, profile=fidelity.PROFILE,
                               vocab_size=fidelity.VOCAB, enable_prompt_tokens_details=True,
+                              tokenizer=str(tiny_model_dir()),
                               **fidelity._overrides(profile), **engine) as emulator:
             assert emulator.pid is not None
             gate.meter = fidelity.Meter((emulator.pid,))

@@ -3,9 +3,10 @@ prefill, a finite KV cache and preemption, and an HTTP face with vLLM's API and 
 
 The surface (``__all__``) is what the application and the other parts use: the step model
 and its types (``engine``), the step-time profiles, the options declared once
-(``EmulatorOptions``), the API front end and end-of-sequence model the virtual-time engines
-reuse, the HTTP server, and the real-vLLM harness. Each name is read from its module on
-first use (``weighbridge.surface``), so importing the step model loads no aiohttp.
+(``EmulatorOptions``), the tokenizers, the API front end and end-of-sequence model the
+virtual-time engines reuse, the HTTP server, and the real-vLLM harness. Each name is read
+from its module on first use (``weighbridge.surface``), so importing the step model loads
+no aiohttp.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from weighbridge.emulator.profiles import PROFILES, StepTimeProfile, get_profile
     from weighbridge.emulator.real_vllm import RealVllmServer
     from weighbridge.emulator.server import Emulator, EmulatorSettings, run_emulator
+    from weighbridge.emulator.tokenizer import RULE, ModelTokenizer
 else:
     __getattr__, __dir__ = surface(__name__, {
         "engine": ("Batch", "Coast", "EngineConfig", "Sequence", "SequenceStatus", "StepModel",
@@ -41,10 +43,12 @@ else:
         "profiles": ("PROFILES", "StepTimeProfile", "get_profile"),
         "real_vllm": ("RealVllmServer",),
         "server": ("Emulator", "EmulatorSettings", "run_emulator"),
+        "tokenizer": ("ModelTokenizer", "RULE"),
     })
 
 __all__ = [
     "PROFILES",
+    "RULE",
     "ApiFrontEnd",
     "Batch",
     "Coast",
@@ -53,6 +57,7 @@ __all__ = [
     "EmulatorSettings",
     "EngineConfig",
     "EosModel",
+    "ModelTokenizer",
     "RealVllmServer",
     "Sequence",
     "SequenceStatus",

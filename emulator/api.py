@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import Field, TypeAdapter, ValidationError
 
 from weighbridge import output_budget
-from weighbridge.emulator import text
 from weighbridge.emulator.tiny_model import HIDDEN_SIZE
+from weighbridge.emulator.tokenizer import RULE, Tokenizer
 
 Endpoint = Literal["completions", "chat"]
 
@@ -122,18 +122,19 @@ def _bool_field(body: dict[str, Any], name: str, default: bool) -> bool:
     return value
 
 
-def _prompt_ids(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) -> tuple[int, ...]:
-    """The prompt's token ids (text by the emulator's rule, emulator/text.py): what the
+def _prompt_ids(endpoint: Endpoint, body: dict[str, Any], vocab_size: int,
+                tokenizer: Tokenizer, add_generation_prompt: bool = True) -> tuple[int, ...]:
+    """The prompt's token ids (text by ``tokenizer``, emulator/tokenizer.py): what the
     prefix cache hashes, and whose number is the prompt's tokens."""
     if endpoint == "completions":
         prompt = body.get("prompt")
         if isinstance(prompt, str):
             # A text prompt is tokenized with a BOS token in front, as vLLM's Llama does.
-            return text.prompt_ids(prompt)
+            return tokenizer.prompt_ids(prompt)
         if (ids := _token_ids(prompt, vocab_size)) is not None:
             return ids
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-            return _prompt_ids(endpoint, {"prompt": prompt[0]}, vocab_size)
+            return _prompt_ids(endpoint, {"prompt": prompt[0]}, vocab_size, tokenizer)
         if isinstance(prompt, list) and len(prompt) > 1:
             raise ApiError(400, "the emulator serves one prompt per request", param="prompt")
         if prompt is None or prompt == "":
@@ -168,23 +169,22 @@ def _prompt_ids(endpoint: Endpoint, body: dict[str, Any], vocab_size: int) -> tu
         if not isinstance(content, str):
             raise ApiError(400, f"messages[{i}].content must be a string", param="messages")
         turns.append((message["role"], content))
-    return text.chat_ids(turns)
+    return tokenizer.chat_ids(turns, add_generation_prompt)
 
 
 def tokenize(body: Any, *, served_model: str, vocab_size: int,
-             adapters: Collection[str] = ()) -> tuple[int, ...]:
+             adapters: Collection[str] = (), tokenizer: Tokenizer = RULE) -> tuple[int, ...]:
     """vLLM's ``POST /tokenize``: a text ``prompt`` (BOS first unless ``add_special_tokens``
     is false) or chat ``messages`` (the reply's opening last unless
     ``add_generation_prompt`` is false), numbered as the emulator's tokenizer numbers them."""
     _check_model(body, served_model, adapters)
     if "messages" in body:
-        ids = _prompt_ids("chat", body, vocab_size)
-        return ids if _bool_field(body, "add_generation_prompt", True) else ids[:-1]
+        return _prompt_ids("chat", body, vocab_size, tokenizer,
+                           _bool_field(body, "add_generation_prompt", True))
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         raise ApiError(400, "prompt must be a string", param="prompt")
-    ids = text.prompt_ids(prompt)
-    return ids if _bool_field(body, "add_special_tokens", True) else ids[1:]
+    return tokenizer.prompt_ids(prompt, _bool_field(body, "add_special_tokens", True))
 
 
 def _check_model(body: Any, served_model: str, adapters: Collection[str]) -> str | None:
@@ -222,6 +222,7 @@ def parse_generation_request(
     max_model_len: int,
     vocab_size: int,
     adapters: Collection[str] = (),
+    tokenizer: Tokenizer = RULE,
 ) -> GenerationRequest:
     # vLLM's pydantic model rejects a field of the wrong type before the model is looked up.
     stream_interval = (_validated(body, "stream_interval", _STREAM_INTERVAL)
@@ -230,7 +231,7 @@ def parse_generation_request(
     n = _int_field(body, "n", 1)
     if n != 1:
         raise ApiError(400, "the emulator supports n=1 only", param="n")
-    prompt_ids = _prompt_ids(endpoint, body, vocab_size)
+    prompt_ids = _prompt_ids(endpoint, body, vocab_size, tokenizer)
     prompt_tokens = len(prompt_ids)
     budget_field = output_budget.budget_field(endpoint == "chat", body)
     max_tokens = _int_field(body, budget_field, None)
@@ -291,6 +292,7 @@ class EmbeddingRequest:
 
     model: str  # the name answered with: the served model's, or the LoRA adapter's
     inputs: tuple[tuple[int, ...] | str, ...]  # token ids, or text
+    input_ids: tuple[tuple[int, ...], ...]  # each input's token ids, as the engine sees it
     prompt_tokens: tuple[int, ...]  # per input
     encoding_format: Literal["float", "base64"]
     priority: int
@@ -310,8 +312,8 @@ def _token_ids(value: Any, vocab_size: int) -> tuple[int, ...] | None:
 
 
 def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
-                            vocab_size: int, adapters: Collection[str] = ()
-                            ) -> EmbeddingRequest:
+                            vocab_size: int, adapters: Collection[str] = (),
+                            tokenizer: Tokenizer = RULE) -> EmbeddingRequest:
     """``input``: a string, a list of strings, a list of token ids, or a list of lists of
     token ids, as OpenAI's embeddings API and vLLM take it."""
     lora = _check_model(body, served_model, adapters)
@@ -338,9 +340,9 @@ def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
     if any(x == "" for x in inputs):
         raise ApiError(400, "input must not contain an empty string", param="input")
     # A text input is tokenized with a BOS token in front, as for a completions prompt.
-    counts = tuple(text.count_tokens(x) + 1 if isinstance(x, str) else len(x) for x in inputs)
-    for count in counts:
-        _check_context(count, max_model_len)
+    input_ids = tuple(tokenizer.prompt_ids(x) if isinstance(x, str) else x for x in inputs)
+    for ids_of_one in input_ids:
+        _check_context(len(ids_of_one), max_model_len)
     encoding = body.get("encoding_format", "float")
     if encoding is None:
         encoding = "float"
@@ -355,7 +357,8 @@ def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
     if user is not None and not isinstance(user, str):
         raise ApiError(400, "user must be a string", param="user")
     return EmbeddingRequest(model=lora or served_model, inputs=tuple(inputs),
-                            prompt_tokens=counts, encoding_format=encoding,
+                            input_ids=input_ids,
+                            prompt_tokens=tuple(map(len, input_ids)), encoding_format=encoding,
                             priority=_int_field(body, "priority", 0) or 0, user=user,
                             lora=lora)
 

@@ -130,6 +130,10 @@ class EmulatorOptions(BaseModel):
         "Tokens batched into each streamed chunk, as vLLM's flag: the first token's chunk "
         "goes at once, then one chunk per N tokens, the rest with the finish. A request's "
         "stream_interval raises it, never lowers it."))
+    tokenizer: str | None = Field(default=None, description=(
+        "A Hugging Face model directory (vLLM's flag) whose tokenizer.json and chat "
+        "template count, number and cache prompt tokens as that model's vLLM does; "
+        "default: the emulator's own rule (docs/emulator.md)."))
     seed: int = Field(default=0, description="Seed of the output-length draws.")
     mean_output_tokens: float = Field(default=128.0, gt=0, description=(
         "Mean output length when a request does not set ignore_eos."))

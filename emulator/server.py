@@ -21,7 +21,6 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from weighbridge.emulator import text
 from weighbridge.emulator.api import (
     ApiError,
     Endpoint,
@@ -40,6 +39,7 @@ from weighbridge.emulator.frontend import ApiFrontEnd
 from weighbridge.emulator.metrics import EngineMetrics
 from weighbridge.emulator.options import LoraModule
 from weighbridge.emulator.profiles import StepTimeProfile
+from weighbridge.emulator.tokenizer import RULE, Tokenizer
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -94,10 +94,12 @@ class EngineRunner:
     MAX_CATCH_UP_S = 0.005
 
     def __init__(self, model: StepModel, metrics: EngineMetrics,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tokenizer: Tokenizer = RULE) -> None:
         self.model = model
         self.metrics = metrics
         self.clock = clock
+        self.tokenizer = tokenizer
         self._streams: dict[str, TokenStream] = {}
         self._work = asyncio.Event()
         self._seeds = 0
@@ -116,7 +118,7 @@ class EngineRunner:
         stream = TokenStream(seq=seq, seed=self._seeds, interval=interval)
         # Its decode blocks hash the ids of the words it streams: a next turn that resends
         # the answer hits them, as in vLLM.
-        seq.output_ids = functools.partial(text.generated_token_id, self._seeds)
+        seq.output_ids = functools.partial(self.tokenizer.output_id, self._seeds)
         self._streams[seq.request_id] = stream
         if self._front_end.instant:
             self._enter_engine(seq)
@@ -200,6 +202,8 @@ class EmulatorSettings:
     stream_interval: int = 1
     # vLLM's --enable-prompt-tokens-details: usage.prompt_tokens_details.cached_tokens.
     enable_prompt_tokens_details: bool = False
+    # vLLM's --tokenizer: what counts and numbers prompt tokens (emulator/tokenizer.py).
+    tokenizer: Tokenizer = RULE
 
     def __post_init__(self) -> None:
         if self.lora_modules and not self.enable_lora:
@@ -220,7 +224,7 @@ class Emulator:
             kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
             max_loras=settings.engine.max_loras if settings.enable_lora else None)
         self.adapters = {m.name: m for m in settings.lora_modules}
-        self.runner = EngineRunner(self.model, self.metrics)
+        self.runner = EngineRunner(self.model, self.metrics, tokenizer=settings.tokenizer)
         self.eos = EosModel(settings.mean_output_tokens, settings.seed)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES,
                                    middlewares=[self._errors])
@@ -305,7 +309,8 @@ class Emulator:
         """vLLM's ``POST /tokenize``: the token ids the engine (and its prefix cache) sees."""
         s = self.settings
         ids = tokenize(await self._json_body(request), served_model=s.model_name,
-                       vocab_size=s.vocab_size, adapters=self.adapters)
+                       vocab_size=s.vocab_size, adapters=self.adapters,
+                       tokenizer=s.tokenizer)
         return _json_response({"count": len(ids), "max_model_len": s.engine.max_model_len,
                                "tokens": list(ids), "token_strs": None})
 
@@ -320,7 +325,8 @@ class Emulator:
         s = self.settings
         req = parse_generation_request(endpoint, body, served_model=s.model_name,
                                        max_model_len=s.engine.max_model_len,
-                                       vocab_size=s.vocab_size, adapters=self.adapters)
+                                       vocab_size=s.vocab_size, adapters=self.adapters,
+                                       tokenizer=s.tokenizer)
         request_id = new_request_id(endpoint)
         seq = Sequence(
             request_id=request_id,
@@ -365,16 +371,17 @@ class Emulator:
         s = self.settings
         req = parse_embedding_request(body, served_model=s.model_name,
                                       max_model_len=s.engine.max_model_len,
-                                      vocab_size=s.vocab_size, adapters=self.adapters)
+                                      vocab_size=s.vocab_size, adapters=self.adapters,
+                                      tokenizer=s.tokenizer)
         request_id = f"embd-{uuid.uuid4().hex[:16]}"
         now = self.runner.clock()
         seqs = [Sequence(request_id=f"{request_id}-{i}", prompt_tokens=tokens,
                          target_output_tokens=1, max_tokens=1, arrival_s=now, pooling=True,
                          priority=req.priority if s.engine.scheduling_policy == "priority"
                          else 0, lora=req.lora,
-                         prompt_ids=text.prompt_ids(x) if isinstance(x, str) else x)
-                for i, (tokens, x) in enumerate(zip(req.prompt_tokens, req.inputs,
-                                                    strict=True))]
+                         prompt_ids=ids)
+                for i, (tokens, ids) in enumerate(zip(req.prompt_tokens, req.input_ids,
+                                                      strict=True))]
         submitted: list[TokenStream] = []
         try:
             for seq in seqs:
@@ -410,11 +417,12 @@ class Emulator:
             await stream.wakeup.wait()
             stream.wakeup.clear()
         seq = stream.seq
-        output = text.generated_text(stream.seed, 0, seq.output_tokens)
+        tokenizer = self.settings.tokenizer
+        output = tokenizer.output_text(stream.seed, 0, seq.output_tokens)
         body = shape.full_response(
             output, seq.finish_reason or "abort", seq.output_tokens, seq.num_cached_tokens,
             seq.num_cache_creation_tokens,
-            text.generated_token_ids(stream.seed, 0, seq.output_tokens))
+            tokenizer.output_ids(stream.seed, 0, seq.output_tokens))
         return _json_response(body)
 
     async def _stream(self, request: web.Request, req: GenerationRequest, shape: ResponseShape,
@@ -434,8 +442,8 @@ class Emulator:
             if count:
                 # A slow reader gets the tokens it missed merged into one chunk, as vLLM does
                 # (with a stream interval, every chunk handed over since it last wrote).
-                delta = text.generated_text(stream.seed, sent, count)
-                ids = text.generated_token_ids(stream.seed, sent, count)
+                delta = self.settings.tokenizer.output_text(stream.seed, sent, count)
+                ids = self.settings.tokenizer.output_ids(stream.seed, sent, count)
                 first = sent == 0
                 sent += count
                 reason = seq.finish_reason if done and seq.finish_reason != "abort" else None

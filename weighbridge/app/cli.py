@@ -97,10 +97,12 @@ def emulator(
 ) -> None:
     """Serve a vLLM-compatible engine emulator (OpenAI API and vLLM's /metrics)."""
     from weighbridge.emulator.server import EmulatorSettings, run_emulator
+    from weighbridge.emulator.tokenizer import RULE, ModelTokenizer
 
     try:
         step_profile = options.step_profile()
         engine = options.engine()
+        tokenizer = ModelTokenizer(options.tokenizer) if options.tokenizer else RULE
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     settings = EmulatorSettings(model_name=options.model_name, engine=engine,
@@ -113,7 +115,8 @@ def emulator(
                                 lora_modules=options.lora_adapters(),
                                 stream_interval=options.stream_interval,
                                 enable_prompt_tokens_details=(
-                                    options.enable_prompt_tokens_details))
+                                    options.enable_prompt_tokens_details),
+                                tokenizer=tokenizer)
     typer.echo(f"weighbridge emulator: {options.model_name} on http://{host}:{port} "
                f"(profile {options.profile}, {engine.max_num_seqs} seqs, "
                f"B={engine.max_num_batched_tokens}, {engine.num_kv_blocks}x{engine.block_size} "
