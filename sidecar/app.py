@@ -440,7 +440,7 @@ class Sidecar:
         request_id = f"{self._id_prefix}{next(self._ids):x}"  # unique, without a uuid4 each
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
-        offered = self.core.offered_tokens(tenant, endpoint, prompt, max_tokens, sequences)
+        offered = self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences)
         self.metrics.offer(tenant, tier, offered)
         trace.identify(tenant=tenant, tier=tier, model=model, max_tokens=max_tokens,
                        stream=bool(arrival.body.get("stream", False)))
@@ -451,7 +451,7 @@ class Sidecar:
             # reach: this replica's share of the limits decides, in the core).
             admitted = await self.shared.admit(
                 tenant, endpoint, tier, model,
-                self.core.shared_estimate(tenant, endpoint, prompt, max_tokens, sequences))
+                self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences))
             now = self.clock()
         try:
             session = ingress.arrive(arrival, request_id, now, admitted)

@@ -47,13 +47,17 @@ Streamed tokens
 request's first token it only counts (``streamed_output_tokens`` is always current) and
 notes the request; the tokens are *folded* into the DRR charge, the router's outstanding
 tokens, the KV footprint and the throughput meter (at the time the last of them passed) by
-the next call that reads any of those: every decision (``arrive``, ``next_dispatch``,
-``cancel``, ...), every view (``stats``, ``snapshot``, the ``scheduler``, ``meter``,
-``router`` and ``kv`` properties) and every request's end (all streams, since an end changes
-what a later charge would meet). So no decision sees a different state than token-by-token
-folding gives, while a stream's tokens between two decisions cost one fold instead of one
-each: 14 % of the sidecar's instructions per streamed request of 16 chunks
-(docs/sidecar-performance.md). Inside the core, ``_router`` and ``_kv`` are read after a fold.
+the next public entry: every method marked ``@_entry`` folds before its body runs, and every
+other public method reads nothing a fold changes (tests/unit/sidecar/test_core_entries.py
+checks the split). So no decision, view or end sees a different state than token-by-token
+folding gives, while a stream's tokens between two entries cost one fold instead of one each
+(docs/sidecar-performance.md). The ``scheduler``, ``meter``, ``router`` and ``kv`` properties
+are plain reads: a caller reading them between entries calls ``fold_streamed()`` first.
+
+Several replicas
+----------------
+``sidecar.replica`` wraps the core for the replica protocol through a narrow interface: the
+limits and the estimator, ``pools()``, ``record_for_replicas()`` and ``learn_sent_prefix``.
 """
 
 from __future__ import annotations
@@ -61,7 +65,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from functools import wraps
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from weighbridge.sidecar.admission import (
     AdmissionGate,
@@ -108,6 +113,25 @@ if TYPE_CHECKING:
 # to backlogged tenants soon after the last light one stopped.
 LIGHT_MEMORY_S = 10.0
 
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def _entry(
+    method: Callable[Concatenate[SchedulingCore, _P], _R],
+) -> Callable[Concatenate[SchedulingCore, _P], _R]:
+    """A public entry of the core: every stream's counted tokens are folded in before it runs
+    (module doc, "Streamed tokens")."""
+
+    @wraps(method)
+    def entry(self: SchedulingCore, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if self._unfolded:
+            self._fold_streamed()
+        return method(self, *args, **kwargs)
+
+    entry.folds_first = True  # type: ignore[attr-defined]
+    return entry
+
 
 def _limit_table(config: Config) -> LimitTable:
     """Every rate limit the configuration declares, by scope."""
@@ -137,8 +161,22 @@ class _Pool:
     # the derived, work-conserving headroom (GateLimits.headroom_always).
     light: dict[str, float]
     # Other replicas' load on these backends, by tenant: (in flight, backlogged somewhere),
-    # from the shared state (sidecar.shared); empty when this process runs alone.
+    # set by sidecar.replica; empty when this process runs alone.
     foreign: dict[str, tuple[int, bool]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReplicaRecord:
+    """What the core keeps for the replicas it shares limits and backends with, until
+    sidecar.replica takes it."""
+
+    # Settlements and refunds owed to the limits replicas share: (request, token delta),
+    # positive a further charge, negative a refund.
+    charges: list[tuple[QueuedRequest, int]] = field(default_factory=list)
+    # (backend, block size, chained block hashes) of every prompt sent, while ``sharing``.
+    sent_prefixes: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
+    # Replicas are told of service, estimates and prompts (``record_for_replicas``).
+    sharing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +233,7 @@ class SchedulingCore:
         backend's are derived from ``config.admission`` and the engine's learned shape
         (``weighbridge.sidecar.admission.derive_limits``), and change as the shape is learned."""
         # In-flight requests with streamed output not yet folded in (module doc); first,
-        # as the properties that fold are read while the rest is built.
+        # as every entry reads it.
         self._unfolded: dict[str, QueuedRequest] = {}
         self.config = config
         # Which backends serve which model (discovered from /v1/models, or declared); each
@@ -205,7 +243,7 @@ class SchedulingCore:
             {b.name: b.models for b in config.backends if b.models is not None},
             config.default_model)
         self._pools: dict[frozenset[str], _Pool] = {}
-        self._shares_service = False  # share_service()
+        self._record = ReplicaRecord()  # for sidecar.replica
         self._default_pool = self._pool(self.catalog.backends)
         self._pool_of: dict[str, _Pool] = {}  # queued or in-flight request -> its pool
         self._next_pool = 0  # pools take turns at the dispatch decision
@@ -215,11 +253,8 @@ class SchedulingCore:
         )
         self.limit_table = _limit_table(config)
         # This process's own buckets: every limit when it runs alone; its share of them
-        # (use_local_limits) while the limits replicas share cannot be reached.
+        # (sidecar.replica) while the limits replicas share cannot be reached.
         self.rate_limiter = TenantRateLimiter(self.limit_table)
-        # Charges owed to the shared limits (take_shared_charges): (request, token delta),
-        # positive a charge, negative a refund.
-        self._shared_charges: list[tuple[QueuedRequest, int]] = []
         self._gate_limits = gate_limits
         self.gates = {b.name: self._new_gate() for b in config.backends}
         # Backends a reload removed, still finishing what they have in flight (``reconfigure``).
@@ -251,9 +286,6 @@ class SchedulingCore:
         # Backends whose answers lack cached_tokens (vLLM without
         # --enable-prompt-tokens-details): charged the whole prompt, as if nothing cached.
         self.unreported: set[str] = set()
-        # Prompts' blocks sent to each backend, for the replicas sharing them
-        # (share_prefixes); None: this process routes alone.
-        self._sent_prefixes: list[tuple[str, int, tuple[int, ...]]] | None = None
         # Backends an answer has shown to report them: only their predictions are used (the
         # index learns from the first request on, but a prediction no answer can settle
         # would undercount the prefill backlog and the charges).
@@ -272,6 +304,7 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ reload
 
+    @_entry
     def reconfigure(self, config: Config, now: float) -> list[QueuedRequest]:
         """Take a reloaded configuration, between two decisions (sidecar.reload has checked
         that it changes only what may change live). Every kept tenant, bucket, DRR credit,
@@ -280,7 +313,6 @@ class SchedulingCore:
         ``tenant_removed``, and returned for the shell to answer; their in-flight requests
         finish. A removed backend drains (``draining``: no new work, forgotten when its last
         request ends); an added one takes no work until ``mark_backend_healthy``."""
-        self._fold_streamed()
         removed = set(self.config.tenants) - set(config.tenants)
         evicted: list[QueuedRequest] = []
         for pool in self._pools.values():
@@ -339,36 +371,39 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ pools
 
+    # The parts, as plain reads: current as of the last entry (``fold_streamed``).
+
     @property
     def kv(self) -> dict[str, KvFootprint]:
         """What the in-flight requests will hold in each backend's KV cache at their
         largest."""
-        self._fold_streamed()
         return self._kv
 
     @property
     def router(self) -> Router:
-        self._fold_streamed()
         return self._router
 
     @property
     def scheduler(self) -> Scheduler:
         """The queues of the pool of every backend: the only pool of a fleet serving one set
         of models (or before any backend has said what it serves)."""
-        self._fold_streamed()
         return self._default_pool.scheduler
 
     @property
     def meter(self) -> ThroughputMeter:
         """The throughput measured in the pool of every backend (``scheduler``'s)."""
-        self._fold_streamed()
         return self._default_pool.meter
+
+    @_entry
+    def fold_streamed(self) -> None:
+        """Fold every stream's counted tokens in now (the entry does it), for a caller about
+        to read the parts above."""
 
     def _pool(self, backends: frozenset[str]) -> _Pool:
         pool = self._pools.get(backends)
         if pool is None:
             scheduler = Scheduler.from_config(self.config)
-            if self._shares_service:
+            if self._record.sharing:
                 scheduler.share_service()
             meter = ThroughputMeter()
             pool = _Pool(backends, scheduler, meter, WaitPredictor(scheduler, meter), {})
@@ -390,52 +425,29 @@ class SchedulingCore:
         queued keep their pool; new arrivals use the new one."""
         return self.catalog.learn(backend, models)
 
-    # ------------------------------------------------------------------ other replicas
-
-    def shared_estimate(self, tenant: str, endpoint: str, prompt_tokens: int,
-                        max_tokens: int | None, sequences: int = 1) -> int:
-        """The token estimate a shared limiter must charge for this request: what ``arrive``
-        charges (prompt plus expected output)."""
-        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens, sequences)
-
     def request_model(self, model: str | None) -> str | None:
         """The model per-model limits charge a request naming ``model`` to: its own, or
         ``default_model`` for one naming none ("" included, as vLLM reads it)."""
         return model or self.config.default_model
 
-    def use_local_limits(self, scale: float) -> None:
-        """Replace this process's limiter by one whose every limit is ``scale`` of the
-        configured (a replica's share while the shared limits are out of reach); buckets
-        start full."""
-        self.rate_limiter = TenantRateLimiter(self.limit_table, scale=scale)
+    # ------------------------------------------------------------------ other replicas
 
-    def take_shared_charges(self) -> list[tuple[QueuedRequest, int]]:
-        """Settlements and refunds owed to the shared limits since the last call."""
-        self._fold_streamed()
-        taken, self._shared_charges = self._shared_charges, []
-        return taken
-
-    def share_service(self) -> None:
-        """Record what every tenant is served, for ``take_booked`` (replicas sharing their
-        tenants' service), and every output observation (``estimator.take_observations``)."""
-        self._shares_service = True
+    @_entry
+    def record_for_replicas(self) -> ReplicaRecord:
+        """From now on, keep what replicas sharing this core's tenants need (sidecar.replica):
+        every pool's service (``Scheduler.share_service``), every output observation
+        (``estimator.take_observations``) and every prompt sent; returns the record the
+        charges and prompts go to."""
+        self._record.sharing = True
         self.estimator.share()
         for pool in self._pools.values():
             pool.scheduler.share_service()
+        return self._record
 
-    def share_prefixes(self) -> None:
-        """Record the blocks of every prompt sent, for ``take_sent_prefixes``: replicas tell
-        each other where they sent what, so a conversation's turns reach the engine that
-        holds its history whichever replica takes them."""
-        if self._sent_prefixes is None:
-            self._sent_prefixes = []
-
-    def take_sent_prefixes(self) -> list[tuple[str, int, tuple[int, ...]]]:
-        """(backend, block size, the prompt's chained block hashes) of every prompt this
-        replica sent since the last call."""
-        taken, self._sent_prefixes = self._sent_prefixes or [], \
-            None if self._sent_prefixes is None else []
-        return taken
+    @_entry
+    def pools(self) -> list[_Pool]:
+        """Every pool: its backends, its queues and the load other replicas hold on it."""
+        return list(self._pools.values())
 
     def learn_sent_prefix(self, backend: str, block_size: int, blocks: Sequence[int]) -> None:
         """Another replica sent a prompt of these blocks to ``backend``: its index holds
@@ -443,52 +455,6 @@ class SchedulingCore:
         index = self._prefix.get(backend)
         if index is not None and index.block_size == block_size:
             index.sent_blocks(blocks)
-
-    def pool_id(self, backends: frozenset[str]) -> str:
-        return ",".join(sorted(backends))
-
-    def take_booked(self) -> dict[tuple[str, str, str], float]:
-        """DRR turns charged per (pool, tier, tenant) since the last call."""
-        self._fold_streamed()
-        return {(self.pool_id(pool.backends), tier, tenant): turns
-                for pool in self._pools.values()
-                for (tier, tenant), turns in pool.scheduler.take_booked().items()}
-
-    def local_load(self) -> dict[tuple[str, str], tuple[int, bool]]:
-        """(pool, tenant) -> (requests in flight, any queued) here: what other replicas
-        need for ``set_foreign_load``."""
-        self._fold_streamed()
-        out: dict[tuple[str, str], tuple[int, bool]] = {}
-        for pool in self._pools.values():
-            pid = self.pool_id(pool.backends)
-            for name, (inflight, queued) in pool.scheduler.active_load().items():
-                out[(pid, name)] = (inflight, queued > 0)
-        return out
-
-    def set_foreign_load(self, load: dict[tuple[str, str], tuple[int, bool]]) -> None:
-        """Every other replica's load, summed: (pool, tenant) -> (in flight, backlogged on
-        any of them). Replaces the previous; dispatch judges shares with it
-        (``_globally_fair``)."""
-        self._fold_streamed()
-        by_pool: dict[str, dict[str, tuple[int, bool]]] = {}
-        for (pid, tenant), value in load.items():
-            by_pool.setdefault(pid, {})[tenant] = value
-        for pool in self._pools.values():
-            pool.foreign = by_pool.get(self.pool_id(pool.backends), {})
-
-    def queued_flows(self) -> list[tuple[str, str, str]]:
-        """(pool, tier, tenant) of every tenant queue with requests waiting here: whose
-        service elsewhere this replica needs to know to order its queues."""
-        self._fold_streamed()
-        return [(self.pool_id(pool.backends), tier, tenant) for pool in self._pools.values()
-                for tier, tenant in pool.scheduler.queued_flows()]
-
-    def charge_foreign(self, pool: str, tier: str, tenant: str, turns: float) -> None:
-        """Service other replicas gave ``tenant`` on ``pool``'s backends, charged here."""
-        self._fold_streamed()
-        for candidate in self._pools.values():
-            if self.pool_id(candidate.backends) == pool:
-                candidate.scheduler.charge_foreign(tier, tenant, turns)
 
     # ------------------------------------------------------------------ ingress
 
@@ -507,6 +473,7 @@ class SchedulingCore:
         """Count an arrival rejected before admission (unauthorized, bad input)."""
         self.ledger.rejected_on_arrival(tenant, tier, reason)
 
+    @_entry
     def arrive(
         self,
         *,
@@ -528,8 +495,7 @@ class SchedulingCore:
         """Rate limit, early rejection, bounded queue, in that order; a request that passes
         all three is queued and returned. ``admitted``: the verdict of the limits several
         replicas share (sidecar.shared), already taken for this request's estimate
-        (``shared_estimate``); None: this process's own limiter decides."""
-        self._fold_streamed()
+        (``estimated_tokens``); None: this process's own limiter decides."""
         if tenant not in self.config.tenants:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
@@ -602,7 +568,7 @@ class SchedulingCore:
         """Its token charge back (ratelimit's refund policy), to whichever limits took it."""
         if request.shared_limits:
             if request.admitted_tokens:
-                self._shared_charges.append((request, -request.admitted_tokens))
+                self._record.charges.append((request, -request.admitted_tokens))
         else:
             self.rate_limiter.refund(request.tenant, request.endpoint, request.admitted_tokens,
                                      now, request.tier, request.model)
@@ -610,15 +576,15 @@ class SchedulingCore:
     def _settle(self, request: QueuedRequest, actual: int, now: float) -> None:
         if request.shared_limits:
             if actual != request.admitted_tokens:
-                self._shared_charges.append((request, actual - request.admitted_tokens))
+                self._record.charges.append((request, actual - request.admitted_tokens))
         else:
             self.rate_limiter.settle(request.tenant, request.endpoint, request.admitted_tokens,
                                      actual, now, request.tier, request.model)
 
+    @_entry
     def cancel(self, request_id: str, now: float) -> bool:
         """The client of a *queued* request went away: it leaves at once. False if it is not
         queued (then it is in flight: abort upstream and call ``on_client_gone``)."""
-        self._fold_streamed()
         pool = self._pool_of.get(request_id)
         request = None if pool is None else pool.scheduler.cancel(request_id)
         if request is None:
@@ -630,21 +596,24 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ egress
 
+    @_entry
     def share_slots(self, now: float, backends: frozenset[str] | None = None) -> int:
         """In-flight slots that weighted shares are computed over: the healthy backends'
         caps without their headroom (of a pool's backends; by default, all)."""
-        self._fold_streamed()
+        return self._share_slots(now, backends)
+
+    def _share_slots(self, now: float, backends: frozenset[str] | None) -> int:
         return sum(
             gate.share_slots(now)
             for name, gate in self.gates.items()
             if self._router.is_healthy(name) and (backends is None or name in backends)
         )
 
+    @_entry
     def next_dispatch(self, now: float) -> Dispatch | None:
         """One dispatch decision (request and backend together), or None: nothing queued, or
         no backend may take anything now (counted in ``holds``). Pools with requests
         queued take turns, so one pool's backlog never delays another's dispatch."""
-        self._fold_streamed()
         pools = [pool for pool in self._pools.values() if pool.scheduler.queued_requests]
         if not pools:
             return None
@@ -690,7 +659,7 @@ class SchedulingCore:
         request = pool.scheduler.next(now)
         assert request is not None
         return self._dispatch(pool, request, backend, now,
-                              self.share_slots(now, pool.backends))
+                              self._share_slots(now, pool.backends))
 
     def _standings(self, pool: _Pool, now: float) -> dict[str, Standing]:
         """Every healthy backend of the pool, its gate's verdict refined by the backend
@@ -793,9 +762,10 @@ class SchedulingCore:
                     limits.headroom_always, limits.kv_watermark or 0, fair)
 
     def _globally_fair(self, pool: _Pool, slots: int) -> Callable[[str], bool] | None:
-        """With replicas sharing the backends (``set_foreign_load``): a tenant holding at
-        least its weighted share of the pool's slots across every replica waits while a
-        tenant of its tier, backlogged on another replica, holds less than its own share.
+        """With replicas sharing the backends (the pool's ``foreign`` load, set by
+        sidecar.replica): a tenant holding at least its weighted share of the pool's slots
+        across every replica waits while a tenant of its tier, backlogged on another replica,
+        holds less than its own share.
         The slot it leaves goes to that replica's next dispatch: without this, each replica
         takes what frees up in turn, and a tenant sending through one replica gets that
         replica's part of the engine whatever its weight. None: no foreign load known."""
@@ -863,9 +833,9 @@ class SchedulingCore:
             request.predicted_cached_tokens = self._predicted_cached(backend, request)
             index = self._prefix[backend]
             index.sent(request.prefix)
-            if self._sent_prefixes is not None and index.retained_blocks:
-                self._sent_prefixes.append((backend, index.block_size,
-                                            request.prefix.blocks(index.block_size)))
+            if self._record.sharing and index.retained_blocks:
+                self._record.sent_prefixes.append((backend, index.block_size,
+                                                   request.prefix.blocks(index.block_size)))
         # The router's load counts what the engine computes: the cached prompt is free.
         self._router.on_dispatched(
             request.id, backend, request.prompt_tokens - request.predicted_cached_tokens,
@@ -893,11 +863,11 @@ class SchedulingCore:
             priority = vllm_priority(self._tier_priority[request.tier], over, self._demotion)
         return Dispatch(request, backend, priority, over)
 
+    @_entry
     def dispatch_failed(self, request: QueuedRequest, now: float) -> None:
         """The backend never received the request (connection refused, reset before the
         request was written): it goes back to its place in the queue, its charges refunded.
         Mark the backend unhealthy first if it is down, or the retry may pick it again."""
-        self._fold_streamed()
         if request.state is not RequestState.DISPATCHED:
             raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
         self._release_backend(request, now)
@@ -958,11 +928,14 @@ class SchedulingCore:
         self._reported[request.id] += tokens
         self._observe_served(pool, tokens, request.unfolded_s)
 
+    @_entry
     def on_completed(
         self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float,
         cached_tokens: int | None = None,
     ) -> None:
-        """``cached_tokens``: what the engine reported it found in its prefix cache
+        """Every end is an entry, folding every stream, not only this one: the end changes the
+        scheduler's state (a tenant going idle forfeits its credit) that a later charge would
+        meet. ``cached_tokens``: what the engine reported it found in its prefix cache
         (``usage.prompt_tokens_details.cached_tokens``); None: not reported."""
         if cached_tokens is None and request.prefix is not None \
                 and request.backend is not None and request.backend not in self.unreported:
@@ -984,6 +957,7 @@ class SchedulingCore:
         self.estimator.observe(request.tenant, request.endpoint,
                                round(output_tokens / request.sequences))
 
+    @_entry
     def on_failed(
         self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
     ) -> None:
@@ -991,6 +965,7 @@ class SchedulingCore:
         known): DRR and rate limits are settled to that, so failures are not charged."""
         self._end(request, Outcome.FAILED, prompt_tokens, output_tokens, now)
 
+    @_entry
     def on_client_gone(
         self, request: QueuedRequest, prompt_tokens: int, output_tokens: int, now: float
     ) -> None:
@@ -1017,9 +992,6 @@ class SchedulingCore:
             self._refund(request, now)
             return
         self.ledger.end(request.id, outcome)  # raises on a second end, before any change
-        # Every stream's tokens first, not only this one's: the end changes the scheduler's
-        # state (a tenant going idle forfeits its credit) that a later charge would meet.
-        self._fold_streamed()
         pool = self._pool_of.pop(request.id)
         cached = request.predicted_cached_tokens if cached_tokens is None else cached_tokens
         computed = prompt_tokens - max(0, min(cached, prompt_tokens - 1))
@@ -1066,10 +1038,10 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ backends
 
+    @_entry
     def on_backend_metrics(self, backend: str, sample: ScrapedMetrics) -> None:
         if backend not in self.gates:
             return  # drained and forgotten since the scrape was sent
-        self._fold_streamed()
         self.gates[backend].observe(sample)
         self._router.observe_kv(backend, sample.kv_cache_usage)
         # vllm:cache_config_info's cache shape bounds what the prefix index may hold; an
@@ -1088,10 +1060,12 @@ class SchedulingCore:
             return self.gates[backend].limits.poll_s
         return min(gate.limits.poll_s for gate in self.gates.values())
 
+    @_entry
     def mark_backend_unhealthy(self, backend: str) -> None:
         if backend in self.gates:
             self._router.mark_unhealthy(backend)
 
+    @_entry
     def mark_backend_healthy(self, backend: str) -> None:
         if backend in self.gates:
             self._router.mark_healthy(backend)
@@ -1102,15 +1076,16 @@ class SchedulingCore:
         """Blocks each backend's prefix index holds (sidecar.prefix)."""
         return {name: len(index) for name, index in self._prefix.items()}
 
-    def offered_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
-                       max_tokens: int | None, sequences: int = 1) -> int:
-        """A request's expected tokens (prompt + estimated output) as the stability ratio
-        counts offered load: every request that reaches the checks, admitted or not."""
+    def estimated_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
+                         max_tokens: int | None, sequences: int = 1) -> int:
+        """A request's expected tokens (prompt + estimated output): what ``arrive`` charges
+        the rate limits, what a shared limiter must take for it, and what the stability
+        ratio counts as offered load."""
         return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens, sequences)
 
+    @_entry
     def stats(self, now: float) -> CoreStats:
         """Per tenant, summed over the pools (one pool: its own figures)."""
-        self._fold_streamed()
         router = self._router
         schedulers = [pool.scheduler for pool in self._pools.values()]
         tenants = tuple(
@@ -1133,9 +1108,9 @@ class SchedulingCore:
                          {name: served for name in self.gates
                           if (served := self.catalog.models_of(name)) is not None})
 
+    @_entry
     def snapshot(self, now: float, max_tenants: int | None = 100) -> dict[str, Any]:
         """Everything /admin/state shows, as plain dicts."""
-        self._fold_streamed()
         routing = self._router.snapshot()
         models = self.catalog.models()
         rates = [rate for pool in self._pools.values()

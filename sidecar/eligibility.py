@@ -131,7 +131,7 @@ class Pacing:
 class GlobalShare:
     """With replicas sharing the backends, a tenant at its weighted share of the slots
     across every replica waits while a tenant of its tier, backlogged on another replica,
-    holds less than its own (SchedulingCore.set_foreign_load)."""
+    holds less than its own (Replica.set_foreign_load, sidecar.replica)."""
 
     def __call__(self, p: Pass) -> Eligible | None:
         return p.globally_fair

@@ -3,7 +3,8 @@
 Replicas never talk to each other: each sees the others only through Redis, and still gates
 its own dispatches on the backends' /metrics (where the others' work shows as load).
 :class:`SharedState` belongs to the application, which starts it on startup and stops it on
-shutdown; it reaches the scheduling core only through the core's public calls.
+shutdown; it reaches the scheduling core only through ``sidecar.replica.Replica``, what this
+process gives the others and takes from them.
 
 What is shared, and how
 -----------------------
@@ -17,7 +18,7 @@ What is shared, and how
 * **Service.** Every ``sync_ms`` each replica adds the DRR turns it charged per (pool, tier,
   tenant) to one hash and reads the totals of the tenants queued with it. What a total grew
   by beyond this replica's own part is other replicas' service, charged to the tenant's
-  credit here (``Scheduler.charge_foreign``): each replica orders its queue by the tenant's
+  credit here (``Replica.charge_foreign``): each replica orders its queue by the tenant's
   service across all of them.
 * **Output estimates.** Observations are folded, in arrival order, into one EMA per
   (tenant, endpoint) by a script, and each replica adopts the result.
@@ -57,9 +58,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from redis.exceptions import RedisError
 
 from weighbridge.config import SharedState as SharedStateConfig
-from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.ratelimit import Admit, BucketSpec, ScopeKey
 from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
+from weighbridge.sidecar.replica import Replica, ReplicatedCore
 from weighbridge.sidecar.request import QueuedRequest
 
 __all__ = ["MAX_PENDING_CHARGES", "PREFIX_STREAM_LEN", "SharedState", "SharedStateCollector",
@@ -227,14 +228,14 @@ class _Pending:
 
 
 class SharedState:
-    def __init__(self, config: SharedStateConfig, core: SchedulingCore,
+    def __init__(self, config: SharedStateConfig, core: ReplicatedCore,
                  on_change: Callable[[bool], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         """``on_change(up)``: called once per transition (the metric follows ``up``)."""
         if config.url is None:
             raise ValueError("a Redis URL is required")
         self.config = config
-        self.core = core
+        self.replica = Replica(core)
         self.on_change = on_change
         self.clock = clock
         self.replica_id = uuid.uuid4().hex[:12]
@@ -268,8 +269,6 @@ class SharedState:
         self._seen: dict[tuple[str, str, str], tuple[int, float]] = {}
         self._syncs_done = 0
         self._tasks: list[asyncio.Task[None]] = []
-        core.share_service()
-        core.share_prefixes()
 
     # ------------------------------------------------------------------ life
 
@@ -302,7 +301,7 @@ class SharedState:
                         self.replicas)
         else:
             share = 1 / max(1, self.replicas)
-            self.core.use_local_limits(share)
+            self.replica.use_local_limits(share)
             log.warning("shared state at %s unreachable (%s): each limit falls back to "
                         "1/%d of the configured in this replica", self.config.url, why,
                         max(1, self.replicas))
@@ -317,8 +316,7 @@ class SharedState:
 
     def buckets(self, tenant: str, endpoint: str, tier: str,
                 model: str | None) -> list[BucketSpec]:
-        return self.core.limit_table.buckets(tenant, endpoint, tier,
-                                             self.core.request_model(model))
+        return self.replica.buckets(tenant, endpoint, tier, model)
 
     async def admit(self, tenant: str, endpoint: str, tier: str, model: str | None,
                     tokens: int) -> Admit | Reject | None:
@@ -367,7 +365,7 @@ class SharedState:
             self._failed(e)
             return
         if replicas != self.replicas and not self.up:
-            self.core.use_local_limits(1 / max(1, replicas))
+            self.replica.use_local_limits(1 / max(1, replicas))
         self.replicas = max(1, replicas)
         if not self.up and self.errors:
             # Back after an outage: the pool's connections from before it were closed by
@@ -408,12 +406,12 @@ class SharedState:
         args: list[str | float] = [
             self.replica_id, HEARTBEATS_TO_EXPIRE * self.config.heartbeat_ms,
             self._load_prefix]
-        for (pool, tenant), (inflight, backlogged) in self.core.local_load().items():
+        for (pool, tenant), (inflight, backlogged) in self.replica.local_load().items():
             args += [_field(pool, tenant), f"{inflight},{int(backlogged)}"]
         return args
 
     def _adopt_load(self, foreign: list[str]) -> None:
-        self.core.set_foreign_load({
+        self.replica.set_foreign_load({
             (pool, tenant): (int(foreign[i + 1]), int(foreign[i + 2]) > 0)
             for i in range(0, len(foreign), 3)
             for pool, tenant in [_unfield(foreign[i])]})
@@ -422,21 +420,21 @@ class SharedState:
         """One full exchange: charges owed, this replica's service, load and estimates'
         observations; back come the totals of the tenants queued here, the others' load
         and the shared estimates."""
-        core = self.core
-        for request, delta in core.take_shared_charges():
+        replica = self.replica
+        for request, delta in replica.take_charges():
             self._pending.append(_Pending(request, delta))
         if len(self._pending) > MAX_PENDING_CHARGES:
             self.dropped_charges += len(self._pending) - MAX_PENDING_CHARGES
             del self._pending[:len(self._pending) - MAX_PENDING_CHARGES]
-        booked = core.take_booked()
-        observations = core.estimator.take_observations()
-        sent = core.take_sent_prefixes()  # while down, lost: only cache hits elsewhere
+        booked = replica.take_booked()
+        observations = replica.take_observations()
+        sent = replica.take_sent_prefixes()  # while down, lost: only cache hits elsewhere
         if not self.up:
             # Service and estimates while down stay this replica's own: when Redis is back,
             # the others judge from its totals as they stand then.
-            core.set_foreign_load({})
+            replica.set_foreign_load({})
             return
-        wanted = sorted(set(booked) | set(core.queued_flows()))
+        wanted = sorted(set(booked) | set(replica.queued_flows()))
         pending, self._pending = self._pending, []
         try:
             async with asyncio.timeout(max(self._timeout_s * 4, 0.05)):
@@ -450,7 +448,7 @@ class SharedState:
                     await self._load(keys=self._load_keys(), args=self._load_args(),
                                      client=pipe)
                     if observations:
-                        args: list[str | float] = [core.estimator.alpha]
+                        args: list[str | float] = [replica.estimate_alpha]
                         for tenant, endpoint, tokens in observations:
                             args += [_field(tenant, endpoint), tokens]
                         # Queued on the pipeline (a script call on a pipeline only queues).
@@ -479,13 +477,13 @@ class SharedState:
                 if last is not None and last[0] == self._syncs_done - 1:
                     foreign = now_total - last[1] - booked.get(key, 0.0)
                     if abs(foreign) > 1e-9:
-                        core.charge_foreign(*key, foreign)
+                        replica.charge_foreign(*key, foreign)
         self._adopt_load(results.pop(0))
         if observations:
             shared = results.pop(0)
             for i in range(0, len(shared), 2):
                 tenant, endpoint = _unfield(shared[i])
-                core.estimator.adopt(tenant, endpoint, float(shared[i + 1]))
+                replica.adopt_estimate(tenant, endpoint, float(shared[i + 1]))
         if sent:
             results.pop(0)  # the new entry's id
             self.prefixes_sent += len(sent)
@@ -500,7 +498,7 @@ class SharedState:
             try:
                 sent = orjson.loads(fields["d"])
                 for backend, block_size, blocks in sent:
-                    self.core.learn_sent_prefix(backend, block_size, blocks)
+                    self.replica.learn_sent_prefix(backend, block_size, blocks)
             except (KeyError, ValueError, TypeError):
                 continue  # not an entry of ours (another version): nothing to learn
             self.prefixes_learned += len(sent)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from tests.support.redis import RedisServer
 from weighbridge.config import Config, parse_config
+from weighbridge.config import SharedState as SharedStateConfig
 from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.ratelimit import Admit
@@ -57,10 +58,18 @@ def config(url: str, prefix: str, **tenant_limits: Any) -> Config:
 _ids = iter(range(10**9))
 
 
-async def send(shared: SharedState, tenant: str = "a", prompt: int = 100,
+class Replica(SharedState):
+    """A replica's shared state that keeps its core, for the test to drive requests through."""
+
+    def __init__(self, config: SharedStateConfig, core: SchedulingCore) -> None:
+        super().__init__(config, core)
+        self.core = core
+
+
+async def send(shared: Replica, tenant: str = "a", prompt: int = 100,
                max_tokens: int | None = 500, now: float = 0.0) -> QueuedRequest | Reject:
     core = shared.core
-    estimate = core.shared_estimate(tenant, CHAT, prompt, max_tokens)
+    estimate = core.estimated_tokens(tenant, CHAT, prompt, max_tokens)
     verdict = await shared.admit(tenant, CHAT, "standard", None, estimate)
     return core.arrive(request_id=f"r{next(_ids)}", tenant=tenant, tier="standard",
                        endpoint=CHAT, prompt_tokens=prompt, max_tokens=max_tokens, now=now,
@@ -68,11 +77,11 @@ async def send(shared: SharedState, tenant: str = "a", prompt: int = 100,
 
 
 @contextlib.asynccontextmanager
-async def two_replicas(server: RedisServer, **limits: Any) -> AsyncIterator[list[SharedState]]:
+async def two_replicas(server: RedisServer, **limits: Any) -> AsyncIterator[list[Replica]]:
     """Two replicas with tenant a's ``limits``, on their own key prefix (a test's keys never
     meet another's)."""
     prefix = f"t{next(_ids)}"
-    states = [SharedState(config(server.url, prefix, **limits).state,
+    states = [Replica(config(server.url, prefix, **limits).state,
                           SchedulingCore(config(server.url, prefix, **limits),
                                          gate_limits=GateLimits(max_inflight=1)))
               for _ in range(2)]
@@ -101,7 +110,7 @@ async def test_settlements_and_refunds_reach_the_shared_bucket(server: RedisServ
         await _settle_and_refund(server, one, two)
 
 
-async def _settle_and_refund(server: RedisServer, one: SharedState, two: SharedState) -> None:
+async def _settle_and_refund(server: RedisServer, one: Replica, two: Replica) -> None:
     first = await send(one, prompt=100, max_tokens=500)  # charged 100 + 100 estimated
     assert isinstance(first, QueuedRequest)
     (dispatch,) = one.core.dispatch_ready(0.0)
@@ -140,7 +149,7 @@ def test_shared_buckets_decide_as_the_in_process_ones(server: RedisServer,
 
     async def run() -> None:
         prefix = f"p{next(_ids)}"
-        shared = SharedState(config(server.url, prefix, **limits).state,
+        shared = Replica(config(server.url, prefix, **limits).state,
                              SchedulingCore(config(server.url, prefix, **limits),
                                             gate_limits=GateLimits(max_inflight=100)))
         local = SchedulingCore(config(server.url, prefix, **limits),
@@ -187,7 +196,7 @@ async def test_a_replica_orders_its_queue_by_service_on_every_replica(
         await _fairness(here, elsewhere)
 
 
-async def _fairness(here: SharedState, elsewhere: SharedState) -> None:
+async def _fairness(here: Replica, elsewhere: Replica) -> None:
     for _ in range(6):  # b served 6 x 500 tokens on the other replica
         request = await send(elsewhere, "b", prompt=400)
         assert isinstance(request, QueuedRequest)
@@ -218,7 +227,7 @@ async def test_an_outage_falls_back_to_a_share_of_each_limit_and_recovers(
         await _outage(server, one)
 
 
-async def _outage(server: RedisServer, one: SharedState) -> None:
+async def _outage(server: RedisServer, one: Replica) -> None:
     await one._beat()
     assert one.up and one.replicas == 2
     # Several pooled connections, as a replica under load has.

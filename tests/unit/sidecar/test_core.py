@@ -467,7 +467,7 @@ def test_backend_prefill_backlog_closes_the_gate_until_a_first_token() -> None:
 def test_stats_are_values_of_what_the_parts_counted() -> None:
     core = SchedulingCore(make_config())
     req = arrive(core, prompt_tokens=300)
-    assert core.offered_tokens("a", CHAT, 300, None) == 400  # prompt + the initial estimate
+    assert core.estimated_tokens("a", CHAT, 300, None) == 400  # prompt + the initial estimate
     dispatched = next(core.dispatch_ready(0.0))
     queued = arrive(core, "b", prompt_tokens=50)
     stats = core.stats(0.0)
@@ -524,9 +524,9 @@ FOLD_OPS = st.lists(
 def test_streamed_tokens_folded_late_give_the_decisions_of_folding_each_chunk(policy,
                                                                               ops) -> None:
     """The core folds a stream's tokens into its charges, router, KV footprint and meter at
-    the next decision or view (module doc, "Streamed tokens"). A core read after every event
-    (each view folds) and one left alone between decisions make the same dispatches, and
-    their state agrees at each decision and at the end."""
+    the next entry (module doc, "Streamed tokens"). A core folded and read after every event
+    and one left alone between decisions make the same dispatches, and their state agrees at
+    each decision and at the end."""
     # A quantum of 1,024 tokens keeps every charge in turns an exact binary fraction, so
     # charging 29 then 32 tokens equals charging 61 at once, as in exact arithmetic; with
     # 1,000 the two groupings round apart in the last bit (0.6629999999999999 against 0.663),
@@ -548,6 +548,7 @@ def test_streamed_tokens_folded_late_give_the_decisions_of_folding_each_chunk(po
         output left of the estimate; its KV footprint their prompts plus the larger of
         estimate and output, in blocks of 16; under drr a request has been charged its
         dispatch cost or its prompt and output so far, whichever is more (VTC)."""
+        core.fold_streamed()  # the views are plain reads: folded by an entry first
         for backend in ("b1", "b2"):
             mine = [r for r in inflight if r.backend == backend]
             assert core.router.outstanding_tokens(backend) == sum(
@@ -556,7 +557,7 @@ def test_streamed_tokens_folded_late_give_the_decisions_of_folding_each_chunk(po
             assert core.kv[backend].blocks() == sum(
                 -(-(r.prompt_tokens + max(r.estimated_output_tokens, r.streamed_output_tokens))
                   // 16) for r in mine)
-        if policy == "drr":  # read after the views above, which folded
+        if policy == "drr":  # read after the fold above
             for r in inflight:
                 assert r.charged == max(r.cost, r.prompt_tokens + r.streamed_output_tokens)
         return (core.router.snapshot(), {b: kv.blocks() for b, kv in core.kv.items()},

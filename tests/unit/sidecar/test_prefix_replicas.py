@@ -1,6 +1,7 @@
-"""Replicas agree on where a conversation's history is: each core hands over the blocks of
-the prompts it sent (``take_sent_prefixes``) and learns the others' (``learn_sent_prefix``),
-so another replica sends the next turn to the backend the first replica chose."""
+"""Replicas agree on where a conversation's history is: each replica (sidecar.replica) hands
+over the blocks of the prompts its core sent (``take_sent_prefixes``) and learns the others'
+(``learn_sent_prefix``), so another replica sends the next turn to the backend the first
+replica chose."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from tests.unit.sidecar.test_core import arrive
 from tests.unit.sidecar.test_prefix_routing import BLOCK, core_with, turn
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
+from weighbridge.sidecar.replica import Replica
 from weighbridge.sidecar.request import QueuedRequest
 
 
@@ -21,11 +23,10 @@ def reporting(core: SchedulingCore) -> None:
 
 def test_a_replica_sends_the_next_turn_where_another_sent_the_first() -> None:
     a, b = core_with("prefix_aware"), core_with("prefix_aware")
-    a.share_prefixes()
-    b.share_prefixes()
+    replica_a, replica_b = Replica(a), Replica(b)
     reporting(a)
     reporting(b)
-    a.take_sent_prefixes()
+    replica_a.take_sent_prefixes()
     # Replica a's first backend is busy, so the conversation's first turn goes to the other.
     busy = arrive(a, "b", 0.1, prompt_tokens=4000, max_tokens=8)
     assert isinstance(busy, QueuedRequest)
@@ -33,13 +34,13 @@ def test_a_replica_sends_the_next_turn_where_another_sent_the_first() -> None:
     history = list(range(200))
     first = turn(a, history, 0.2)
     assert first.backend != held.backend
-    sent = a.take_sent_prefixes()
+    sent = replica_a.take_sent_prefixes()
     assert sent == [(first.backend, BLOCK, PromptPrefix(token_ids=history).blocks(BLOCK))]
-    assert a.take_sent_prefixes() == []  # taken once
+    assert replica_a.take_sent_prefixes() == []  # taken once
     # Before b learns of it, b predicts nothing cached anywhere and sends the turn by load.
     assert b._predicted_cached(first.backend, turn_request(b, history)) == 0
     for backend, block_size, blocks in sent:
-        b.learn_sent_prefix(backend, block_size, blocks)
+        replica_b.learn_sent_prefix(backend, block_size, blocks)
     second = turn(b, history + list(range(300, 340)), 0.3)
     assert second.backend == first.backend
     assert second.request.predicted_cached_tokens == 192
@@ -47,20 +48,23 @@ def test_a_replica_sends_the_next_turn_where_another_sent_the_first() -> None:
 
 def test_what_cannot_be_matched_is_not_learned() -> None:
     core = core_with("prefix_aware")
+    replica = Replica(core)
     reporting(core)
     blocks = PromptPrefix(token_ids=list(range(64))).blocks(BLOCK)
-    core.learn_sent_prefix("no-such-backend", BLOCK, blocks)
+    replica.learn_sent_prefix("no-such-backend", BLOCK, blocks)
     backend = next(iter(core.gates))
-    core.learn_sent_prefix(backend, BLOCK * 2, blocks)  # another block size names other blocks
+    # Another block size names other blocks.
+    replica.learn_sent_prefix(backend, BLOCK * 2, blocks)
     assert core.prefix_index_blocks() == {name: 0 for name in core.gates}
-    core.learn_sent_prefix(backend, BLOCK, blocks)
+    replica.learn_sent_prefix(backend, BLOCK, blocks)
     assert core.prefix_index_blocks()[backend] == len(blocks)
 
 
 def test_a_core_routing_alone_records_nothing() -> None:
     core = core_with("prefix_aware")
     turn(core, list(range(64)), 0.0)
-    assert core.take_sent_prefixes() == []
+    # A replica made afterwards finds nothing recorded from before.
+    assert Replica(core).take_sent_prefixes() == []
 
 
 def turn_request(core: SchedulingCore, history: list[int]) -> QueuedRequest:

@@ -1,0 +1,157 @@
+"""This process as one replica among several: what its scheduling core tells the others, and
+what it takes from them (docs/sidecar.md, "Several replicas").
+
+:class:`Replica` wraps a ``SchedulingCore`` for ``sidecar.shared``, which carries what it
+gives and takes through Redis; the core's own surface stays about scheduling. The wrapper
+reaches the core only through :class:`ReplicatedCore`: its limits and estimator, its pools
+(each pool's backends, queues and the others' load on it), the record the core keeps for
+replicas, and its prefix indexes' ``learn_sent_prefix``. Everything here is pure: no clock,
+no I/O.
+
+Pools are named across replicas by their backends (``pool_id``): replicas configured alike
+form the same pools.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from weighbridge.sidecar.core import ReplicaRecord
+from weighbridge.sidecar.estimator import OutputEstimator
+from weighbridge.sidecar.ratelimit import BucketSpec, LimitTable, TenantRateLimiter
+from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.scheduler import Scheduler
+
+__all__ = ["Replica", "ReplicaPool", "ReplicatedCore", "pool_id"]
+
+# (pool, tenant) -> (requests in flight, backlogged): one replica's load, or the others' summed.
+Load = dict[tuple[str, str], tuple[int, bool]]
+
+
+class ReplicaPool(Protocol):
+    """One pool as replication sees it."""
+
+    backends: frozenset[str]
+    scheduler: Scheduler
+    # Other replicas' load on the pool's backends, by tenant: (in flight, backlogged).
+    foreign: dict[str, tuple[int, bool]]
+
+
+class ReplicatedCore(Protocol):
+    """What :class:`Replica` uses of the scheduling core (``SchedulingCore`` is one)."""
+
+    limit_table: LimitTable
+    rate_limiter: TenantRateLimiter
+    estimator: OutputEstimator
+
+    def request_model(self, model: str | None) -> str | None: ...
+
+    def record_for_replicas(self) -> ReplicaRecord: ...
+
+    def pools(self) -> Sequence[ReplicaPool]: ...
+
+    def learn_sent_prefix(self, backend: str, block_size: int,
+                          blocks: Sequence[int]) -> None: ...
+
+
+def pool_id(backends: frozenset[str]) -> str:
+    """A pool's name in what replicas exchange: its backends, sorted."""
+    return ",".join(sorted(backends))
+
+
+class Replica:
+    def __init__(self, core: ReplicatedCore) -> None:
+        """From here on the core records what the others need (``record_for_replicas``)."""
+        self._core = core
+        self._record = core.record_for_replicas()
+
+    # ------------------------------------------------------------------ limits
+
+    def buckets(self, tenant: str, endpoint: str, tier: str,
+                model: str | None) -> list[BucketSpec]:
+        """The buckets a request draws on, as the shared limits name them."""
+        core = self._core
+        return core.limit_table.buckets(tenant, endpoint, tier, core.request_model(model))
+
+    def use_local_limits(self, scale: float) -> None:
+        """Replace the core's limiter by one whose every limit is ``scale`` of the configured
+        (this replica's share while the shared limits are out of reach); buckets start full."""
+        core = self._core
+        core.rate_limiter = TenantRateLimiter(core.limit_table, scale=scale)
+
+    def take_charges(self) -> list[tuple[QueuedRequest, int]]:
+        """Settlements and refunds owed to the shared limits since the last call: (request,
+        token delta), positive a further charge, negative a refund."""
+        record = self._record
+        taken, record.charges = record.charges, []
+        return taken
+
+    # ------------------------------------------------------------------ service and load
+
+    def take_booked(self) -> dict[tuple[str, str, str], float]:
+        """DRR turns charged per (pool, tier, tenant) since the last call."""
+        return {(pool_id(pool.backends), tier, tenant): turns
+                for pool in self._core.pools()
+                for (tier, tenant), turns in pool.scheduler.take_booked().items()}
+
+    def queued_flows(self) -> list[tuple[str, str, str]]:
+        """(pool, tier, tenant) of every tenant queue with requests waiting here: whose
+        service elsewhere this replica needs to know to order its queues."""
+        return [(pool_id(pool.backends), tier, tenant) for pool in self._core.pools()
+                for tier, tenant in pool.scheduler.queued_flows()]
+
+    def charge_foreign(self, pool: str, tier: str, tenant: str, turns: float) -> None:
+        """Service other replicas gave ``tenant`` on ``pool``'s backends, charged here (a
+        pool or tenant queue this replica does not have: nothing)."""
+        for candidate in self._core.pools():
+            if pool_id(candidate.backends) == pool:
+                candidate.scheduler.charge_foreign(tier, tenant, turns)
+
+    def local_load(self) -> Load:
+        """(pool, tenant) -> (requests in flight, any queued) here: what the others need
+        for their ``set_foreign_load``."""
+        out: Load = {}
+        for pool in self._core.pools():
+            pid = pool_id(pool.backends)
+            for name, (inflight, queued) in pool.scheduler.active_load().items():
+                out[(pid, name)] = (inflight, queued > 0)
+        return out
+
+    def set_foreign_load(self, load: Load) -> None:
+        """Every other replica's load, summed: (pool, tenant) -> (in flight, backlogged on
+        any of them). Replaces the previous; the core's dispatch judges global shares by it."""
+        by_pool: dict[str, dict[str, tuple[int, bool]]] = {}
+        for (pid, tenant), value in load.items():
+            by_pool.setdefault(pid, {})[tenant] = value
+        for pool in self._core.pools():
+            pool.foreign = by_pool.get(pool_id(pool.backends), {})
+
+    # ------------------------------------------------------------------ estimates
+
+    @property
+    def estimate_alpha(self) -> float:
+        """The smoothing every replica folds observations with, in the same order."""
+        return self._core.estimator.alpha
+
+    def take_observations(self) -> list[tuple[str, str, int]]:
+        """(tenant, endpoint, output tokens) of every request ended since the last call."""
+        return self._core.estimator.take_observations()
+
+    def adopt_estimate(self, tenant: str, endpoint: str, ema: float) -> None:
+        """The output estimate the replicas agree on for (tenant, endpoint)."""
+        self._core.estimator.adopt(tenant, endpoint, ema)
+
+    # ------------------------------------------------------------------ prompts
+
+    def take_sent_prefixes(self) -> list[tuple[str, int, tuple[int, ...]]]:
+        """(backend, block size, the prompt's chained block hashes) of every prompt this
+        replica sent since the last call."""
+        record = self._record
+        taken, record.sent_prefixes = record.sent_prefixes, []
+        return taken
+
+    def learn_sent_prefix(self, backend: str, block_size: int, blocks: Sequence[int]) -> None:
+        """Another replica sent a prompt of these blocks to ``backend``: this replica's index
+        holds them as if sent from here (an unknown backend or another block size: nothing)."""
+        self._core.learn_sent_prefix(backend, block_size, blocks)
