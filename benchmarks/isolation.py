@@ -43,10 +43,10 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import aiohttp
 import psutil
@@ -85,16 +85,43 @@ def split_cpus() -> tuple[int, int]:
     return allowed[-1], allowed[0]
 
 
-def plain_config(engine_url: str) -> dict[str, object]:
-    """Tiers, tenants and backends: nothing else (no SLO, so nothing is turned away early)."""
+def plain_config(engine_url: str, keys: Mapping[str, str] | None = None
+                 ) -> dict[str, object]:
+    """Tiers, tenants and backends: nothing else (no SLO, so nothing is turned away early).
+    ``keys``: each tenant's API key (default: the victim's and the flood's); all in one tier
+    with the same weight."""
+    keys = keys or {"victim": VICTIM_KEY, "flood": FLOOD_KEY}
     return {
         "tiers": {"shared": {"rank": 1}},
-        "tenants": {
-            "victim": {"tier": "shared", "api_keys": [f"plain:{VICTIM_KEY}"]},
-            "flood": {"tier": "shared", "api_keys": [f"plain:{FLOOD_KEY}"]},
-        },
+        "tenants": {name: {"tier": "shared", "api_keys": [f"plain:{key}"]}
+                    for name, key in keys.items()},
         "backends": [{"url": engine_url}],
     }
+
+
+@dataclass(frozen=True, slots=True)
+class FloodShape:
+    """The flood: ``count`` prefix-free requests of ``prompt`` + ``output`` tokens at once
+    through the sidecar; in the ideal arm, ``ideal_streams`` of them at a time straight to the
+    engine."""
+
+    prompt: int
+    output: int
+    count: int
+    ideal_streams: int
+
+
+FLOOD = FloodShape(FLOOD_PROMPT, FLOOD_OUTPUT, FLOOD_COUNT, IDEAL_STREAMS)
+
+
+def flood_streams_in_kv(kv_blocks: int, block_size: int, flood_tokens: int,
+                        room_tokens: int, max_num_seqs: int, room_seqs: int) -> int:
+    """The ideal flood's concurrency: as many of its sequences (at full length) as fit in
+    ``kv_blocks`` once ``room_tokens`` of KV are left to the victims, and in the engine's
+    sequence slots once ``room_seqs`` are."""
+    flood_blocks = math.ceil(flood_tokens / block_size)
+    room_blocks = math.ceil(room_tokens / block_size)
+    return max(0, min((kv_blocks - room_blocks) // flood_blocks, max_num_seqs - room_seqs))
 
 
 def body(prompt: int, output: int, rng: random.Random) -> dict[str, object]:
@@ -154,6 +181,66 @@ def victim_main(argv: list[str]) -> int:
     return 0
 
 
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The measurement window on the wall clock (time.time())."""
+
+    start: float
+    seconds: float
+
+
+@dataclass(slots=True)
+class VictimOutcome:
+    ttfts: list[float | None]  # one per request sent in the window; None: failed
+    hit_rate: float | None = None  # cached over prompt tokens, as the answers reported them
+
+
+class Victims(Protocol):
+    """The victims' client, in a process of its own. ``start`` launches it and says when the
+    flood begins (the window opens ``warmup_s`` later); ``settle`` returns once the window's
+    requests are answered (the flood still runs meanwhile); ``outcome`` waits for the client
+    to end and reads the window's requests."""
+
+    quiet_warmup_s: float | None  # the quiet arm's warm-up, when not the others'
+
+    async def start(self, url: str, seed: int, out: Path, warmup_s: float,
+                    window_s: float) -> float: ...
+
+    async def settle(self) -> None: ...
+
+    async def outcome(self, window: Window) -> VictimOutcome: ...
+
+
+class PoissonVictim:
+    """The victim of issue 14: Poisson ``VICTIM_RATE``/s of 64 + 16 tokens over the window
+    (``python -m benchmarks.isolation victim``)."""
+
+    quiet_warmup_s: float | None = 1.0
+
+    def __init__(self) -> None:
+        self._proc: asyncio.subprocess.Process | None = None
+        self._out: Path | None = None
+
+    async def start(self, url: str, seed: int, out: Path, warmup_s: float,
+                    window_s: float) -> float:
+        flood_at = time.time()
+        self._out = out.with_suffix(".json")
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "benchmarks.isolation", "victim", url, VICTIM_KEY,
+            str(VICTIM_RATE), str(window_s), str(seed), str(flood_at + warmup_s),
+            str(self._out))
+        return flood_at
+
+    async def settle(self) -> None:
+        assert self._proc is not None
+        if await self._proc.wait() != 0:
+            raise RuntimeError("victim process failed")
+
+    async def outcome(self, window: Window) -> VictimOutcome:
+        assert self._out is not None
+        return VictimOutcome(json.loads(self._out.read_text()))
+
+
 # ---------------------------------------------------------------------------- arms
 
 @dataclass(slots=True)
@@ -163,6 +250,10 @@ class ArmResult:
     ttft_s: list[float] = field(default_factory=list)
     failed: int = 0
     output_tokens_per_s: float = 0.0
+    # The engine's vllm:prefix_cache_hits_total over queries_total across the window (None:
+    # it queried nothing), and the victims' own, from their answers' cached_tokens.
+    engine_hit_rate: float | None = None
+    victim_hit_rate: float | None = None
     flood_left: int = 0  # flood requests not finished at the window's end (sidecar arm)
     preemptions: float = 0.0  # the engine's, over the window
     victim_queue_wait_s: float = 0.0  # mean time the victim's requests waited in the sidecar
@@ -185,6 +276,15 @@ async def engine_sample(session: aiohttp.ClientSession, engine_url: str) -> Back
     """One scrape of the engine's /metrics, read as the sidecar reads it."""
     async with session.get(engine_url + "/metrics") as response:
         return parse_vllm_metrics(await response.text(), time.monotonic())
+
+
+async def prefix_cache_counters(session: aiohttp.ClientSession, engine_url: str
+                                ) -> tuple[float, float]:
+    """The engine's (vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total)."""
+    async with session.get(engine_url + "/metrics") as response:
+        samples = _prom.parse(await response.text())
+    return (_prom.total(samples, "vllm:prefix_cache_hits_total"),
+            _prom.total(samples, "vllm:prefix_cache_queries_total"))
 
 
 async def sidecar_diagnostics(session: aiohttp.ClientSession, sidecar_url: str,
@@ -231,25 +331,34 @@ def cpu_seconds(pid: int | None) -> float:
 
 async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | None,
                   warmup_s: float, window_s: float, seed: int, workdir: Path,
-                  engine_pid: int | None = None, sidecar_pid: int | None = None) -> ArmResult:
+                  engine_pid: int | None = None, sidecar_pid: int | None = None,
+                  flood: FloodShape = FLOOD, victims: Victims | None = None) -> ArmResult:
     result = ArmResult(arm, repeat)
     rng = random.Random(seed)
+    victims = victims or PoissonVictim()
+    if arm == "quiet" and victims.quiet_warmup_s is not None:
+        warmup_s = victims.quiet_warmup_s
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector,
                                      timeout=aiohttp.ClientTimeout(total=600)) as session:
         stop = asyncio.Event()
         done = 0
         tasks: list[asyncio.Task[None]] = []
+        victim_url = engine_url if arm == "ideal" else sidecar_url
+        assert victim_url is not None
+        flood_at = await victims.start(victim_url, seed, workdir / f"victim-{arm}-{repeat}",
+                                       warmup_s, window_s)
+        await asyncio.sleep(max(0.0, flood_at - time.time()))
         if arm == "ideal":
             async def stream_worker() -> None:
                 nonlocal done
                 while not stop.is_set():
                     if await stream_ttft(session, engine_url + "/v1/completions",
-                                         body(FLOOD_PROMPT, FLOOD_OUTPUT, rng), {},
+                                         body(flood.prompt, flood.output, rng), {},
                                          time.monotonic()) is None:
                         raise RuntimeError("a flood request of the ideal arm failed")
                     done += 1
-            tasks = [asyncio.create_task(stream_worker()) for _ in range(IDEAL_STREAMS)]
+            tasks = [asyncio.create_task(stream_worker()) for _ in range(flood.ideal_streams)]
         elif arm == "sidecar":
             assert sidecar_url is not None
             headers = {"authorization": f"Bearer {FLOOD_KEY}"}
@@ -258,19 +367,14 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
                 nonlocal done
                 with contextlib.suppress(aiohttp.ClientError):
                     await stream_ttft(session, sidecar_url + "/v1/completions",
-                                      body(FLOOD_PROMPT, FLOOD_OUTPUT, rng), headers,
+                                      body(flood.prompt, flood.output, rng), headers,
                                       time.monotonic())
                 done += 1
-            tasks = [asyncio.create_task(flood_one()) for _ in range(FLOOD_COUNT)]
-        victim_url = engine_url if arm == "ideal" else sidecar_url
-        assert victim_url is not None
-        start_at = time.time() + (warmup_s if arm != "quiet" else 1.0)
-        out = workdir / f"victim-{arm}-{repeat}.json"
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "benchmarks.isolation", "victim", victim_url, VICTIM_KEY,
-            str(VICTIM_RATE), str(window_s), str(seed), str(start_at), str(out))
-        await asyncio.sleep(max(0.0, start_at - time.time()))
+            tasks = [asyncio.create_task(flood_one()) for _ in range(flood.count)]
+        window = Window(flood_at + warmup_s, window_s)
+        await asyncio.sleep(max(0.0, window.start - time.time()))
         first = await engine_sample(session, engine_url)
+        prefix0 = await prefix_cache_counters(session, engine_url)
         cpu0 = cpu_seconds(engine_pid), cpu_seconds(sidecar_pid)
         t0 = time.monotonic()
         occupancy: list[tuple[float, float]] = []
@@ -281,48 +385,67 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
         result.engine_running = statistics.fmean(r for r, _ in occupancy)
         result.engine_waiting = statistics.fmean(w for _, w in occupancy)
         last = await engine_sample(session, engine_url)
+        prefix1 = await prefix_cache_counters(session, engine_url)
         elapsed = time.monotonic() - t0
         result.output_tokens_per_s = (
             last.generation_tokens_total - first.generation_tokens_total) / elapsed
         result.engine_cores = (cpu_seconds(engine_pid) - cpu0[0]) / elapsed
         result.sidecar_cores = (cpu_seconds(sidecar_pid) - cpu0[1]) / elapsed
         result.preemptions = last.preemptions_total - first.preemptions_total
+        queries = prefix1[1] - prefix0[1]
+        result.engine_hit_rate = (prefix1[0] - prefix0[0]) / queries if queries else None
         if sidecar_url is not None:
             await sidecar_diagnostics(session, sidecar_url, result)
-        result.flood_left = (FLOOD_COUNT - done) if arm == "sidecar" else 0
-        if await proc.wait() != 0:
-            raise RuntimeError(f"victim process failed ({arm} #{repeat})")
-        ttfts = json.loads(out.read_text())
-        result.ttft_s = [t for t in ttfts if t is not None]
-        result.failed = sum(t is None for t in ttfts)
+        result.flood_left = (flood.count - done) if arm == "sidecar" else 0
+        await victims.settle()
         stop.set()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        outcome = await victims.outcome(window)
+        result.ttft_s = [t for t in outcome.ttfts if t is not None]
+        result.failed = sum(t is None for t in outcome.ttfts)
+        result.victim_hit_rate = outcome.hit_rate
     async with aiohttp.ClientSession() as session:
         await drain(session, engine_url)
     return result
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What one isolation benchmark varies: the engine's shape (its flags, the real server's
+    and the emulator's alike), the flood, the victims' client and the plain config's keys."""
+
+    engine: Mapping[str, Any]
+    flood: FloodShape
+    victims: Callable[[], Victims]
+    keys: Mapping[str, str]
+
+
+ISSUE_14 = Setup(engine={**ENGINE, "num_kv_blocks": KV_BLOCKS}, flood=FLOOD,
+                 victims=PoissonVictim, keys={"victim": VICTIM_KEY, "flood": FLOOD_KEY})
+
+
 @contextlib.contextmanager
-def engine(kind: EngineKind, log_dir: Path) -> Iterator[tuple[str, int | None]]:
-    """The engine's URL and process id."""
+def engine(kind: EngineKind, log_dir: Path, shape: Mapping[str, Any] | None = None
+           ) -> Iterator[tuple[str, int | None]]:
+    """The engine's URL and process id; ``shape``: its flags (default issue 14's)."""
+    shape = ISSUE_14.engine if shape is None else shape
     if kind == "real":
-        server = RealVllmServer(model_name=MODEL, num_kv_blocks=KV_BLOCKS,
-                                scheduling_policy="fcfs", log_path=log_dir / "vllm.log",
-                                **ENGINE)
+        server = RealVllmServer(model_name=MODEL, scheduling_policy="fcfs",
+                                log_path=log_dir / "vllm.log", **shape)
         with server:
             yield server.url, server.pid
     else:
         process: ServerProcess = emulator_process(
-            profile="cpu-tiny", model_name=MODEL, num_kv_blocks=KV_BLOCKS,
-            scheduling_policy="fcfs", **ENGINE)
+            profile="cpu-tiny", model_name=MODEL, scheduling_policy="fcfs", **shape)
         with process:
             yield process.url, process.pid
 
 
 def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
-            seed: int = 1, log: Any = print, cpus: Cpus = "shared") -> list[ArmResult]:
+            seed: int = 1, log: Any = print, cpus: Cpus = "shared",
+            setup: Setup = ISSUE_14) -> list[ArmResult]:
     """The quiet arm, then ``repeats`` interleaved (ideal, sidecar) pairs, the order of each
     pair alternating, all on one engine."""
     workdir = Path(tempfile.mkdtemp(prefix="weighbridge-isolation-"))
@@ -331,7 +454,8 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
     with contextlib.ExitStack() as stack:
         # Processes started while the thread is pinned inherit its mask.
         with pin_this_thread(engine_cpu):
-            engine_url, engine_pid = stack.enter_context(engine(kind, workdir))
+            engine_url, engine_pid = stack.enter_context(engine(kind, workdir,
+                                                                setup.engine))
         # The sidecars and the victim's process start from this thread: they inherit it.
         stack.enter_context(pin_this_thread(others_cpu))
         plan: list[tuple[Arm, int]] = [("quiet", 0)]
@@ -341,14 +465,16 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
         for i, (arm, r) in enumerate(plan):
             sidecar: ServerProcess | None = None
             if arm != "ideal":
-                sidecar = sidecar_process(plain_config(engine_url), config_dir=workdir,
+                sidecar = sidecar_process(plain_config(engine_url, setup.keys),
+                                          config_dir=workdir,
                                           name=f"sidecar-{i}")
                 sidecar.start()
             try:
                 result = asyncio.run(run_arm(arm, r, engine_url,
                                              sidecar.url if sidecar else None,
                                              warmup_s, window_s, seed + i, workdir,
-                                             engine_pid, sidecar.pid if sidecar else None))
+                                             engine_pid, sidecar.pid if sidecar else None,
+                                             setup.flood, setup.victims()))
             finally:
                 if sidecar is not None:
                     sidecar.stop()
@@ -357,12 +483,18 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
                 f"({len(result.ttft_s)} ok, {result.failed} failed), engine "
                 f"{result.output_tokens_per_s:.0f} tok/s, flood left {result.flood_left}, "
                 f"preemptions {result.preemptions:.0f}, engine running "
-                f"{result.engine_running:.1f} waiting {result.engine_waiting:.1f}, CPU engine "
+                f"{result.engine_running:.1f} waiting {result.engine_waiting:.1f}, hit rate "
+                f"engine {_pct(result.engine_hit_rate)} / victims "
+                f"{_pct(result.victim_hit_rate)}, CPU engine "
                 f"{result.engine_cores:.2f} / sidecar {result.sidecar_cores:.2f} cores, "
                 f"victim sidecar wait "
                 f"{result.victim_queue_wait_s * 1e3:.1f} ms, holds {result.holds}")
             results.append(result)
     return results
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1%}"
 
 
 @dataclass(frozen=True, slots=True)
