@@ -420,6 +420,9 @@ class Setup:
     flood: FloodShape
     victims: Callable[[], Victims]
     keys: Mapping[str, str]
+    # Added to the plain config, for diagnosis only (e.g. an admission setting to try); the
+    # acceptance runs leave it empty.
+    overlay: Mapping[str, object] = field(default_factory=dict)
 
 
 ISSUE_14 = Setup(engine={**ENGINE, "num_kv_blocks": KV_BLOCKS}, flood=FLOOD,
@@ -465,8 +468,8 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
         for i, (arm, r) in enumerate(plan):
             sidecar: ServerProcess | None = None
             if arm != "ideal":
-                sidecar = sidecar_process(plain_config(engine_url, setup.keys),
-                                          config_dir=workdir,
+                sidecar = sidecar_process({**plain_config(engine_url, setup.keys),
+                                           **setup.overlay}, config_dir=workdir,
                                           name=f"sidecar-{i}")
                 sidecar.start()
             try:

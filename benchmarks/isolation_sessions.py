@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import dataclasses
 import json
 import statistics
 import sys
@@ -238,9 +239,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=WINDOW_S)
     parser.add_argument("--cpus", choices=["shared", "split"], default="shared",
                         help="split: the engine on one core, everything else on another")
+    parser.add_argument("--kv-reserve-blocks", type=int, default=None,
+                        help="diagnosis: the sidecar's admission.kv_reserve_blocks (default: "
+                             "the plain config, which derives it)")
     parser.add_argument("--json", type=Path, default=None)
     a = parser.parse_args(argv)
-    results = run_all(a.engine, a.repeats, a.warmup, a.window, cpus=a.cpus, setup=SETUP)
+    setup = SETUP if a.kv_reserve_blocks is None else dataclasses.replace(
+        SETUP, overlay={"admission": {"kv_reserve_blocks": a.kv_reserve_blocks}})
+    results = run_all(a.engine, a.repeats, a.warmup, a.window, cpus=a.cpus, setup=setup)
     print(summary_line(a.engine, a.cpus, results, a.repeats))
     print(table(results, "").markdown())
     if a.json is not None:
