@@ -269,6 +269,7 @@ class SharedState:
         self._seen: dict[tuple[str, str, str], tuple[int, float]] = {}
         self._syncs_done = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
 
     # ------------------------------------------------------------------ life
 
@@ -278,11 +279,17 @@ class SharedState:
                        asyncio.create_task(self._syncs(), name="shared:sync")]
 
     async def stop(self) -> None:
+        # The loops end on the flag as well as on the cancellation: a cancellation that
+        # lands as a command's deadline expires can be swallowed in the client's call (seen
+        # as a stop() that never returned), and the loop then ends at its next turn.
+        self._stopping = True
         for task in self._tasks:
             task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if not task.cancelled() and task.exception() is not None:
+                log.error("shared state: %s ended with %r", task.get_name(), task.exception())
         self._tasks.clear()
         if self.up:
             with contextlib.suppress(RedisError, OSError, TimeoutError):
@@ -351,12 +358,20 @@ class SharedState:
 
     async def _heartbeats(self) -> None:
         interval = self.config.heartbeat_ms / 1000
-        while True:
+        while not self._stopping:
             await asyncio.sleep(interval)
             await self._beat()
 
     async def _beat(self) -> None:
         expiry = HEARTBEATS_TO_EXPIRE * self.config.heartbeat_ms / 1000
+        if not self.up and self.errors:
+            # Down after an error: an idle pooled connection is from before the outage, and
+            # a restarted server closed it, so the beat that should find the store back
+            # would fail on it once (seen 1-2 replicas of 3 falling back to 1/N seconds
+            # after Redis was back). Drop the idle ones, so the beat connects afresh; one in
+            # use is another beat's, which its own failure, if any, closes.
+            with contextlib.suppress(RedisError, OSError):
+                await self._redis.connection_pool.disconnect(inuse_connections=False)
         try:
             async with asyncio.timeout(max(self._timeout_s, 0.25)):
                 replicas = int(await self._heartbeat(keys=[self._replicas_key],
@@ -367,13 +382,6 @@ class SharedState:
         if replicas != self.replicas and not self.up:
             self.replica.use_local_limits(1 / max(1, replicas))
         self.replicas = max(1, replicas)
-        if not self.up and self.errors:
-            # Back after an outage: the pool's connections from before it were closed by
-            # the server (a restart) and each would fail its next command once, marking the
-            # store down again; seen 1-2 replicas of 3 falling back to 1/N seconds after Redis
-            # was back. Drop them all; the next commands connect afresh.
-            with contextlib.suppress(RedisError, OSError):
-                await self._redis.connection_pool.disconnect()
         self._mark(True)
 
     async def _syncs(self) -> None:
@@ -382,6 +390,8 @@ class SharedState:
         # estimates and settlements move slowly, and cost a pipeline of several commands.
         every = max(1, round(SERVICE_SYNC_S / interval))
         for tick in itertools.count(1):
+            if self._stopping:
+                return
             await asyncio.sleep(interval)
             if tick % every == 0:
                 await self._sync()
