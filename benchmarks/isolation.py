@@ -27,7 +27,15 @@ the GPU). ``split`` gives the engine (its whole process tree) one core and every
 sidecar, both clients) the other, in every arm alike: the engine's compute is then the same in
 the ideal and sidecar arms, and the ratios measure the scheduling alone.
 
-``python -m benchmarks.isolation [--engine emulator|real] [--repeats 3] [--cpus shared|split]``
+``--shape h100`` (issue 30) is the shape a new user tries on the emulator: the
+``h100-llama3-8b`` profile, 32 sequences, a 1,024-token budget, ``max_model_len`` 2,048 and
+1,600 blocks of 16 (KV for 36 of the flood's sequences, so the 32 slots bind and the ideal
+flood is 30 streams); the same victim and flood. ``--record`` writes it to RESULTS.md
+(section ``isolation_h100``) with each arm's emulator step lag: how far the emulated engine's
+steps ran behind its model, which is what sharing two cores with the sidecar costs it.
+
+``python -m benchmarks.isolation [--engine emulator|real] [--repeats 3] [--cpus shared|split]
+[--shape issue14|h100] [--ideal-streams N] [--record]``
 """
 
 from __future__ import annotations
@@ -44,14 +52,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import aiohttp
 import psutil
 
-from benchmarks import _prom
+from benchmarks import _prom, _results
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from benchmarks._system import pin_this_thread
 from weighbridge.emulator.real_vllm import RealVllmServer
@@ -267,6 +275,9 @@ class ArmResult:
     # 0.5 s): whether an arm's output is lower because fewer sequences ran.
     engine_running: float = 0.0
     engine_waiting: float = 0.0
+    # The emulator's mean step lag over the window (wall-clock step minus the model's), ms:
+    # an emulated engine starved of CPU runs its steps late; 0 on real vLLM.
+    engine_step_lag_ms: float = 0.0
 
     def p(self, q: float) -> float:
         return percentile(sorted(self.ttft_s), q / 100) if self.ttft_s else math.inf
@@ -278,13 +289,19 @@ async def engine_sample(session: aiohttp.ClientSession, engine_url: str) -> Back
         return parse_vllm_metrics(await response.text(), time.monotonic())
 
 
-async def prefix_cache_counters(session: aiohttp.ClientSession, engine_url: str
-                                ) -> tuple[float, float]:
-    """The engine's (vllm:prefix_cache_hits_total, vllm:prefix_cache_queries_total)."""
+# The engine's counters an arm reads at both ends of its window: the prefix cache's hits and
+# queries, and the emulator's summed step lag and steps (both 0 on real vLLM).
+WINDOW_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
+                   "weighbridge_emulator_step_lag_seconds_sum",
+                   "weighbridge_emulator_step_lag_seconds_count")
+
+
+async def window_counters(session: aiohttp.ClientSession, engine_url: str
+                          ) -> tuple[float, ...]:
+    """One scrape of the engine's ``WINDOW_COUNTERS``, in that order."""
     async with session.get(engine_url + "/metrics") as response:
         samples = _prom.parse(await response.text())
-    return (_prom.total(samples, "vllm:prefix_cache_hits_total"),
-            _prom.total(samples, "vllm:prefix_cache_queries_total"))
+    return tuple(_prom.total(samples, name) for name in WINDOW_COUNTERS)
 
 
 async def sidecar_diagnostics(session: aiohttp.ClientSession, sidecar_url: str,
@@ -374,7 +391,7 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
         window = Window(flood_at + warmup_s, window_s)
         await asyncio.sleep(max(0.0, window.start - time.time()))
         first = await engine_sample(session, engine_url)
-        prefix0 = await prefix_cache_counters(session, engine_url)
+        counters0 = await window_counters(session, engine_url)
         cpu0 = cpu_seconds(engine_pid), cpu_seconds(sidecar_pid)
         t0 = time.monotonic()
         occupancy: list[tuple[float, float]] = []
@@ -385,15 +402,16 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
         result.engine_running = statistics.fmean(r for r, _ in occupancy)
         result.engine_waiting = statistics.fmean(w for _, w in occupancy)
         last = await engine_sample(session, engine_url)
-        prefix1 = await prefix_cache_counters(session, engine_url)
+        hits, queries, lag_s, steps = (b - a for a, b in zip(
+            counters0, await window_counters(session, engine_url), strict=True))
+        result.engine_step_lag_ms = lag_s / steps * 1e3 if steps else 0.0
         elapsed = time.monotonic() - t0
         result.output_tokens_per_s = (
             last.generation_tokens_total - first.generation_tokens_total) / elapsed
         result.engine_cores = (cpu_seconds(engine_pid) - cpu0[0]) / elapsed
         result.sidecar_cores = (cpu_seconds(sidecar_pid) - cpu0[1]) / elapsed
         result.preemptions = last.preemptions_total - first.preemptions_total
-        queries = prefix1[1] - prefix0[1]
-        result.engine_hit_rate = (prefix1[0] - prefix0[0]) / queries if queries else None
+        result.engine_hit_rate = hits / queries if queries else None
         if sidecar_url is not None:
             await sidecar_diagnostics(session, sidecar_url, result)
         result.flood_left = (flood.count - done) if arm == "sidecar" else 0
@@ -423,16 +441,32 @@ class Setup:
     # Added to the plain config, for diagnosis only (e.g. an admission setting to try); the
     # acceptance runs leave it empty.
     overlay: Mapping[str, object] = field(default_factory=dict)
+    profile: str = "cpu-tiny"  # the emulator's step-time profile (real vLLM: its own)
 
 
 ISSUE_14 = Setup(engine={**ENGINE, "num_kv_blocks": KV_BLOCKS}, flood=FLOOD,
                  victims=PoissonVictim, keys={"victim": VICTIM_KEY, "flood": FLOOD_KEY})
 
 
+H100_ENGINE: dict[str, Any] = {"max_num_seqs": 32, "max_num_batched_tokens": 1024,
+                               "block_size": 16, "max_model_len": 2048, "num_kv_blocks": 1600}
+# Issue 30's shape: the emulator as a new user runs it (module doc, ``--shape h100``).
+H100 = Setup(
+    engine=H100_ENGINE,
+    flood=FloodShape(FLOOD_PROMPT, FLOOD_OUTPUT, FLOOD_COUNT, flood_streams_in_kv(
+        H100_ENGINE["num_kv_blocks"], H100_ENGINE["block_size"], FLOOD_PROMPT + FLOOD_OUTPUT,
+        VICTIM_ROOM_SEQS * (FLOOD_PROMPT + FLOOD_OUTPUT), H100_ENGINE["max_num_seqs"],
+        VICTIM_ROOM_SEQS)),
+    victims=PoissonVictim, keys={"victim": VICTIM_KEY, "flood": FLOOD_KEY},
+    profile="h100-llama3-8b")
+SHAPES = {"issue14": ISSUE_14, "h100": H100}
+
+
 @contextlib.contextmanager
-def engine(kind: EngineKind, log_dir: Path, shape: Mapping[str, Any] | None = None
-           ) -> Iterator[tuple[str, int | None]]:
-    """The engine's URL and process id; ``shape``: its flags (default issue 14's)."""
+def engine(kind: EngineKind, log_dir: Path, shape: Mapping[str, Any] | None = None,
+           profile: str = "cpu-tiny") -> Iterator[tuple[str, int | None]]:
+    """The engine's URL and process id; ``shape``: its flags (default issue 14's);
+    ``profile``: the emulator's."""
     shape = ISSUE_14.engine if shape is None else shape
     if kind == "real":
         server = RealVllmServer(model_name=MODEL, scheduling_policy="fcfs",
@@ -441,7 +475,7 @@ def engine(kind: EngineKind, log_dir: Path, shape: Mapping[str, Any] | None = No
             yield server.url, server.pid
     else:
         process: ServerProcess = emulator_process(
-            profile="cpu-tiny", model_name=MODEL, scheduling_policy="fcfs", **shape)
+            profile=profile, model_name=MODEL, scheduling_policy="fcfs", **shape)
         with process:
             yield process.url, process.pid
 
@@ -458,7 +492,7 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
         # Processes started while the thread is pinned inherit its mask.
         with pin_this_thread(engine_cpu):
             engine_url, engine_pid = stack.enter_context(engine(kind, workdir,
-                                                                setup.engine))
+                                                                setup.engine, setup.profile))
         # The sidecars and the victim's process start from this thread: they inherit it.
         stack.enter_context(pin_this_thread(others_cpu))
         plan: list[tuple[Arm, int]] = [("quiet", 0)]
@@ -490,6 +524,7 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
                 f"engine {_pct(result.engine_hit_rate)} / victims "
                 f"{_pct(result.victim_hit_rate)}, CPU engine "
                 f"{result.engine_cores:.2f} / sidecar {result.sidecar_cores:.2f} cores, "
+                f"step lag {result.engine_step_lag_ms:.2f} ms, "
                 f"victim sidecar wait "
                 f"{result.victim_queue_wait_s * 1e3:.1f} ms, holds {result.holds}")
             results.append(result)
@@ -555,16 +590,7 @@ def run(ctx: BenchContext) -> BenchResult:
     for kind, cpus in runs:
         results = run_all(kind, repeats, 4.0, window, log=ctx.log, cpus=cpus)
         v = verdict(results)
-        rows: list[tuple[str, ...]] = [
-                (r.arm, str(r.repeat), f"{r.p(50) * 1e3:.0f}", f"{r.p(90) * 1e3:.0f}",
-                 f"{r.p(99) * 1e3:.0f}", f"{r.output_tokens_per_s:.0f}",
-                 f"{r.preemptions:.0f}", str(r.flood_left),
-                 f"{r.engine_running:.1f} / {r.engine_waiting:.1f}", f"{r.engine_cores:.2f}",
-                 f"{r.sidecar_cores:.2f}") for r in results]
-        tables.append(Table(("arm", "repeat", "victim p50 ms", "p90 ms", "p99 ms",
-                             "engine tok/s", "preemptions", "flood left",
-                             "running / waiting", "engine cores", "sidecar cores"), rows,
-                            caption=f"**{kind}, cpus {cpus}**"))
+        tables.append(arm_table(results, f"**{kind}, cpus {cpus}**"))
         line = (f"{kind}, cpus {cpus}: victim TTFT through the sidecar against the ideal "
                 f"(medians of {repeats}): p50 {v.p50_ratio:.2f}x, p90 {v.p90_ratio:.2f}x "
                 f"(target <= 1.3), "
@@ -591,6 +617,54 @@ BENCHMARK = Benchmark("isolation", "isolation on a KV-tight fcfs engine, plain c
                       needs_vllm=True)
 
 
+def arm_table(results: list[ArmResult], caption: str, step_lag: bool = False) -> Table:
+    """One row per arm run; ``step_lag``: with the emulator's mean step lag."""
+    rows: list[tuple[str, ...]] = [
+        (r.arm, str(r.repeat), f"{r.p(50) * 1e3:.0f}", f"{r.p(90) * 1e3:.0f}",
+         f"{r.p(99) * 1e3:.0f}", f"{r.output_tokens_per_s:.0f}", f"{r.preemptions:.0f}",
+         str(r.flood_left), f"{r.engine_running:.1f} / {r.engine_waiting:.1f}",
+         f"{r.engine_cores:.2f}", f"{r.sidecar_cores:.2f}",
+         *((f"{r.engine_step_lag_ms:.2f}",) if step_lag else ())) for r in results]
+    return Table(("arm", "repeat", "victim p50 ms", "p90 ms", "p99 ms", "engine tok/s",
+                  "preemptions", "flood left", "running / waiting", "engine cores",
+                  "sidecar cores", *(("step lag ms",) if step_lag else ())), rows,
+                 caption=caption)
+
+
+def h100_result(runs: list[tuple[Cpus, list[ArmResult]]], ideal_streams: int) -> BenchResult:
+    """Issue 30's record of ``--shape h100``: the verdict with the CPUs shared (as a new
+    user runs it), and split (the engine on a core of its own) as the diagnosis."""
+    summary, tables = [], []
+    passed = True
+    for cpus, results in runs:
+        v = verdict(results)
+        repeats = sum(r.arm == "sidecar" for r in results)
+        lag = {arm: statistics.median(r.engine_step_lag_ms for r in results if r.arm == arm)
+               for arm in ("ideal", "sidecar")}
+        summary.append(
+            f"emulator h100-llama3-8b, cpus {cpus}: victim TTFT through the sidecar against "
+            f"the ideal ({ideal_streams} flood streams straight to the engine; medians of "
+            f"{repeats}): p50 {v.p50_ratio:.2f}x, p90 {v.p90_ratio:.2f}x (target <= 1.3), "
+            f"engine output {v.output_ratio:.2f} of the ideal's (target >= 0.85); emulator "
+            f"step lag {lag['sidecar']:.2f} ms (the ideal's {lag['ideal']:.2f} ms)")
+        tables.append(arm_table(results, f"**emulator h100-llama3-8b, cpus {cpus}**",
+                                step_lag=True))
+        if cpus == "shared":  # split is the diagnosis: what the 2-core machine costs
+            passed = v.p50_ratio <= 1.3 and v.p90_ratio <= 1.3 and v.output_ratio >= 0.85
+    return BenchResult(summary=summary, tables=tables, passed=passed, notes=[
+        *(" ".join(__doc__.split("\n\n")[i].split()) for i in (6, 4, 5)),
+        "Target (issue 30): with the CPUs shared, the sidecar arm's p50 and p90 within 1.3x "
+        "of the ideal's and engine output >= 0.85 of it. Split shows what is left when the "
+        "sidecar and the clients no longer take CPU from the emulated engine's step loop."])
+
+
+H100_BENCHMARK = Benchmark("isolation_h100", "isolation where it was never tuned: the "
+                           "h100 emulator shape, plain config", lambda ctx: h100_result(
+                               [(cpus, run_all("emulator", 1 if ctx.quick else 3, 4.0, 12.0,
+                                               log=ctx.log, cpus=cpus, setup=H100))
+                                for cpus in ("shared", "split")], H100.flood.ideal_streams))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "victim":
@@ -604,8 +678,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus", choices=["shared", "split"], default="shared",
                         help="split: the engine on one core, everything else on another")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="issue14")
+    parser.add_argument("--ideal-streams", type=int, default=None,
+                        help="the ideal arm's flood streams (default: what fits, per shape)")
+    parser.add_argument("--record", action="store_true",
+                        help="with --shape h100 on the emulator: run the CPUs shared, then "
+                             "split, and write RESULTS.md's isolation_h100 section")
     a = parser.parse_args(argv)
-    results = run_all(a.engine, a.repeats, a.warmup, a.window, cpus=a.cpus)
+    setup = SHAPES[a.shape]
+    if a.ideal_streams is not None:
+        setup = replace(setup, flood=replace(setup.flood, ideal_streams=a.ideal_streams))
+    if a.record:
+        if a.shape != "h100" or a.engine != "emulator":
+            parser.error("--record is for --shape h100 on the emulator")
+        standalone = _results.StandaloneRun(["python", "-m", "benchmarks.isolation", *argv])
+        runs: list[tuple[Cpus, list[ArmResult]]] = [
+            (cpus, run_all("emulator", a.repeats, a.warmup, a.window, cpus=cpus, setup=setup))
+            for cpus in ("shared", "split")]
+        standalone.record(H100_BENCHMARK, h100_result(runs, setup.flood.ideal_streams))
+        results = runs[0][1]
+    else:
+        results = run_all(a.engine, a.repeats, a.warmup, a.window, cpus=a.cpus, setup=setup)
     v = verdict(results)
     print(json.dumps({"ideal": v.ideal, "sidecar": v.sidecar, "quiet": v.quiet,
                       "p50_ratio": v.p50_ratio, "p90_ratio": v.p90_ratio,
