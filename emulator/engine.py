@@ -129,6 +129,10 @@ class Sequence:
     block_hashes: list[BlockHash] = field(default_factory=list)
     num_preemptions: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
+    # When the engine loop took it in: the first schedule() after add(), as vLLM's busy loop
+    # records its QUEUED event when it drains the input queue between steps (so a request
+    # that arrives mid-step is queued at that step's end, and the queue time excludes it).
+    queued_s: float | None = None
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
@@ -277,6 +281,7 @@ class StepModel:
         self.prefix_cache_hits = 0
         self._by_id: dict[str, Sequence] = {}
         self._in_flight: Batch | None = None
+        self._arrived: list[Sequence] = []  # added since the last schedule(): not queued yet
         # Requests in the engine (waiting or running) per LoRA adapter, in the order the
         # adapters first appeared; an adapter leaves when its last request does (as vLLM's
         # per-adapter request states behind vllm:lora_requests_info).
@@ -288,6 +293,7 @@ class StepModel:
         self.check(seq)
         self._by_id[seq.request_id] = seq
         self.waiting.add(seq)
+        self._arrived.append(seq)
         if seq.lora is not None:
             self.lora_requests[seq.lora] = self.lora_requests.get(seq.lora, 0) + 1
 
@@ -365,6 +371,10 @@ class StepModel:
         with no tokens; the next step runs the rest."""
         if self._in_flight is not None:
             raise RuntimeError("schedule() called twice without complete()")
+        if self._arrived:
+            for seq in self._arrived:
+                seq.queued_s = now
+            self._arrived.clear()
         if self.config.chunked_prefill:
             scheduled, preempted = self._schedule_chunked()
         else:

@@ -240,7 +240,10 @@ class EngineMetrics:
         if seq.finished_s is not None:
             self._e2e.observe(seq.finished_s - seq.arrival_s)
         if seq.first_scheduled_s is not None:
-            self._queue.observe(seq.first_scheduled_s - seq.arrival_s)
+            # vLLM's queued interval: from the engine loop taking the request in (QUEUED)
+            # to its first scheduling, not from the HTTP arrival.
+            queued = seq.queued_s if seq.queued_s is not None else seq.arrival_s
+            self._queue.observe(seq.first_scheduled_s - queued)
         if (seq.first_scheduled_s is not None and seq.first_token_s is not None
                 and seq.last_token_s is not None):
             self._prefill.observe(seq.first_token_s - seq.first_scheduled_s)

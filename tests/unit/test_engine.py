@@ -383,3 +383,19 @@ def test_sustained_throughput_saturates_near_budget_over_step_time() -> None:
     mean_step = sum(durations) / len(durations)
     ideal = config.max_num_batched_tokens / mean_step
     assert tokens / end >= 0.95 * ideal
+
+
+def test_queue_time_starts_when_the_engine_loop_takes_a_request_in() -> None:
+    """vLLM records a request QUEUED when its busy loop drains the input queue between two
+    steps, so one that arrives mid-step is queued at that step's end; its queue time (the
+    interval behind ``vllm:request_queue_time_seconds``) excludes the step it arrived in."""
+    model = StepModel(EngineConfig(), FLAT)
+    model.add(seq("a", 10, 5))
+    batch = model.schedule(0.0)
+    assert batch is not None
+    late = seq("b", 10, 5, arrival=0.004)
+    model.add(late)  # mid-step: the step ends at 0.01
+    model.complete(batch, 0.01)
+    assert late.queued_s is None
+    model.schedule(0.01)
+    assert late.queued_s == 0.01 and late.first_scheduled_s == 0.01

@@ -92,7 +92,8 @@ class SimEngine:
                 self.prompt_tokens_total += seq.prompt_tokens
         for seq in result.finished:
             if seq.finish_reason not in (None, "abort") and seq.first_scheduled_s is not None:
-                self.queue_time_sum += seq.first_scheduled_s - seq.arrival_s
+                queued = seq.queued_s if seq.queued_s is not None else seq.arrival_s
+                self.queue_time_sum += seq.first_scheduled_s - queued
                 self.queue_time_count += 1
         if model.running or len(model.waiting):
             following = model.schedule(end_s)
