@@ -85,16 +85,18 @@ class SchedTimes:
 
     cpu_s: float
     wait_s: float
+    slices: int = 0  # times it was put on a core: wait_s / slices is the mean delay per wakeup
 
     def __sub__(self, other: SchedTimes) -> SchedTimes:
-        return SchedTimes(self.cpu_s - other.cpu_s, self.wait_s - other.wait_s)
+        return SchedTimes(self.cpu_s - other.cpu_s, self.wait_s - other.wait_s,
+                          self.slices - other.slices)
 
 
 def process_sched(pid: int) -> SchedTimes:
     """Summed over ``pid``'s threads, from Linux schedstat (nanoseconds, unlike the 10 ms
     ticks of /proc/PID/stat, which are too coarse for second-long windows). The wait tells
     a noisy neighbour from a slow server. Zeros where unavailable."""
-    cpu = wait = 0
+    cpu = wait = slices = 0
     with contextlib.suppress(OSError):
         for tid in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError, IndexError, ValueError), \
@@ -102,7 +104,8 @@ def process_sched(pid: int) -> SchedTimes:
                 fields = f.read().split()
                 cpu += int(fields[0])
                 wait += int(fields[1])
-    return SchedTimes(cpu / 1e9, wait / 1e9)
+                slices += int(fields[2])
+    return SchedTimes(cpu / 1e9, wait / 1e9, slices)
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -123,11 +126,13 @@ def group_pids(pgid: int) -> list[int]:
 def group_sched(pgid: int) -> SchedTimes:
     """``process_sched`` summed over the processes of group ``pgid``."""
     cpu = wait = 0.0
+    slices = 0
     for pid in group_pids(pgid):
         t = process_sched(pid)
         cpu += t.cpu_s
         wait += t.wait_s
-    return SchedTimes(cpu, wait)
+        slices += t.slices
+    return SchedTimes(cpu, wait, slices)
 
 
 def thread_sched() -> SchedTimes:

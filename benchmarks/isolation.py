@@ -61,7 +61,7 @@ import psutil
 
 from benchmarks import _prom, _results
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from benchmarks._system import pin_this_thread
+from benchmarks._system import SchedTimes, group_sched, pin_this_thread, process_sched
 from weighbridge.emulator.real_vllm import RealVllmServer
 from weighbridge.launch import ServerProcess, emulator_process, sidecar_process
 from weighbridge.statistics import percentile
@@ -248,6 +248,11 @@ class PoissonVictim:
         assert self._out is not None
         return VictimOutcome(json.loads(self._out.read_text()))
 
+    @property
+    def pid(self) -> int | None:
+        """The client's process while it runs."""
+        return self._proc.pid if self._proc is not None else None
+
 
 # ---------------------------------------------------------------------------- arms
 
@@ -265,6 +270,9 @@ class ArmResult:
     flood_left: int = 0  # flood requests not finished at the window's end (sidecar arm)
     preemptions: float = 0.0  # the engine's, over the window
     victim_queue_wait_s: float = 0.0  # mean time the victim's requests waited in the sidecar
+    # The victim's mean TTFT as the sidecar saw it (arrival to its first chunk relayed) and as
+    # its client saw it: the gap is the two HTTP hops and the event loops either side.
+    victim_sidecar_ttft_s: float = 0.0
     holds: dict[str, float] = field(default_factory=dict)  # the sidecar's, by reason
     # CPU the engine (its whole process tree) and the sidecar used over the window, in cores:
     # on a 2-core machine they compete, so a sidecar arm's engine output is partly a
@@ -278,6 +286,14 @@ class ArmResult:
     # The emulator's mean step lag over the window (wall-clock step minus the model's), ms:
     # an emulated engine starved of CPU runs its steps late; 0 on real vLLM.
     engine_step_lag_ms: float = 0.0
+    # Per process over the window (engine, sidecar, clients: this process, which consumes the
+    # flood; victim: its own client), Linux schedstat: CPU, run-queue wait (runnable with no
+    # core) and slices, so wait / slices is the mean delay between a wakeup and a core.
+    sched: dict[str, SchedTimes] = field(default_factory=dict)
+
+    @property
+    def victim_client_ttft_s(self) -> float:
+        return statistics.fmean(self.ttft_s) if self.ttft_s else math.nan
 
     def p(self, q: float) -> float:
         return percentile(sorted(self.ttft_s), q / 100) if self.ttft_s else math.inf
@@ -317,6 +333,11 @@ async def sidecar_diagnostics(session: aiohttp.ClientSession, sidecar_url: str,
     if count:
         result.victim_queue_wait_s = _prom.total(
             samples, "weighbridge_queue_wait_seconds_sum", tenant="victim") / count
+    count = _prom.total(samples, "weighbridge_time_to_first_token_seconds_count",
+                        tenant="victim")
+    if count:
+        result.victim_sidecar_ttft_s = _prom.total(
+            samples, "weighbridge_time_to_first_token_seconds_sum", tenant="victim") / count
 
 
 async def drain(session: aiohttp.ClientSession, engine_url: str, timeout_s: float = 120) -> None:
@@ -328,6 +349,14 @@ async def drain(session: aiohttp.ClientSession, engine_url: str, timeout_s: floa
             return
         await asyncio.sleep(0.25)
     raise RuntimeError(f"engine {engine_url} still busy {timeout_s:.0f} s after the arm")
+
+
+def sched_of(pids: Mapping[str, tuple[int | None, bool]]) -> dict[str, SchedTimes]:
+    """Schedstat of each named process: (pid, whether it leads a process group of its own, as
+    the servers do); a missing pid, or a process already gone (no slices), is left out."""
+    found = {name: group_sched(pid) if group else process_sched(pid)
+             for name, (pid, group) in pids.items() if pid is not None}
+    return {name: t for name, t in found.items() if t.slices}
 
 
 def cpu_seconds(pid: int | None) -> float:
@@ -393,6 +422,10 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
         first = await engine_sample(session, engine_url)
         counters0 = await window_counters(session, engine_url)
         cpu0 = cpu_seconds(engine_pid), cpu_seconds(sidecar_pid)
+        pids = {"engine": (engine_pid, True), "sidecar": (sidecar_pid, True),
+                "clients": (os.getpid(), False),
+                "victim": (victims.pid if isinstance(victims, PoissonVictim) else None, False)}
+        sched0 = sched_of(pids)
         t0 = time.monotonic()
         occupancy: list[tuple[float, float]] = []
         while (left := t0 + window_s - time.monotonic()) > 0:
@@ -408,14 +441,16 @@ async def run_arm(arm: Arm, repeat: int, engine_url: str, sidecar_url: str | Non
         elapsed = time.monotonic() - t0
         result.output_tokens_per_s = (
             last.generation_tokens_total - first.generation_tokens_total) / elapsed
+        result.sched = {name: t - sched0[name] for name, t in sched_of(pids).items()
+                        if name in sched0}
         result.engine_cores = (cpu_seconds(engine_pid) - cpu0[0]) / elapsed
         result.sidecar_cores = (cpu_seconds(sidecar_pid) - cpu0[1]) / elapsed
         result.preemptions = last.preemptions_total - first.preemptions_total
         result.engine_hit_rate = hits / queries if queries else None
-        if sidecar_url is not None:
-            await sidecar_diagnostics(session, sidecar_url, result)
         result.flood_left = (flood.count - done) if arm == "sidecar" else 0
         await victims.settle()
+        if sidecar_url is not None:  # once the victims are answered: their whole means
+            await sidecar_diagnostics(session, sidecar_url, result)
         stop.set()
         for task in tasks:
             task.cancel()
@@ -526,9 +561,20 @@ def run_all(kind: EngineKind, repeats: int, warmup_s: float, window_s: float,
                 f"{result.engine_cores:.2f} / sidecar {result.sidecar_cores:.2f} cores, "
                 f"step lag {result.engine_step_lag_ms:.2f} ms, "
                 f"victim sidecar wait "
-                f"{result.victim_queue_wait_s * 1e3:.1f} ms, holds {result.holds}")
+                f"{result.victim_queue_wait_s * 1e3:.1f} ms, victim mean TTFT client "
+                f"{result.victim_client_ttft_s * 1e3:.1f} / sidecar "
+                f"{result.victim_sidecar_ttft_s * 1e3:.1f} ms, holds {result.holds}, "
+                f"{_sched_text(result.sched, elapsed_s=window_s)}")
             results.append(result)
     return results
+
+
+def _sched_text(sched: Mapping[str, SchedTimes], elapsed_s: float) -> str:
+    """Each process's cores, run-queue wait per second and mean wait per wakeup."""
+    return "sched " + ", ".join(
+        f"{name} {t.cpu_s / elapsed_s:.2f} cores wait {t.wait_s / elapsed_s * 1e3:.0f} ms/s "
+        f"({t.wait_s / t.slices * 1e6 if t.slices else 0:.0f} us/wakeup)"
+        for name, t in sched.items())
 
 
 def _pct(x: float | None) -> str:
