@@ -30,6 +30,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
 from weighbridge.config import EMBEDDINGS, Config, ConfigError
+from weighbridge.redaction import redact_url
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_over_capacity
@@ -350,7 +351,7 @@ class Sidecar:
                     continue  # drained, leaving the pool at its next probe
                 sample = backend.last_sample
                 state["backends"][name].update({
-                    "url": backend.config.url,
+                    "url": redact_url(backend.config.url),
                     "healthy": backend.healthy,
                     "scrape_errors": backend.scrape_errors,
                     "last_scrape": None if sample is None else {

@@ -58,6 +58,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from redis.exceptions import RedisError
 
 from weighbridge.config import SharedState as SharedStateConfig
+from weighbridge.redaction import redact_url
 from weighbridge.sidecar.ratelimit import Admit, BucketSpec, ScopeKey
 from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
 from weighbridge.sidecar.replica import Replica, ReplicatedCore
@@ -235,6 +236,7 @@ class SharedState:
         if config.url is None:
             raise ValueError("a Redis URL is required")
         self.config = config
+        self._shown_url = redact_url(config.url)  # for the log: never the password
         self.replica = Replica(core)
         self.on_change = on_change
         self.clock = clock
@@ -304,13 +306,13 @@ class SharedState:
         self.up = up
         if up:
             log.warning("shared state at %s reachable%s: limits and fairness are global "
-                        "(%d replicas)", self.config.url, " again" if self.errors else "",
+                        "(%d replicas)", self._shown_url, " again" if self.errors else "",
                         self.replicas)
         else:
             share = 1 / max(1, self.replicas)
             self.replica.use_local_limits(share)
             log.warning("shared state at %s unreachable (%s): each limit falls back to "
-                        "1/%d of the configured in this replica", self.config.url, why,
+                        "1/%d of the configured in this replica", self._shown_url, why,
                         max(1, self.replicas))
         if self.on_change is not None:
             self.on_change(up)

@@ -7,7 +7,8 @@ at all: the application holds ``None`` instead of a :class:`RequestTracing`, and
 gets ``NO_TRACE``, a :class:`Trace` whose steps do nothing, so no call reaches OpenTelemetry
 and the HTTP shell never asks whether tracing is on.
 
-Spans carry counts, names and timings only — never an API key, a prompt or generated text.
+Spans carry counts, names and timings only — never an API key, a prompt or generated text,
+nor the credentials a backend URL may hold (``weighbridge.redaction``).
 The client's W3C ``traceparent`` (if any) parents the request's span, and the backend call
 passes its own context on, so a vLLM started with ``--otlp-traces-endpoint`` joins the trace.
 """
@@ -26,6 +27,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from weighbridge.config import EMBEDDINGS, Telemetry
+from weighbridge.redaction import redact_url
 
 TRACER_NAME = "weighbridge.sidecar"
 # GenAI operation names (semantic conventions) of the proxied endpoints.
@@ -174,10 +176,11 @@ class RequestTrace(Trace):
         self._queue = None
 
     def backend_call(self, backend: str, url: str, headers: dict[str, str]) -> None:
-        """The backend call starts; ``headers`` (those sent upstream) get its trace context."""
+        """The backend call starts; ``headers`` (those sent upstream) get its trace context.
+        ``url.full`` is the URL without its credentials, as the HTTP conventions want."""
         self._backend = self.tracer.start_span(
             "weighbridge.backend_call", context=self._context, kind=SpanKind.CLIENT,
-            attributes={"weighbridge.backend": backend, "url.full": url})
+            attributes={"weighbridge.backend": backend, "url.full": redact_url(url)})
         _PROPAGATOR.inject(headers, context=trace.set_span_in_context(self._backend))
 
     def first_token(self) -> None:

@@ -38,6 +38,7 @@ from pydantic import HttpUrl as _HttpUrl
 from pydantic_core import PydanticCustomError
 
 from weighbridge.keys import ApiKey, ApiKeyField, key_digest
+from weighbridge.redaction import redact_url
 from weighbridge.settings_file import Issue, SettingsError, conflicts, dotted, problems, read_yaml
 from weighbridge.tiers import DEFAULT_TIERS
 
@@ -716,10 +717,11 @@ class Config(_Model):
                 value = getattr(backend, attr)
                 seen = first_with.setdefault(f"{attr}={value}", i)
                 if seen != i:
+                    shown = redact_url(value) if attr == "url" else value
                     issues.append(
                         (
                             ("backends", i, attr),
-                            f"duplicate backend {attr} '{value}' (also backends.{seen}.{attr})",
+                            f"duplicate backend {attr} '{shown}' (also backends.{seen}.{attr})",
                         )
                     )
 

@@ -171,6 +171,8 @@ def reload(
 
     import httpx
 
+    from weighbridge.redaction import redact_url
+
     if pid is not None:
         try:
             os.kill(pid, signal.SIGHUP)
@@ -188,7 +190,7 @@ def reload(
         response = httpx.post(url.rstrip("/") + "/admin/reload",
                               headers={"authorization": f"Bearer {key}"}, timeout=30)
     except httpx.HTTPError as e:
-        typer.echo(f"weighbridge reload: {url}: {e}", err=True)
+        typer.echo(f"weighbridge reload: {redact_url(url)}: {e}", err=True)
         raise typer.Exit(1) from None
     try:
         answer = response.json()

@@ -210,6 +210,46 @@ async def test_spans_never_carry_keys_or_prompts(backend: tuple[FakeVllm, str],
         assert secret not in text
 
 
+async def test_a_credentialed_backend_url_is_redacted_in_url_full(
+        backend: tuple[FakeVllm, str], provider: TracerProvider,
+        exporter: InMemorySpanExporter) -> None:
+    # The operator's backend URL carries user:password: the call still goes out (the
+    # upstream client reads only host and port), and url.full shows the URL as the HTTP
+    # semantic conventions want it, with REDACTED:REDACTED for the userinfo.
+    _, url = backend
+    credentialed = url.replace("http://", "http://backend-user:backend-pass-123@", 1)
+    sidecar = Sidecar(_config(credentialed), tracing=RequestTracing(provider))
+    server = await _serve(sidecar)
+    try:
+        for stream in (True, False):
+            status, _ = await _post(server, KEY, {"model": MODEL, "prompt": [1, 2],
+                                                  "max_tokens": 2, "stream": stream})
+            assert status == 200
+    finally:
+        await server.close()
+    calls = [s for s in exporter.get_finished_spans() if s.name == "weighbridge.backend_call"]
+    assert len(calls) == 2
+    host = url.removeprefix("http://")
+    for call in calls:
+        assert call.attributes["url.full"] == f"http://REDACTED:REDACTED@{host}/v1/completions"
+    text = "\n".join(span.to_json() for span in exporter.get_finished_spans())
+    for secret in ("backend-user", "backend-pass-123"):
+        assert secret not in text
+
+
+def test_url_full_redacts_sensitive_query_values(
+        provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
+    tracing = RequestTracing(provider)
+    trace = tracing.start("/v1/completions", {})
+    trace.backend_call("b", "https://u:p@edge.example:8443/v1/completions"
+                            "?model=m&sig=abc123&X-Goog-Signature=def456", {})
+    trace.end("completed", 200)
+    (call,) = [s for s in exporter.get_finished_spans() if s.name == "weighbridge.backend_call"]
+    assert call.attributes["url.full"] == (
+        "https://REDACTED:REDACTED@edge.example:8443/v1/completions"
+        "?model=m&sig=REDACTED&X-Goog-Signature=REDACTED")
+
+
 async def test_rejections_and_non_streams_end_the_span_with_their_reason(
         backend: tuple[FakeVllm, str], provider: TracerProvider,
         exporter: InMemorySpanExporter) -> None:
