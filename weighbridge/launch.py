@@ -218,14 +218,22 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 
 def redis_answers(host: str, port: int) -> bool:
-    """Whether a Redis server answers PING there (RESP over a plain socket: the base layer
-    does not depend on a Redis client)."""
+    """Whether a Redis server answers PING there: redis-py's client, one connection, a 1 s
+    timeout and no retry; False on any connection or protocol error, never raised."""
+    # redis-py is the sidecar extra's, not the base's: imported at the call, made only where
+    # a Redis is started for sidecar replicas (`weighbridge up` needs that extra; the tests).
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    client = redis.Redis(host=host, port=port, socket_timeout=1.0, socket_connect_timeout=1.0,
+                         retry=Retry(NoBackoff(), 0))
     try:
-        with socket.create_connection((host, port), timeout=1.0) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(64).startswith(b"+PONG")
-    except OSError:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
         return False
+    finally:
+        client.close()
 
 
 def redis_process(directory: Path, name: str = "redis", host: str = "127.0.0.1",
