@@ -43,13 +43,13 @@ from weighbridge.app.simulation.clients import WorkloadClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.ideal import IdealPoint, IdealShape, ideal_run
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.config import Config, parse_config
 from weighbridge.emulator.engine import StepResult
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.loadgen.arrivals import Closed, Poisson
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
+from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.statistics import percentile
 
 __all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "ideal_cap",

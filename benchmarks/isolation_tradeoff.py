@@ -73,7 +73,6 @@ from weighbridge.app.simulation.clients import WorkloadClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.ideal import IdealShape, ideal_run
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.config import Config, parse_config
 from weighbridge.emulator.engine import Batch, Coast, Sequence, StepResult
 from weighbridge.emulator.frontend import ApiFrontEnd
 from weighbridge.emulator.options import EmulatorOptions
@@ -81,6 +80,7 @@ from weighbridge.loadgen.arrivals import Closed, Poisson
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
+from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.statistics import percentile
 
 CONCURRENCIES = (1, 2, 4, 6, 8, 12, 16, 20, 24, 26)

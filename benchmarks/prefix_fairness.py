@@ -37,13 +37,13 @@ from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
 from weighbridge.app.simulation.clients import WorkloadClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.config import parse_config
 from weighbridge.emulator.engine import StepResult
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.loadgen.arrivals import Closed
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import SystemPrompt, TenantSpec
+from weighbridge.sidecar.config import parse_config
 from weighbridge.statistics import jain_index
 
 PROMPT, SYSTEM, OUTPUT = 1000, 900, 64

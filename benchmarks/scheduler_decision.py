@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from weighbridge.config import parse_config
 from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.queues import QueueLimits
 from weighbridge.sidecar.request import QueuedRequest

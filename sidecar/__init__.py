@@ -9,7 +9,8 @@ checks and its end for every front; ``app`` is the aiohttp shell, and ``upstream
 client to the backends.
 
 The surface (``__all__``) is what the application and the other parts use: the live sidecar
-(``Sidecar``, ``run_sidecar``), the core and a request's session as the simulator drives
+(``Sidecar``, ``run_sidecar``), its configuration schema (``config``: ``Config``,
+``load_config``, ``parse_config``...), the core and a request's session as the simulator drives
 them, and the engine shape and limits the ideal bound derives. Each name is read from its
 module on first use (``weighbridge.surface``), so importing a pure module loads no aiohttp.
 """
@@ -23,6 +24,15 @@ from weighbridge.surface import surface
 if TYPE_CHECKING:
     from weighbridge.sidecar.admission import derive_limits
     from weighbridge.sidecar.app import Sidecar, run_sidecar
+    from weighbridge.sidecar.config import (
+        EMBEDDINGS,
+        Config,
+        ConfigError,
+        ModelName,
+        Policy,
+        load_config,
+        parse_config,
+    )
     from weighbridge.sidecar.core import Dispatch, SchedulingCore
     from weighbridge.sidecar.prefix import PromptPrefix
     from weighbridge.sidecar.request import QueuedRequest
@@ -40,6 +50,8 @@ else:
     __getattr__, __dir__ = surface(__name__, {
         "admission": ("derive_limits",),
         "app": ("Sidecar", "run_sidecar"),
+        "config": ("EMBEDDINGS", "Config", "ConfigError", "ModelName", "Policy", "load_config",
+                   "parse_config"),
         "core": ("Dispatch", "SchedulingCore"),
         "prefix": ("PromptPrefix",),
         "request": ("QueuedRequest",),
@@ -49,11 +61,16 @@ else:
     })
 
 __all__ = [
+    "EMBEDDINGS",
     "ApiError",
     "Caller",
+    "Config",
+    "ConfigError",
     "Dispatch",
     "EngineShape",
     "Ingress",
+    "ModelName",
+    "Policy",
     "Prompt",
     "PromptPrefix",
     "QueuedRequest",
@@ -63,5 +80,7 @@ __all__ = [
     "Sidecar",
     "Usage",
     "derive_limits",
+    "load_config",
+    "parse_config",
     "run_sidecar",
 ]

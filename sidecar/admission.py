@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 from weighbridge.sidecar.shape import EngineShape, ShapeLearner
 
 if TYPE_CHECKING:
-    from weighbridge.config import Admission
+    from weighbridge.sidecar.config import Admission
 
 GateMode = Literal["open", "headroom", "closed"]
 

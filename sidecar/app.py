@@ -29,9 +29,9 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
-from weighbridge.config import EMBEDDINGS, Config, ConfigError
 from weighbridge.redaction import redact_url
 from weighbridge.sidecar.backends import BackendPool
+from weighbridge.sidecar.config import EMBEDDINGS, Config, ConfigError
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_over_capacity
 from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens

@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from weighbridge.config import Backend, Config
+from weighbridge.sidecar.config import Backend, Config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.upstream import Upstream, UpstreamConnectError, UpstreamError
 from weighbridge.vllm_metrics import BackendSample, ScrapeError, parse_vllm_metrics

@@ -105,7 +105,7 @@ from weighbridge.sidecar.shape import EngineShape
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-    from weighbridge.config import Config
+    from weighbridge.sidecar.config import Config
 
 
 # How long a light tenant keeps the derived headroom reserved after its last dispatch: it

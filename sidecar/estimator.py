@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-DEFAULT_INITIAL_ESTIMATE = 256  # weighbridge.config.Endpoint.initial_output_estimate default
+# weighbridge.sidecar.config.Endpoint.initial_output_estimate's default
+DEFAULT_INITIAL_ESTIMATE = 256
 
 
 class OutputEstimator:

@@ -48,7 +48,7 @@ _TOLERANCE = 1e-9
 
 
 class RateLimits(Protocol):
-    """The rate fields of ``weighbridge.config.Limits`` (None = unlimited)."""
+    """The rate fields of ``weighbridge.sidecar.config.Limits`` (None = unlimited)."""
 
     requests_per_minute: int | None
     requests_per_day: int | None

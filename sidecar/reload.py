@@ -3,7 +3,7 @@ anything changes, and the version every replica shows.
 
 A reload (``SIGHUP``, ``POST /admin/reload``, ``weighbridge reload``) reads the config file
 again and validates it completely, with the dotted-path errors of start-up
-(``weighbridge.config``). :func:`plan` then compares it with the configuration in force and
+(``weighbridge.sidecar.config``). :func:`plan` then compares it with the configuration in force and
 refuses, at the dotted path of each, what only a restart can change. Nothing changes unless
 both pass; then the shell applies the new configuration in one synchronous step, between two
 dispatch passes of the single-threaded core (``SchedulingCore.reconfigure``).
@@ -49,7 +49,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from weighbridge.config import Config, ConfigError, load_config
+from weighbridge.sidecar.config import Config, ConfigError, load_config
 
 __all__ = ["RESTART_ONLY", "ConfigCollector", "ConfigHolder", "ReadError", "ReloadPlan",
            "ReloadRefused", "config_version", "plan", "read_config"]

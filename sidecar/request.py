@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from weighbridge.config import CostModel
+from weighbridge.sidecar.config import CostModel
 from weighbridge.sidecar.prefix import PromptPrefix
 
 

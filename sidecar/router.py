@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, get_args
 
-from weighbridge.config import Routing
+from weighbridge.sidecar.config import Routing
 
 # (1 + epsilon) of consistent hashing with bounded loads: the most a backend may carry,
 # over the mean of those that may take a request, for prefix affinity to pick it.

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from weighbridge.config import Policy
+from weighbridge.sidecar.config import Policy
 from weighbridge.sidecar.drr import DeficitRoundRobin
 from weighbridge.sidecar.queues import QueueLimits, TenantQueue
 from weighbridge.sidecar.rejection import Reject
@@ -39,7 +39,7 @@ from weighbridge.sidecar.request import CostModel, QueuedRequest, RequestState, 
 from weighbridge.sidecar.tiers import TierSelector
 
 if TYPE_CHECKING:
-    from weighbridge.config import Config
+    from weighbridge.sidecar.config import Config
 
 
 @dataclass(frozen=True, slots=True)

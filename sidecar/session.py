@@ -41,8 +41,8 @@ import orjson
 
 from weighbridge import headers as headers_
 from weighbridge import output_budget
-from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.keys import key_digest
+from weighbridge.sidecar.config import EMBEDDINGS, Config
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.openapi import DEADLINE_MS
 from weighbridge.sidecar.prefix import PromptPrefix

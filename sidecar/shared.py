@@ -57,8 +57,8 @@ import redis.asyncio as aioredis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
 
-from weighbridge.config import SharedState as SharedStateConfig
 from weighbridge.redaction import redact_url
+from weighbridge.sidecar.config import SharedState as SharedStateConfig
 from weighbridge.sidecar.ratelimit import Admit, BucketSpec, ScopeKey
 from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
 from weighbridge.sidecar.replica import Replica, ReplicatedCore

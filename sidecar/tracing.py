@@ -26,8 +26,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from weighbridge.config import EMBEDDINGS, Telemetry
 from weighbridge.redaction import redact_url
+from weighbridge.sidecar.config import EMBEDDINGS, Telemetry
 
 TRACER_NAME = "weighbridge.sidecar"
 # GenAI operation names (semantic conventions) of the proxied endpoints.

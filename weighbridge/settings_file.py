@@ -3,8 +3,8 @@ with it reported at once, each as ``dotted.path: message``.
 
 Strict means: a repeated mapping key is an error (YAML would let the last one win silently:
 a tenant defined twice), and the file must be readable UTF-8 holding a mapping. The schemas
-themselves are pydantic models (``weighbridge.config``, ``weighbridge.app.stack``); this module
-turns their validation errors into the one report format both use.
+themselves are pydantic models (``weighbridge.sidecar.config``, ``weighbridge.app.stack``); this
+module turns their validation errors into the one report format both use.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ import sys
 import uvloop
 from aiohttp import web
 
-from weighbridge.config import DEFAULT_MAX_BODY_BYTES
+from weighbridge.sidecar.config import DEFAULT_MAX_BODY_BYTES
 
 
 async def read_body(request: web.Request) -> web.Response:

@@ -14,7 +14,7 @@ import sys
 
 import httpx
 
-from weighbridge.config import DEFAULT_MAX_BODY_BYTES
+from weighbridge.sidecar.config import DEFAULT_MAX_BODY_BYTES
 
 HELD_BACK = 4096  # more than any run dribbles, so no body completes
 

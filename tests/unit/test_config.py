@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from weighbridge.config import (
+from weighbridge.keys import hash_api_key
+from weighbridge.sidecar.config import (
     POLICY_TRAITS,
     Config,
     ConfigError,
@@ -17,7 +18,6 @@ from weighbridge.config import (
     load_config,
     parse_config,
 )
-from weighbridge.keys import hash_api_key
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -3,7 +3,7 @@ docstring, and the committed reference is what the schema renders today."""
 
 from pathlib import Path
 
-from weighbridge.config_reference import render, undocumented
+from weighbridge.sidecar.config_reference import render, undocumented
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
@@ -13,7 +13,7 @@ def test_every_field_has_a_docstring() -> None:
 
 
 def test_the_committed_reference_matches_the_schema() -> None:
-    # On a failure: python -m weighbridge.config_reference > docs/configuration.md
+    # On a failure: python -m weighbridge.sidecar.config_reference > docs/configuration.md
     assert REFERENCE.read_text() == render()
 
 

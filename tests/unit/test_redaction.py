@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weighbridge.config import ConfigError, parse_config
 from weighbridge.redaction import REDACTED, SENSITIVE_QUERY_KEYS, redact_url
+from weighbridge.sidecar.config import ConfigError, parse_config
 
 
 @pytest.mark.parametrize(("url", "shown"), [

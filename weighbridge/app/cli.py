@@ -134,8 +134,8 @@ def sidecar(
     """Serve the fair-scheduling sidecar in front of vLLM backends (docs/sidecar.md)."""
     import logging
 
-    from weighbridge.config import ConfigError, load_config
     from weighbridge.sidecar.app import run_sidecar
+    from weighbridge.sidecar.config import ConfigError, load_config
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -210,8 +210,8 @@ def _admin_key_of(config: Path) -> str | None:
     or env: with the variable set); a sha256 digest does not."""
     import os
 
-    from weighbridge.config import ConfigError
     from weighbridge.settings_file import read_yaml
+    from weighbridge.sidecar.config import ConfigError
 
     try:
         data = read_yaml(config, ConfigError)
@@ -448,8 +448,8 @@ def simulate(
     from weighbridge.app.simulation.sweep import parse_sweep
     from weighbridge.app.simulation.trace import TraceError
     from weighbridge.app.stack import DEFAULT_STACK, StackError, load_stack
-    from weighbridge.config import ConfigError
     from weighbridge.loadgen.scenario import ScenarioError
+    from weighbridge.sidecar.config import ConfigError
 
     console = Console()
     out = out or Path("runs") / f"simulate-{dt.datetime.now(dt.UTC):%Y%m%d-%H%M%S}"

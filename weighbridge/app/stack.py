@@ -37,7 +37,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from weighbridge.config import ConfigError, ModelName, parse_config
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.launch import (
     LaunchError,
@@ -51,6 +50,7 @@ from weighbridge.launch import (
 from weighbridge.prometheus import ScrapeTarget, binary, prometheus_process, rule_files
 from weighbridge.resources import DEPLOY_DIR, SCENARIOS_DIR
 from weighbridge.settings_file import SettingsError, problems, read_yaml
+from weighbridge.sidecar.config import ConfigError, ModelName, parse_config
 
 __all__ = [
     "DEFAULT_STACK",

@@ -29,7 +29,7 @@ BUILD_SIDECAR = f"""
 import sys
 import weighbridge.app.cli
 from weighbridge.sidecar.app import Sidecar, run_sidecar
-from weighbridge.config import load_config
+from weighbridge.sidecar.config import load_config
 Sidecar(load_config({str(SIDECAR_YAML)!r}))
 print("\\n".join(sorted(sys.modules)))
 """

@@ -21,10 +21,10 @@ import yaml
 
 from tests.support.prometheus import check_config
 from weighbridge.app.cli import app
-from weighbridge.config import load_config
 from weighbridge.dashboards.generate import DASHBOARDS, JSON_DIR, file_name
 from weighbridge.keys import hash_api_key
 from weighbridge.launch import haproxy_config
+from weighbridge.sidecar.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE = REPO / "docker-compose.yml"

@@ -20,8 +20,8 @@ import yaml
 from tests.support import loopback
 from tests.support.stack import ADMIN_KEY, auth, completion, start_emulator, start_sidecar, tenant
 from tests.support.stub_backend import StubBackend
-from weighbridge.config import parse_config
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -24,9 +24,9 @@ from tests.integration.exporters.test_otlp_traces import Receiver
 from tests.support.answers import assert_rejected, assert_served
 from tests.support.ledger import settled
 from tests.support.stack import SMALL_ENGINE, auth
-from weighbridge import config as config_module
-from weighbridge.config import parse_config
 from weighbridge.launch import emulator_process, sidecar_process, weighbridge_argv
+from weighbridge.sidecar import config as config_module
+from weighbridge.sidecar.config import parse_config
 
 pytestmark = pytest.mark.timeout(120)
 

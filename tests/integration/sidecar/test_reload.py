@@ -37,9 +37,9 @@ from tests.support.stack import (
     tenant,
 )
 from tests.support.wait import await_for
-from weighbridge.config import parse_config
 from weighbridge.emulator.text import generated_text
 from weighbridge.launch import ServerProcess, free_port, weighbridge_argv
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.reload import config_version
 from weighbridge.sidecar.shared import bucket_key
 

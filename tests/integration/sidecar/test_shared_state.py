@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.redis import RedisServer
-from weighbridge.config import Config, parse_config
-from weighbridge.config import SharedState as SharedStateConfig
 from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.config import Config, parse_config
+from weighbridge.sidecar.config import SharedState as SharedStateConfig
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.ratelimit import Admit
 from weighbridge.sidecar.rejection import Reject

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from weighbridge.config import load_config
 from weighbridge.loadgen.scenario import Phase, Scenario, ScenarioError, discover_scenarios
+from weighbridge.sidecar.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 SCENARIOS = REPO / "scenarios"

@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.unit.sidecar.test_core import CHAT, arrive, make_config
-from weighbridge.config import ConfigError, parse_config
 from weighbridge.sidecar.admission import GateLimits
+from weighbridge.sidecar.config import ConfigError, parse_config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.ratelimit import limited_tokens
 from weighbridge.sidecar.request import QueuedRequest

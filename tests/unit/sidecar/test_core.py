@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from weighbridge.config import Config, parse_config
 from weighbridge.sidecar.admission import GateLimits, MetricsSample
+from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.ledger import LedgerError
 from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, QUEUE_FULL, RATE_LIMITED, Reject

@@ -12,10 +12,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tests.support.metrics import parse as parse_metrics
 from tests.support.stack import auth
-from weighbridge.config import parse_config
 from weighbridge.emulator.profiles import get_profile
 from weighbridge.emulator.server import Emulator, EmulatorSettings
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 
 KEY = "sk-embed"
 # A month's bucket refills 1/2,592,000 of itself per second: no refill blurs the charge.

@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from weighbridge.config import parse_config
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 
 
 @dataclass

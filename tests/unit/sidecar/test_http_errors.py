@@ -11,9 +11,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.support.stack import auth, completion
-from weighbridge.config import parse_config
 from weighbridge.launch import free_port
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 
 KEY = "sk-http-errors"
 MAX_BODY_BYTES = 4096

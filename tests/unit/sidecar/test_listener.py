@@ -14,9 +14,9 @@ import orjson
 import pytest
 from aiohttp import web
 
-from weighbridge.config import parse_config
 from weighbridge.launch import free_port
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.listener import ClientSite
 
 KEY = "sk-listener-secret-9f3c"

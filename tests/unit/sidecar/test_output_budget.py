@@ -15,9 +15,9 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from tests.support.stack import auth
 from tests.support.stub_backend import StubBackend
-from weighbridge.config import parse_config
 from weighbridge.output_budget import COMPLETIONS_DEFAULT_MAX_TOKENS
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.estimator import OutputEstimator
 
 KEY = "sk-budget"

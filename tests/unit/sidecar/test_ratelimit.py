@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weighbridge.config import RateLimits
+from weighbridge.sidecar.config import RateLimits
 from weighbridge.sidecar.ratelimit import MONTH_S, Admit, LimitTable, TenantRateLimiter, TokenBucket
 from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
 

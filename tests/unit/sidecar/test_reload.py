@@ -13,9 +13,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from weighbridge.config import Config, ConfigError, parse_config
 from weighbridge.keys import hash_api_key
 from weighbridge.sidecar.admission import MetricsSample
+from weighbridge.sidecar.config import Config, ConfigError, parse_config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.ratelimit import LimitTable, TenantRateLimiter
 from weighbridge.sidecar.rejection import TENANT_REMOVED

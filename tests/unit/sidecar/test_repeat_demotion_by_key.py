@@ -13,8 +13,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from tests.support.stack import auth
 from tests.support.stub_backend import StubBackend
 from tests.support.wait import await_for
-from weighbridge.config import parse_config
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 
 
 async def test_a_second_request_of_the_same_key_waits_behind_another_keys_first() -> None:

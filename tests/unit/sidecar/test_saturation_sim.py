@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from weighbridge.config import parse_config
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, StepResult
 from weighbridge.emulator.profiles import get_profile
 from weighbridge.sidecar.admission import MetricsSample
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.request import QueuedRequest
 

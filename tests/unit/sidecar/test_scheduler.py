@@ -329,8 +329,8 @@ def test_snapshot_is_json_serialisable() -> None:
 
 
 def test_from_config_maps_the_schema() -> None:
-    from weighbridge.config import parse_config
     from weighbridge.keys import hash_api_key
+    from weighbridge.sidecar.config import parse_config
 
     config = parse_config(
         {

@@ -30,11 +30,11 @@ from weighbridge import headers
 from weighbridge.app.simulation.clients import ClientRequest, TraceClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.config import Config, parse_config
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.emulator.server import Emulator, EmulatorSettings
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import Config, parse_config
 
 COMPLETIONS, CHAT, EMBEDDINGS = "/v1/completions", "/v1/chat/completions", "/v1/embeddings"
 SMALL_KEY = "sk-small"  # a tenant whose token bucket holds less than one request

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weighbridge.config import Admission
 from weighbridge.sidecar.admission import (
     DEFAULT_POLL_S,
     DEFAULT_STEP_BUDGET,
@@ -22,6 +21,7 @@ from weighbridge.sidecar.admission import (
     MetricsSample,
     derive_limits,
 )
+from weighbridge.sidecar.config import Admission
 from weighbridge.sidecar.shape import SATURATED_WAIT_STEPS, SCRAPE_WINDOW, EngineShape, ShapeLearner
 from weighbridge.vllm_metrics import parse_vllm_metrics
 

@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 
 from tests.support.stack import auth, completion
 from tests.support.wait import await_for
-from weighbridge.config import parse_config
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.session import tokens_in_chunks
 
 KEY = "sk-stream-interval"

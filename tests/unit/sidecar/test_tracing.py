@@ -18,9 +18,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from weighbridge.config import ConfigError, Telemetry, parse_config
 from weighbridge.sidecar import tracing as tracing_module
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import ConfigError, Telemetry, parse_config
 from weighbridge.sidecar.tracing import (
     NO_TRACE,
     RequestTrace,

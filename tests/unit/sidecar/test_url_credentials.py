@@ -13,10 +13,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from tests.support.stack import auth, completion
-from weighbridge.config import parse_config
 from weighbridge.emulator.profiles import get_profile
 from weighbridge.emulator.server import Emulator, EmulatorSettings
 from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.shared import SharedState
 

@@ -19,12 +19,12 @@ from hypothesis import strategies as st
 from weighbridge.app.simulation.clients import WorkloadClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.config import DEFAULT_TOKEN_QUANTUM, parse_config
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.loadgen.arrivals import Burst
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
+from weighbridge.sidecar.config import DEFAULT_TOKEN_QUANTUM, parse_config
 
 RUN_S = 4.0  # virtual seconds, every tenant backlogged throughout
 # More tokens than the engine can serve in RUN_S (it prefills at most 512 tokens a step of

@@ -10,12 +10,12 @@ from weighbridge import headers
 from weighbridge.app.simulation.clients import WorkloadClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.config import parse_config
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.loadgen.arrivals import Poisson
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
+from weighbridge.sidecar.config import parse_config
 
 ENGINE = EmulatorOptions(profile="h100-llama3-8b", max_num_seqs=4, max_num_batched_tokens=512,
                          num_kv_blocks=1024)

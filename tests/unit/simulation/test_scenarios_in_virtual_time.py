@@ -41,13 +41,13 @@ from tests.support.scenarios import (
 from weighbridge.app.simulation.clients import WorkloadClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.config import parse_config
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.loadgen.arrivals import Closed, Poisson
 from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.records import RequestRecord
+from weighbridge.sidecar.config import parse_config
 from weighbridge.statistics import jain_index, percentile
 
 ENGINE = "engine-0"

@@ -20,10 +20,10 @@ from weighbridge.app.stack import (
     parse_stack,
     sidecar_config,
 )
-from weighbridge.config import parse_config
 from weighbridge.launch import LaunchError
 from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.sidecar.admission import derive_limits
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.shape import EngineShape
 
 STACKS = sorted((DEFAULT_STACK.parent).glob("*.yaml"))

@@ -47,12 +47,12 @@ import orjson
 
 from weighbridge.app.simulation.clients import ClientRequest, Clients
 from weighbridge.app.simulation.engines import SimEngine, output_token_id
-from weighbridge.config import EMBEDDINGS, Config
 from weighbridge.emulator.engine import Sequence
 from weighbridge.loadgen.bodies import message_token_ids
 from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord
+from weighbridge.sidecar.config import EMBEDDINGS, Config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.request import QueuedRequest

@@ -21,7 +21,6 @@ from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.loop import Simulation, SimulationResult
 from weighbridge.app.simulation.trace import DEFAULT_TIMEOUT_S, read_trace, trace_clients
 from weighbridge.app.stack import SCENARIOS_DIR, StackSpec, sidecar_config
-from weighbridge.config import Config, Policy, parse_config
 from weighbridge.loadgen.scenario import (
     Scenario,
     ScenarioError,
@@ -39,6 +38,7 @@ from weighbridge.rundir import (
     read_run_info,
     write_run_info,
 )
+from weighbridge.sidecar.config import Config, Policy, parse_config
 
 __all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "policy_stack", "run_policy",
            "scenario_load", "sidecar_for", "trace_load"]

@@ -1,13 +1,13 @@
 """The configuration reference, generated from the schema's own field docstrings.
 
-``weighbridge.config`` documents each field once, in a docstring beneath it; this module
+``weighbridge.sidecar.config`` documents each field once, in a docstring beneath it; this module
 renders the schema pydantic publishes from them (types, bounds, defaults, descriptions) as
 docs/configuration.md, so the reference cannot drift from the code
 (tests/unit/test_config_reference.py fails when the committed file differs, as vLLM's
 ``tools/validate_config.py`` does for its config classes). A field whose default is derived
 at run time names it in ``json_schema_extra={"x-default": ...}``.
 
-Regenerate with ``python -m weighbridge.config_reference > docs/configuration.md``.
+Regenerate with ``python -m weighbridge.sidecar.config_reference > docs/configuration.md``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from weighbridge import config
-from weighbridge.config import Config
+from weighbridge.sidecar import config
+from weighbridge.sidecar.config import Config
 
 __all__ = ["render", "undocumented"]
 
@@ -30,8 +30,8 @@ Schema = dict[str, Any]
 _INTRO = """\
 # Configuration reference
 
-<!-- Generated from weighbridge/config.py by
-     `python -m weighbridge.config_reference > docs/configuration.md`; do not edit. -->
+<!-- Generated from sidecar/config.py by
+     `python -m weighbridge.sidecar.config_reference > docs/configuration.md`; do not edit. -->
 
 The sidecar's YAML file (`weighbridge sidecar --config FILE`, docs/sidecar.md). Models are
 strict: YAML types are taken as written (a quoted number is an error), unknown keys are

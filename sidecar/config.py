@@ -1,7 +1,9 @@
-"""The configuration schema shared by every weighbridge part, loaded from YAML.
+"""The sidecar's configuration schema, loaded from YAML (the application's stack files and
+simulator read it too, through the sidecar's surface).
 
 The YAML layout is a contract: extend it, never rename a field. Each field's docstring is
-its documentation, rendered as docs/configuration.md by ``weighbridge.config_reference``.
+its documentation, rendered as docs/configuration.md by
+``weighbridge.sidecar.config_reference``.
 Models are strict (YAML already carries types, so a quoted number is a mistake, not a
 conversion) and forbid unknown keys so that a typo fails loudly instead of silently using a
 default.
@@ -189,7 +191,7 @@ ModelName = Annotated[str, PlainValidator(_check_model_name, json_schema_input_t
 
 class _Model(BaseModel):
     # Each field's docstring is its description: the one text docs/configuration.md is
-    # generated from (weighbridge.config_reference), as vLLM's config classes do.
+    # generated from (weighbridge.sidecar.config_reference), as vLLM's config classes do.
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, hide_input_in_errors=True,
                               use_attribute_docstrings=True)
 
