@@ -1,5 +1,5 @@
 """The sidecar's one HTTP/1.1 client to its backends: a pool of keep-alive connections, each
-an ``asyncio.Protocol`` that parses the response itself.
+an ``asyncio.Protocol`` whose responses llhttp parses (``httptools``; decision 0002).
 
 Every request the sidecar sends to a backend goes through one :class:`Upstream`: the relayed
 requests (:meth:`Upstream.request`, read as they stream) and the small exchanges read whole
@@ -13,16 +13,24 @@ Why not aiohttp's client: per proxied request it builds a URL object, a request 
 header multidicts, timers and a response object, and per body piece it wakes a stream reader
 through a future. That was about a fifth of the sidecar's CPU per streamed request (the
 profile in docs/sidecar-performance.md), and about three times this client's cost per
-scrape. Here a request is one ``write`` of preformatted bytes, the response's status line
-and headers are split once, and the body's chunked framing is undone in ``data_received``;
-the relay's task wakes once per read from the backend.
+scrape. Here a request is one ``write`` of preformatted bytes, and each read from the backend
+goes to llhttp (Node's HTTP parser, through ``httptools.HttpResponseParser``) in
+``data_received``: the status line, the headers and the chunked or ``Content-Length`` framing
+are its work, never this module's (the project's rule: protocols are parsed by maintained
+libraries). What llhttp leaves to its caller is here: a bound on the head
+(:data:`MAX_HEAD`) and on framing that carries no body (:data:`MAX_FRAMING`), a body that
+ends with the connection, and whether the connection may be reused. Errors quote none of the
+backend's bytes (llhttp's reasons are fixed phrases). The relay's task wakes once per read
+from the backend, or not at all once the body goes to a :class:`BodySink`.
 
 Only what the relay needs: ``http://`` and ``https://`` backends (TLS verified against the
-system's CAs, as aiohttp's default), ``POST``/``GET`` with a body of known length,
-responses framed by ``Content-Length``, chunked transfer coding or the end of the connection, no
-``Expect: 100-continue``, no content coding asked for (no ``Accept-Encoding``: the backend
-answers in identity, which is what the relay passes on). A connection goes back to the pool
-only after a complete response the server did not mark ``Connection: close``; idle ones are
+system's CAs, as aiohttp's default), ``POST``/``GET`` with a body of known length, responses
+framed by ``Content-Length``, chunked transfer coding or (with neither header) the end of the
+connection, interim 1xx responses skipped, no ``Expect: 100-continue``, no content coding
+asked for (no ``Accept-Encoding``: the backend answers in identity, which is what the relay
+passes on). A connection goes back to the pool
+only after a complete response that llhttp judges keep-alive (HTTP/1.1 without ``Connection:
+close``, or HTTP/1.0 with ``keep-alive``) and that no further bytes followed; idle ones are
 dropped after ``keepalive_s`` (before the backend drops them: vLLM's uvicorn closes idle
 keep-alive connections after 5 s, and a request written on a connection the server is
 closing fails as if the backend had died).
@@ -37,6 +45,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Protocol, cast
 from urllib.parse import urlsplit
 
+import httptools
+
 # (scheme, host, port): the connections of one backend.
 _Key = tuple[str, str, int]
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -44,6 +54,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 # up (the client reads slower than the backend writes).
 HIGH_WATER = 1 << 16
 MAX_HEAD = 1 << 16  # status line and headers: more is not a backend we talk to
+# Bytes in a row with no body byte once the body began: a chunk's size line and its
+# extensions, the CRLFs, the trailer. vLLM sends a few bytes of framing per chunk; a backend
+# that sends more (endless chunk extensions or trailer fields) is broken off.
+MAX_FRAMING = 1 << 12
 
 
 class BodySink(Protocol):
@@ -124,57 +138,90 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-# Parser states of the body.
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _UNTIL_CLOSE, _DONE = range(8)
+# Where a response is: waiting for its head (status line and headers), reading its body,
+# whole.
+_HEAD, _BODY, _DONE = range(3)
+_VERSIONS = ("1.1", "1.0")
 
 
-def _whole_chunk(data: bytes) -> bytes | None:
-    """The data of ``data`` if it is exactly one whole non-empty chunk (size line, data,
-    CRLF), else None. The common read of a stream, as an engine writes one event per step:
-    taken without the state machine's round, which judges everything else (and names the
-    error of a malformed size)."""
-    eol = data.find(b"\r\n", 0, 10)
-    if eol <= 0:
-        return None
-    line = data[:eol]
-    if not line.isalnum():  # hex digits only (no sign, space, "_", ";")
-        return None
-    try:
-        size = int(line, 16)
-    except ValueError:
-        return None
-    end = eol + 2 + size
-    if size and len(data) == end + 2 and data.endswith(b"\r\n"):
-        return data[eol + 2:end]
-    return None
+class _AfterResponse(Exception):
+    """Raised in the parser's callback when bytes after the response begin another one: stops
+    the parser there (the response is whole; the connection is not reused)."""
 
 
 class UpstreamResponse:
     """A backend's response: its head once :meth:`head` returned, then its body, whole
     (:meth:`read`) or as it arrives (:meth:`pieces`). End it with :meth:`release` (the body
     was read to its end) or :meth:`close` (drops the connection, which tells the backend
-    the client is gone)."""
+    the client is gone).
 
-    __slots__ = ("_body", "_buffer", "_conn", "_error", "_head", "_keep_alive", "_left",
-                 "_paused", "_sink", "_size", "_state", "_waiter", "content_type", "headers",
-                 "status")
+    The bytes are parsed by llhttp (``httptools.HttpResponseParser``, one per response), which
+    calls the ``on_*`` methods below; what is kept here is what llhttp leaves to its caller:
+    the bounds (:data:`MAX_HEAD`, :data:`MAX_FRAMING`), a body that ends with the connection,
+    and whether the connection may be reused."""
+
+    __slots__ = ("_body", "_conn", "_error", "_framed", "_framing", "_keep_alive", "_parser",
+                 "_paused", "_seen", "_sink", "_size", "_state", "_waiter", "content_type",
+                 "headers", "status")
 
     def __init__(self, conn: _Connection) -> None:
         self._conn = conn
+        self._parser = httptools.HttpResponseParser(self)
         self._state = _HEAD
-        self._head = b""  # head bytes until the blank line
-        self._buffer = b""  # framing bytes not yet parsed (chunk sizes split across reads)
+        self._seen = 0  # bytes fed before the head was whole
+        self._framing = 0  # bytes fed in a row since the last body byte
+        self._framed = False  # Content-Length or Transfer-Encoding: the body does not end
+        # with the connection
         self._body: list[bytes] = []  # decoded body bytes not yet taken
         self._size = 0
-        self._left = 0  # bytes left of the body (Content-Length) or of the chunk
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._keep_alive = True
+        self._keep_alive = False
         self._paused = False
         self._sink: BodySink | None = None
         self.status = 0
         self.headers: list[tuple[str, str]] = []
         self.content_type = ""
+
+    # -- llhttp's callbacks (httptools' protocol) ------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        if self._state == _DONE:  # bytes after the response: stop there
+            raise _AfterResponse
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._state != _HEAD:
+            return  # a trailer's field: not the response's headers
+        lower = name.lower()
+        if lower == b"content-type":
+            self.content_type = value.partition(b";")[0].strip().lower().decode("latin-1")
+        elif lower in (b"content-length", b"transfer-encoding"):
+            self._framed = True
+        self.headers.append((name.decode("latin-1"), value.decode("latin-1")))
+
+    def on_headers_complete(self) -> None:
+        parser = self._parser
+        if parser.get_http_version() not in _VERSIONS:
+            raise UpstreamError("the backend's response is not HTTP/1.1")
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:
+            # An interim response (102, 103): its fields are not the response's, which
+            # follows on the same connection.
+            self.headers = []
+            self.content_type = ""
+            self._framed = False
+            return
+        self.status = status
+        self._keep_alive = parser.should_keep_alive()
+        self._state = _BODY
+
+    def on_body(self, body: bytes) -> None:
+        self._body.append(body)
+        self._size += len(body)
+
+    def on_message_complete(self) -> None:
+        if self._state == _BODY:  # not an interim response's end
+            self._state = _DONE
 
     # -- fed by the connection -------------------------------------------------------------------
 
@@ -186,39 +233,83 @@ class UpstreamResponse:
                 waiter.set_result(None)
 
     def _feed(self, data: bytes) -> None:
-        sink = self._sink
-        if sink is not None and self._state == _CHUNK_SIZE and not self._buffer \
-                and not self._body:
-            # The relay's common read: one whole chunk, straight to the sink (no body list,
-            # no drain: with nothing buffered, only the relay itself can have paused reading,
-            # and it resumes it).
-            piece = _whole_chunk(data)
-            if piece is not None:
-                sink.data(piece, False)
-                return
+        head = self._state == _HEAD
         try:
-            if self._state == _HEAD:
-                data = self._parse_head(data)
-                if self._state == _HEAD:
-                    return
-                self._wake()  # the head is there
-            if data:
-                self._parse_body(data)
-        except UpstreamError as e:
-            self._error = e
-            self._conn.abort()
-        if self._sink is not None:
-            self._to_sink(self._sink)
+            if head:
+                self._feed_head(data)
+            else:
+                size = self._size
+                self._parser.feed_data(data)
+                if self._size != size:
+                    self._framing = 0
+                elif self._state == _BODY:
+                    self._framing += len(data)
+                    if self._framing > MAX_FRAMING:
+                        raise UpstreamError("the backend's chunked framing carries no body "
+                                            f"for over {MAX_FRAMING} bytes")
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade, UpstreamError) as e:
+            self._broke(e)
+        sink = self._sink
+        if sink is not None:
+            body = self._body
+            done = self._state == _DONE
+            if body:
+                # Straight to the sink (no drain: with nothing buffered, only the relay
+                # itself can have paused reading, and it resumes it).
+                out = body[0] if len(body) == 1 else b"".join(body)
+                body.clear()
+                self._size = 0
+                sink.data(out, done and self._error is None)
+            if done or self._error is not None:
+                self._sink = None
+                sink.end(self._error)
             return
-        if self._body or self._state == _DONE:
+        if self._body or self._state == _DONE or self._error is not None \
+                or (head and self._state != _HEAD):
             self._wake()
         if self._size > HIGH_WATER and not self._paused and self._conn.transport is not None:
             self._paused = True
             self._conn.transport.pause_reading()
 
+    def _feed_head(self, data: bytes) -> None:
+        """Feed bytes of the head: at most :data:`MAX_HEAD` of them before the head is whole
+        (llhttp bounds no field's length; httptools joins a field's pieces)."""
+        room = MAX_HEAD - self._seen
+        if len(data) <= room:
+            self._seen += len(data)
+            self._parser.feed_data(data)
+            return
+        view = memoryview(data)
+        self._parser.feed_data(view[:room])
+        if self._state == _HEAD:
+            raise UpstreamError(f"the backend's response head is over {MAX_HEAD} bytes")
+        self._parser.feed_data(view[room:])
+
+    def _broke(self, error: Exception) -> None:
+        """The parser stopped on ``error``. After a whole response that is the bytes after
+        it (another response, or anything else): the response stands, the connection is not
+        reused. Before, the exchange failed; the message quotes none of the backend's bytes
+        (llhttp's reasons are its own fixed phrases)."""
+        if self._state == _DONE:
+            self._keep_alive = False
+            return
+        if isinstance(error, UpstreamError):
+            self._error = error
+        elif isinstance(error, httptools.HttpParserCallbackError) \
+                and isinstance(error.__context__, UpstreamError):
+            self._error = error.__context__
+        else:
+            reason = error.args[0] if error.args and isinstance(error.args[0], str) else ""
+            self._error = UpstreamError(
+                "the backend's response is not valid HTTP/1.1"
+                + (f" ({reason})" if reason and isinstance(error, httptools.HttpParserError)
+                   else ""))
+        self._conn.abort()
+
     def _lost(self, exc: Exception | None) -> None:
-        if self._state == _UNTIL_CLOSE:
-            self._state = _DONE
+        if self._state == _BODY and not self._framed and self._error is None:
+            self._state = _DONE  # a body without length ends with the connection
+            self._keep_alive = False
         elif self._state != _DONE and self._error is None:
             what = f": {exc}" if exc else ""
             self._error = UpstreamError(
@@ -237,137 +328,6 @@ class UpstreamResponse:
         if done or self._error is not None:
             self._sink = None
             sink.end(self._error)
-
-    def _parse_head(self, data: bytes) -> bytes:
-        head = self._head + data
-        end = head.find(b"\r\n\r\n")
-        if end < 0:
-            if len(head) > MAX_HEAD:
-                raise UpstreamError("response head too large")
-            self._head = head
-            return b""
-        self._head = b""
-        lines = head[:end].decode("latin-1").split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
-            raise UpstreamError(f"not an HTTP/1.1 response: {lines[0][:80]!r}")
-        self.status = int(code)
-        length: int | None = None
-        chunked = False
-        keep_alive = version == "HTTP/1.1"
-        headers = self.headers
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise UpstreamError(f"malformed header line {line[:80]!r}")
-            value = value.strip()
-            headers.append((name, value))
-            lower = name.lower()
-            if lower == "content-length":
-                if not value.isdigit():
-                    raise UpstreamError(f"bad Content-Length {value[:40]!r}")
-                length = int(value)
-            elif lower == "transfer-encoding":
-                chunked = value.lower().endswith("chunked")
-            elif lower == "content-type":
-                self.content_type = value.partition(";")[0].strip().lower()
-            elif lower == "connection":
-                tokens = {t.strip().lower() for t in value.split(",")}
-                if "close" in tokens:
-                    keep_alive = False
-                elif "keep-alive" in tokens:
-                    keep_alive = True
-        self._keep_alive = keep_alive
-        if self.status in (204, 304) or 100 <= self.status < 200:
-            self._state = _DONE
-        elif chunked:
-            self._state = _CHUNK_SIZE
-        elif length is not None:
-            self._left = length
-            self._state = _LENGTH if length else _DONE
-        else:
-            self._keep_alive = False
-            self._state = _UNTIL_CLOSE
-        return head[end + 4:]
-
-    def _take(self, piece: bytes) -> None:
-        self._body.append(piece)
-        self._size += len(piece)
-
-    def _parse_body(self, data: bytes) -> None:
-        state = self._state
-        if state == _LENGTH:
-            if len(data) >= self._left:
-                self._take(data[: self._left])
-                self._left = 0
-                self._state = _DONE
-            else:
-                self._take(data)
-                self._left -= len(data)
-            return
-        if state == _UNTIL_CLOSE:
-            self._take(data)
-            return
-        if state == _DONE:
-            self._keep_alive = False  # bytes after the response: do not reuse
-            return
-        if state == _CHUNK_SIZE and not self._buffer:
-            piece = _whole_chunk(data)
-            if piece is not None:
-                self._take(piece)
-                return
-        buffer = self._buffer + data if self._buffer else data
-        self._buffer = b""
-        pos, n = 0, len(buffer)
-        while pos < n:
-            if state == _CHUNK_SIZE:
-                eol = buffer.find(b"\r\n", pos)
-                if eol < 0:
-                    if n - pos > 1024:
-                        raise UpstreamError("chunk size line too long")
-                    self._buffer = buffer[pos:]
-                    break
-                line = buffer[pos:eol].partition(b";")[0].strip()
-                try:
-                    size = int(line, 16)
-                except ValueError:
-                    raise UpstreamError(f"bad chunk size {line[:20]!r}") from None
-                pos = eol + 2
-                if size == 0:
-                    state = _TRAILER
-                else:
-                    self._left = size
-                    state = _CHUNK_DATA
-            elif state == _CHUNK_DATA:
-                take = min(self._left, n - pos)
-                self._take(buffer[pos:pos + take] if take < n or pos else buffer)
-                pos += take
-                self._left -= take
-                if not self._left:
-                    state = _CHUNK_CRLF
-            elif state == _CHUNK_CRLF:
-                if n - pos < 2:
-                    self._buffer = buffer[pos:]
-                    break
-                if buffer[pos:pos + 2] != b"\r\n":
-                    raise UpstreamError("chunk not followed by CRLF")
-                pos += 2
-                state = _CHUNK_SIZE
-            elif state == _TRAILER:
-                eol = buffer.find(b"\r\n", pos)
-                if eol < 0:
-                    self._buffer = buffer[pos:]
-                    break
-                if eol == pos:  # the blank line ending the trailer: the response is whole
-                    state = _DONE
-                    if eol + 2 < n:
-                        self._keep_alive = False
-                    break
-                pos = eol + 2
-            else:  # pragma: no cover
-                break
-        self._state = state
 
     # -- read by the relay -----------------------------------------------------------------------
 
