@@ -21,6 +21,11 @@ sequences). With token-id prompts and ``ignore_eos`` this script measures
   prefix of C token ids sent alone first, then the prefix and N new ids, whose prefill step
   computes N tokens over C cached ones (``t_prefill_context``: N x C pairs);
 
+* contended points (``--contended-repeats``), in chat_sessions' shape: a chat turn after
+  its cached history sent alone, and ``--contended-offset`` seconds after another such turn
+  started, alternately: how much longer a request takes when the engine is stepping as it
+  arrives (``t_api_contended``, below);
+
 each from both clocks: the client's, and vLLM's own histograms (``request_prefill_time`` =
 the prefill step, ``inter_token_latency`` = the decode step, from engine-core timestamps).
 Two fits follow (non-negative least squares on relative errors):
@@ -31,6 +36,12 @@ Two fits follow (non-negative least squares on relative errors):
   box vLLM's API server, not the engine, limits streaming at high concurrency, and
   this fit folds that into ``t_decode_seq``. The fidelity benchmark compares client-side
   numbers, so this is the one to use for the ``cpu-tiny`` profile.
+
+``t_api_contended`` is the contended points' median client TTFT less the alone ones',
+less what the step model itself adds to a request that arrives while another decodes (half
+a decode step of waiting for the step in flight, and that decode in its own prefill step):
+vLLM CPU's engine core keeps an OpenMP thread on every core while it steps, so on a host
+with no spare core the API server's work for the new request waits for one.
 
 Repeats: ``--repeats`` rounds, each measuring every point once (so load from elsewhere hits
 all points alike); medians over the rounds are used. The client is aiohttp, not httpx:
@@ -66,6 +77,7 @@ if __package__ in (None, ""):  # run as a script: make the repo importable for -
 
 from benchmarks import _prom  # after the path: runnable as a script
 from weighbridge.emulator.real_vllm import RealVllmServer
+from weighbridge.loadgen.bodies import prompt_text
 
 SERVER_HISTOGRAMS = (
     "time_to_first_token_seconds", "inter_token_latency_seconds",
@@ -208,6 +220,44 @@ async def run_point(session: aiohttp.ClientSession, url: str, model: str, rng: r
     return point
 
 
+async def run_contended(session: aiohttp.ClientSession, url: str, model: str, offset_s: float,
+                        repeats: int, seed: int) -> dict[str, Any]:
+    """``repeats`` pairs in chat_sessions' shape: a chat turn after its cached history
+    (``_fidelity_turns``: a 256-word system prompt, four earlier exchanges, a new message),
+    alone, then another such turn started ``offset_s`` before it (30 output tokens, its own
+    history cached too): the client's TTFT of each."""
+    from benchmarks import _fidelity_turns as turns  # it imports this module
+
+    async def turn(history: list[dict[str, str]], last: str, tokens: int,
+                   delay: float) -> float:
+        await asyncio.sleep(delay)
+        ttft, _ = await turns._stream(
+            session, url, "/v1/chat/completions",
+            {"model": model, "max_tokens": tokens,
+             "messages": [*history, {"role": "user", "content": last}]})
+        return ttft
+
+    out: dict[str, Any] = {"offset_s": offset_s, "alone_ttft_s": [], "busy_ttft_s": []}
+    for k in range(repeats):
+        for j, key in enumerate(("alone_ttft_s", "busy_ttft_s")):
+            base = seed * 1000 + 10 * k + 2 * j
+            ours, other = turns._history(base), turns._history(base + 1)
+            for history in (ours, other):  # cached, as a session's earlier turns left it
+                await turns._stream(session, url, "/v1/chat/completions",
+                                    {"model": model, "max_tokens": 1, "messages": history})
+            await asyncio.sleep(0.15)
+            ask = prompt_text(48, base * 100 + 99)
+            if key == "alone_ttft_s":
+                ttft = await turn(ours, ask, 16, 0.0)
+            else:
+                ttft, _ = await asyncio.gather(
+                    turn(ours, ask, 16, offset_s),
+                    turn(other, prompt_text(48, base * 100 + 98), 30, 0.0))
+            out[key].append(ttft)
+            await asyncio.sleep(0.2)
+    return out
+
+
 def _ms(x: float) -> str:
     return f"{x * 1e3:7.2f}"
 
@@ -238,6 +288,15 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
             for pt in prefix_pts:
                 await run_point(session, url, model, rng, args.vocab, pt, args.ttft_samples)
             print(f"round {rnd + 1}/{args.repeats} done", file=sys.stderr)
+        contended = None
+        repeats = getattr(args, "contended_repeats", 0)
+        if repeats:
+            contended = await run_contended(session, url, model, args.contended_offset,
+                                            repeats, args.seed)
+            print(f"contended chat turns: client TTFT "
+                  f"{_ms(_median(contended['alone_ttft_s']))} ms alone, "
+                  f"{_ms(_median(contended['busy_ttft_s']))} ms beside another",
+                  file=sys.stderr)
         prefill = [asdict(pt) for pt in prefill_pts]
         decode = [asdict(pt) for pt in decode_pts]
         prefix = [asdict(pt) for pt in prefix_pts]
@@ -252,7 +311,8 @@ async def measure(args: argparse.Namespace, url: str) -> dict[str, Any]:
                   f"{_ms(_median(d['client_ttft_s']))} ms, client TPOT {_ms(tpot)} ms "
                   f"({1 / tpot:6.1f} tok/s/stream), server ITL "
                   f"{_ms(server_median(d, 'inter_token_latency_seconds'))} ms", file=sys.stderr)
-    return {"model": model, "prefill": prefill, "decode": decode, "prefix": prefix}
+    return {"model": model, "prefill": prefill, "decode": decode, "prefix": prefix,
+            "contended": contended}
 
 
 # --- fitting ----------------------------------------------------------------------------
@@ -356,6 +416,18 @@ def _fit_table(rows: list[Row], coef: dict[str, float], names: tuple[str, ...]) 
     return lines
 
 
+def contended_fit(contended: dict[str, Any], step: dict[str, float]) -> float:
+    """``t_api_contended`` from the contended points and the fitted step terms: the measured
+    TTFT difference less the step model's own (the turn waits on average half of the
+    other's decode step and then carries that decode in its prefill step; the other's
+    context is about a thousand tokens)."""
+    context = 1000.0
+    decode = step["t_fixed"] + step["t_decode_seq"] + step["t_kv_token"] * context
+    own = decode / 2 + step["t_decode_seq"] + step["t_kv_token"] * context
+    measured = _median(contended["busy_ttft_s"]) - _median(contended["alone_ttft_s"])
+    return max(measured - own, 0.0)
+
+
 def report(data: dict[str, Any]) -> dict[str, Any]:
     erows, crows = engine_rows(data), client_rows(data)
     engine: dict[str, float] = {}
@@ -381,6 +453,8 @@ def report(data: dict[str, Any]) -> dict[str, Any]:
             f"{_median(d['client_ttft_s']) * 1e3:.2f} | {tpot * 1e3:.2f} | {1 / tpot:.1f} | "
             f"{server_median(d, 'inter_token_latency_seconds') * 1e3:.2f} | "
             f"{_median(d['chunks_per_token']):.3f} | {d['burst_streams']} |")
+    contended = data.get("contended")
+    t_contended = contended_fit(contended, engine) if contended and engine else None
     out: list[str] = []
     if client:
         out += ["Client fit (step coefficients + per-request overhead; use for cpu-tiny):",
@@ -392,7 +466,15 @@ def report(data: dict[str, Any]) -> dict[str, Any]:
                 *_fit_table(erows, engine, STEP), ""]
     out += ["Raw prefill points (concurrency 1, max_tokens 1):", *raw_pre, "",
             "Raw decode points:", *raw_dec]
-    return {"client_fit": client, "engine_fit": engine, "table": "\n".join(out)}
+    if contended:
+        out += ["", f"Contended chat turns ({len(contended['alone_ttft_s'])} pairs; the other "
+                f"turn started {contended['offset_s'] * 1e3:.0f} ms before): client TTFT "
+                f"median {_median(contended['alone_ttft_s']) * 1e3:.2f} ms alone, "
+                f"{_median(contended['busy_ttft_s']) * 1e3:.2f} ms beside another"
+                + (f"; t_api_contended {t_contended * 1e3:.2f} ms"
+                   if t_contended is not None else "")]
+    return {"client_fit": client, "engine_fit": engine, "t_api_contended": t_contended,
+            "table": "\n".join(out)}
 
 
 def _parse_ints(s: str) -> list[int]:
@@ -429,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
                          "keeps the ramp-up to one step")
     ap.add_argument("--prefix-points", type=_parse_shapes, default=_parse_shapes("896x64,896x256"),
                     help="PREFIXxNEW prefill points after a cached prefix (t_prefill_context)")
+    ap.add_argument("--contended-repeats", type=int, default=20,
+                    help="pairs of a chat turn alone and beside another (t_api_contended); "
+                         "0: none")
+    ap.add_argument("--contended-offset", type=float, default=0.06,
+                    help="seconds the other turn starts before the contended one")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=None, help="write raw data + fits as JSON")
@@ -459,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(json.dumps({"meta": meta, "data": data,
                                         "client_fit": fit["client_fit"],
-                                        "engine_fit": fit["engine_fit"]}, indent=2) + "\n")
+                                        "engine_fit": fit["engine_fit"],
+                                        "t_api_contended": fit["t_api_contended"]},
+                                       indent=2) + "\n")
     return 0
 
 

@@ -98,11 +98,13 @@ CALIBRATE = os.environ.get("WEIGHBRIDGE_FIDELITY_CALIBRATE", "1") != "0"
 # per sequence from the cost per context token. 384 output tokens keep the ramp-up's mixed
 # steps (24 x 512 prompt tokens take 6 steps of the 2,048 budget) a few per cent of a
 # stream's decode time. Two prefills after a cached 896-token prefix (a chat turn's shape)
-# give the attention to the cached context (t_prefill_context).
+# give the attention to the cached context (t_prefill_context). A chat turn after its
+# cached history, alone and 60 ms after another such turn started (20 pairs, chat_sessions'
+# shape), gives the API server's wait for a core while the engine steps (t_api_contended).
 CALIBRATION = argparse.Namespace(
     model=None, vocab=2048, repeats=2, ttft_samples=3, prompt_lens=[16, 512, 1024],
     decode_shapes=[(1, 16), (8, 256), (32, 16), (24, 512)], max_tokens=384, seed=0,
-    prefix_points=[(896, 64), (896, 256)])
+    prefix_points=[(896, 64), (896, 256)], contended_repeats=20, contended_offset=0.06)
 VOCAB = 2048
 ENGINE = {"max_num_seqs": 32, "max_num_batched_tokens": 2048, "max_model_len": 2048,
           "block_size": 32, "num_kv_blocks": 1024}
@@ -453,7 +455,7 @@ def _overrides(profile: StepTimeProfile) -> dict[str, float]:
     shipped = get_profile(PROFILE)
     return {name: getattr(profile, name) for name in (
         "t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token", "t_prefill_context",
-        "t_api_serial", "t_api_latency", "t_api_token")
+        "t_api_serial", "t_api_latency", "t_api_token", "t_api_contended")
         if getattr(profile, name) != getattr(shipped, name)}
 
 
@@ -485,11 +487,11 @@ def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
     profile = shipped.with_overrides(
         **{name: engine[name] for name in calibrate.STEP},
         t_api_serial=shipped.t_api_serial * scale, t_api_latency=shipped.t_api_latency * scale,
-        t_api_token=shipped.t_api_token * scale)
+        t_api_token=shipped.t_api_token * scale, t_api_contended=fit["t_api_contended"])
     terms = ", ".join(f"{name} {getattr(profile, name) * 1e6:.3g} us (shipped "
                       f"{getattr(shipped, name) * 1e6:.3g})"
                       for name in (*calibrate.STEP, "t_api_serial", "t_api_latency",
-                                   "t_api_token"))
+                                   "t_api_token", "t_api_contended"))
     ctx.log(f"  calibrated: {terms}; other processes used {foreign:.2f} cores meanwhile")
     return profile, [
         f"Calibrated on this host first (`{PROFILE}` refitted, "
@@ -498,8 +500,12 @@ def _host_profile(ctx: BenchContext) -> tuple[StepTimeProfile, list[str]]:
         + ", ".join(f"{c}+{n}" for c, n in CALIBRATION.prefix_points)
         + " (cached + computed), decode at "
         + ", ".join(f"{c}x{p}" for c, p in CALIBRATION.decode_shapes)
-        + f" with {CALIBRATION.max_tokens} output tokens; step terms from vLLM's own clocks, "
-        f"the API server's scaled by the per-request overhead; other processes used "
+        + f" with {CALIBRATION.max_tokens} output tokens, and a chat turn after its cached "
+        f"history alone and {CALIBRATION.contended_offset * 1e3:.0f} ms after another "
+        f"started ({CALIBRATION.contended_repeats} pairs); step terms from vLLM's "
+        "own clocks, the API server's scaled by the per-request overhead, t_api_contended "
+        "the contended pairs' median TTFT difference less the step model's own; other "
+        "processes used "
         f"{foreign:.2f} cores meanwhile): {terms}. "
         "$WEIGHBRIDGE_FIDELITY_CALIBRATE=0 judges cpu-tiny as shipped."]
 

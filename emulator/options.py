@@ -149,6 +149,9 @@ class EmulatorOptions(BaseModel):
     t_api_latency: float | None = _override("API-server latency per request, in parallel")
     t_api_token: float | None = _override(
         "API-server seconds per streamed token, serial with admission")
+    t_api_contended: float | None = _override(
+        "API-server seconds added to the serial part of a request accepted while the "
+        "engine has work")
 
     @field_validator("lora_modules")
     @classmethod
@@ -195,7 +198,7 @@ class EmulatorOptions(BaseModel):
             t_decode_seq=self.t_decode_seq, t_kv_token=self.t_kv_token,
             t_prefill_context=self.t_prefill_context, t_api_serial=self.t_api_serial,
             t_api_latency=self.t_api_latency, t_api_token=self.t_api_token,
-            kv_bytes_per_token=self.kv_bytes_per_token)
+            t_api_contended=self.t_api_contended, kv_bytes_per_token=self.kv_bytes_per_token)
 
     def kv_blocks(self) -> int:
         """The cache's blocks, as vLLM sizes it: a block count wins over a size in bytes;

@@ -40,6 +40,10 @@ class StepTimeProfile:
     # seconds per token, serial with the admission work above, so a new request waits
     # behind the streaming of the running ones.
     t_api_token: float = 0.0
+    # How much longer the serial part takes for a request accepted while the engine has
+    # work: on a CPU host the engine core's OpenMP threads fill every core as it steps, so
+    # the API server waits for one. 0: the front end has cores of its own (a GPU host).
+    t_api_contended: float = 0.0
     # KV-cache bytes per token (2 x layers x kv_heads x head_dim x dtype bytes): what turns
     # a cache size in bytes into blocks. 0: unknown (the cache can only be sized in blocks).
     kv_bytes_per_token: int = 0
@@ -47,7 +51,7 @@ class StepTimeProfile:
     def __post_init__(self) -> None:
         for field in ("t_fixed", "t_prefill_token", "t_decode_seq", "t_kv_token",
                       "t_prefill_context", "t_api_serial", "t_api_latency", "t_api_token",
-                      "kv_bytes_per_token"):
+                      "t_api_contended", "kv_bytes_per_token"):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field} must be >= 0, got {getattr(self, field)}")
 
@@ -77,7 +81,9 @@ PROFILES: dict[str, StepTimeProfile] = {
     # t_decode_seq and t_kv_token: the calibration's engine-clock fit (real vLLM's step time
     # barely grows with context: 0.07 us per token, not the client fit's 0.32), which the
     # flood regime of benchmarks/fidelity.py needs (~19k context tokens per step); t_api_token:
-    # the front end's streaming work, which the 32-stream TTFT needs. See docs/emulator.md.
+    # the front end's streaming work, which the 32-stream TTFT needs; t_api_contended: the API
+    # server's wait for a core while the engine steps, which chat_sessions' TTFT needs. See
+    # docs/emulator.md.
     "cpu-tiny": StepTimeProfile(
         name="cpu-tiny",
         t_fixed=0.00253,
@@ -91,6 +97,11 @@ PROFILES: dict[str, StepTimeProfile] = {
         t_api_serial=0.0035,
         t_api_latency=0.0037,
         t_api_token=0.0001,
+        # Measured on the Intel Xeon 2-core host of 2026-12-06: a chat turn after its cached
+        # history took 7.7 ms longer (median of 25, 16.7 -> 24.4 ms) when another turn had
+        # started 60 ms before, of which the step model's own wait for the step in flight
+        # explains 1.6 ms (docs/emulator.md#cpu-tiny).
+        t_api_contended=0.0061,
         kv_bytes_per_token=2048,  # the tiny Llama: 2 x 2 layers x 2 kv heads x 64 x float32
     ),
     # Derived from public figures (docs/emulator.md#h100-llama3-8b): 16 GB of bf16 weights read

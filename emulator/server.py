@@ -111,7 +111,8 @@ class EngineRunner:
     def submit(self, seq: Sequence, *, interval: int = 1) -> TokenStream:
         """Hand a request to the engine after the API server's per-request work: a serial
         part (one request at a time, as vLLM's frontend, queued behind the streaming work
-        of the tokens already generated) and a parallel latency (emulator/frontend.py).
+        of the tokens already generated, longer while the engine has work) and a parallel
+        latency (emulator/frontend.py).
         Its tokens reach the stream ``interval`` at a time (:class:`TokenStream`)."""
         self.model.check(seq)
         self._seeds += 1
@@ -124,7 +125,7 @@ class EngineRunner:
             self._enter_engine(seq)
         else:
             now = self.clock()
-            ready = self._front_end.ready_at(now)
+            ready = self._front_end.ready_at(now, self.model.has_work)
             asyncio.get_running_loop().call_later(ready - now, self._enter_engine, seq)
         return stream
 

@@ -37,8 +37,9 @@ def test_the_step_time_table_states_the_profile(name: str) -> None:
     (step,) = [r for r in rows()[name] if len(r) == len(STEP_TERMS)]
     for term, cell in zip(STEP_TERMS, step, strict=True):
         assert seconds(cell) == pytest.approx(getattr(profile, term), rel=1e-9), term
-    (api,) = [r for r in rows()[name] if len(r) == 2]
+    (api,) = [r for r in rows()[name] if len(r) == 3]
     assert seconds(api[0]) == pytest.approx(profile.t_api_token, rel=1e-9)
-    assert int(api[1].split("(")[0].replace(",", "")) == profile.kv_bytes_per_token
+    assert seconds(api[1]) == pytest.approx(profile.t_api_contended, rel=1e-9)
+    assert int(api[2].split("(")[0].replace(",", "")) == profile.kv_bytes_per_token
     (context,) = [r for r in rows()[name] if len(r) == 1]
     assert seconds(context[0]) == pytest.approx(profile.t_prefill_context, rel=1e-9)

@@ -359,7 +359,8 @@ class Simulation:
                 if not engine.busy:
                     kicked.append(engine)
             else:
-                self._push(engine.front_end.ready_at(now), _ENTER, flight)
+                self._push(engine.front_end.ready_at(now, engine.model.has_work), _ENTER,
+                           flight)
         for engine in kicked:
             if not engine.busy:
                 self._start(engine, now)
