@@ -138,7 +138,34 @@ class Figures:
     machine: Machine
     server: dict[str, float]  # the server's own histogram means over the run (seconds)
     windows: list[tuple[float, int, float, float, float]]  # (start, n, p50, p90, others)
+    crowd: dict[str, tuple[int, float, float]] = field(default_factory=dict)  # by_crowd's
     attempts: int = 1
+
+
+CROWDS = ("nothing", "1 decoding", "2+ decoding", "1+ before its first token")
+
+
+def by_crowd(ok: list[RequestRecord]) -> dict[str, tuple[int, float, float]]:
+    """TTFT (count, p50, p90) by what each request found in flight when it was sent: nothing,
+    others all past their first token (one, or more), or another still before its first
+    token. vLLM CPU's TTFT grows with it where the emulator's model did not (issue 29)."""
+    groups: dict[str, list[float]] = {c: [] for c in CROWDS}
+    for r in ok:
+        if r.ttft_s is None:
+            continue
+        early = decoding = 0
+        for o in ok:
+            if o is r or o.first_token_s is None or not o.sent_s < r.sent_s < o.end_s:
+                continue
+            if r.sent_s < o.first_token_s:
+                early += 1
+            else:
+                decoding += 1
+        crowd = (CROWDS[3] if early else CROWDS[0] if not decoding
+                 else CROWDS[1] if decoding == 1 else CROWDS[2])
+        groups[crowd].append(r.ttft_s)
+    return {c: (len(v), percentile(sorted(v), 0.5), percentile(sorted(v), 0.9))
+            for c, v in groups.items() if v}
 
 
 def figures(name: str, run_dir: Path, machine: Machine, server: dict[str, float],
@@ -164,7 +191,7 @@ def figures(name: str, run_dir: Path, machine: Machine, server: dict[str, float]
         output_tps=sum(r.output_tokens or 0 for r in ok) / duration_s,
         decode_tps_p50=percentile(decode, 0.5),
         tenants={n: t["prefix_cache_hit_rate"] for n, t in s["tenants"].items()},
-        machine=machine, server=server, windows=windows)
+        machine=machine, server=server, windows=windows, crowd=by_crowd(ok))
 
 
 def _server_sums(url: str) -> dict[str, tuple[float, float]]:
@@ -350,6 +377,13 @@ def _run(ctx: BenchContext) -> BenchResult:
                    f"TTFT p50 / p90 ms per {WINDOW_S:.0f}-second window (by scheduled send), "
                    "and in brackets the cores every process but the server and this benchmark "
                    "used in it (the load generator among them).")
+    crowd = Table(("run", *CROWDS),
+                  [(f.name, *(f"{f.crowd[c][1] * 1e3:,.1f} / {f.crowd[c][2] * 1e3:,.1f} "
+                              f"({f.crowd[c][0]})" if c in f.crowd else "—" for c in CROWDS))
+                   for f in (vllm, emu, off)],
+                  "TTFT p50 / p90 ms by what a request found in flight when it was sent, "
+                  "and how many requests found it (benchmarks/fidelity_sessions.by_crowd): "
+                  "nothing, others all past their first token, or another still before it.")
     floor = _floor_table(probe)
     tenants = sorted(vllm.tenants)
     per_tenant = Table(("tenant", "vLLM, cache on", "emulator", "vLLM, cache off"),
@@ -383,7 +417,7 @@ def _run(ctx: BenchContext) -> BenchResult:
             f"(quiet: <= {fidelity.NOISY_CORES['vllm']:.2f}); real vLLM's TTFT there is the "
             "machine's as much as vLLM's, so the emulator's TTFT ratios read low.")
     return BenchResult(
-        summary=summary_lines, tables=[main, clocks, windows, floor, per_tenant],
+        summary=summary_lines, tables=[main, clocks, windows, crowd, floor, per_tenant],
         notes=[*calibration,
                "Load: `locust -f scenarios/ --headless --scenario chat_sessions --seed 0` "
                "(weighbridge.app.loadrun), 60 s, straight to each server (no sidecar); the run "

@@ -9,6 +9,7 @@ import pytest
 
 from benchmarks import _prom, _results
 from benchmarks._core import Benchmark, BenchResult, Table, load, module_names
+from weighbridge.records import RequestRecord
 
 METRICS_BEFORE = """\
 # TYPE lag_seconds histogram
@@ -67,3 +68,25 @@ def test_registered_benchmarks_load() -> None:
     for name in ("emulator_speed", "http_stack"):
         bench = load(name)
         assert bench is not None and bench.name == name and not bench.needs_vllm
+
+
+def _record(rid: str, sent: float, first: float, end: float) -> RequestRecord:
+    return RequestRecord(run_id="r", scenario="s", phase="p", request_id=rid, tenant="t",
+                         tier="x", endpoint="/v1/chat/completions", stream=True,
+                         scheduled_s=sent, sent_s=sent, first_token_s=first,
+                         last_token_s=end, end_s=end, status="ok")
+
+
+def test_fidelity_sessions_groups_ttft_by_what_was_in_flight() -> None:
+    from benchmarks.fidelity_sessions import by_crowd
+
+    records = [
+        _record("alone", 0.0, 0.010, 0.100),    # nothing in flight
+        _record("beside", 0.050, 0.070, 0.300),  # "alone" is decoding
+        _record("early", 0.055, 0.080, 0.200),   # "beside" has no first token yet
+        _record("two", 0.150, 0.160, 0.400),     # "beside" and "early" decode
+    ]
+    crowd = by_crowd(records)
+    assert {c: n for c, (n, _, _) in crowd.items()} == {
+        "nothing": 1, "1 decoding": 1, "1+ before its first token": 1, "2+ decoding": 1}
+    assert crowd["1 decoding"][1] == pytest.approx(0.020)
