@@ -175,6 +175,9 @@ class ReplicaRecord:
     charges: list[tuple[QueuedRequest, int]] = field(default_factory=list)
     # (backend, block size, chained block hashes) of every prompt sent, while ``sharing``.
     sent_prefixes: list[tuple[str, int, tuple[int, ...]]] = field(default_factory=list)
+    # Prompt tokens (times answers) sent to each backend, while ``sharing``: the others'
+    # part of the engine's prefix-cache lookups (sidecar.prefix.CacheShare).
+    sent_tokens: Counter[str] = field(default_factory=Counter)
     # Replicas are told of service, estimates and prompts (``record_for_replicas``).
     sharing: bool = False
 
@@ -455,6 +458,15 @@ class SchedulingCore:
         index = self._prefix.get(backend)
         if index is not None and index.block_size == block_size:
             index.sent_blocks(blocks)
+
+    def learn_sent_tokens(self, backend: str, tokens: int, now: float) -> None:
+        """Other replicas sent ``backend`` prompts of ``tokens`` tokens (times answers), told
+        at ``now``: part of the engine's prefix-cache lookups, as this replica's prompts are
+        (taken as admitted when told: their first tokens are the others' to see)."""
+        index = self._prefix.get(backend)
+        if index is not None:
+            index.cache_share.sent(tokens)
+            index.cache_share.admitted(tokens, now)
 
     # ------------------------------------------------------------------ ingress
 
@@ -829,9 +841,12 @@ class SchedulingCore:
     ) -> Dispatch:
         request.backend = backend
         self.gates[backend].on_dispatched(now)
+        index = self._prefix[backend]
+        # What the engine's prefix-cache lookups will count of it (sidecar.prefix.CacheShare):
+        # each of its n answers is an engine request.
+        self._count_sent(backend, request.prompt_tokens * request.sequences)
         if request.prefix is not None:
             request.predicted_cached_tokens = self._predicted_cached(backend, request)
-            index = self._prefix[backend]
             index.sent(request.prefix)
             if self._record.sharing and index.retained_blocks:
                 self._record.sent_prefixes.append((backend, index.block_size,
@@ -870,6 +885,8 @@ class SchedulingCore:
         Mark the backend unhealthy first if it is down, or the retry may pick it again."""
         if request.state is not RequestState.DISPATCHED:
             raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
+        assert request.backend is not None
+        self._count_sent(request.backend, -request.prompt_tokens * request.sequences)
         self._release_backend(request, now)
         self._pool_of[request.id].scheduler.requeue(request)
         self.ledger.requeue(request.id)
@@ -898,6 +915,7 @@ class SchedulingCore:
         served = max(0, tokens)
         if request.id not in self._prefilled:
             self._prefilled.add(request.id)  # the first token says the prompt was served
+            self._admitted(request, now)
             served += request.computed_prompt_tokens  # the meter counts what DRR charges
             self._end_prefill(request)
             assert request.backend is not None
@@ -937,6 +955,13 @@ class SchedulingCore:
         scheduler's state (a tenant going idle forfeits its credit) that a later charge would
         meet. ``cached_tokens``: what the engine reported it found in its prefix cache
         (``usage.prompt_tokens_details.cached_tokens``); None: not reported."""
+        if request.backend is not None and prompt_tokens != request.prompt_tokens \
+                and request.state is RequestState.DISPATCHED:
+            # The engine's own count of the prompt replaces the estimate sent with it.
+            corrected = (prompt_tokens - request.prompt_tokens) * request.sequences
+            self._prefix[request.backend].cache_share.admitted(corrected, now, pending=0)
+            if self._record.sharing:
+                self._record.sent_tokens[request.backend] += corrected
         if cached_tokens is None and request.prefix is not None \
                 and request.backend is not None and request.backend not in self.unreported:
             # Predictions no answer can settle: off for this backend, the full charge back.
@@ -992,6 +1017,8 @@ class SchedulingCore:
             self._refund(request, now)
             return
         self.ledger.end(request.id, outcome)  # raises on a second end, before any change
+        if request.id not in self._prefilled:
+            self._admitted(request, now)
         pool = self._pool_of.pop(request.id)
         cached = request.predicted_cached_tokens if cached_tokens is None else cached_tokens
         computed = prompt_tokens - max(0, min(cached, prompt_tokens - 1))
@@ -1010,6 +1037,18 @@ class SchedulingCore:
             endpoint = self.config.endpoints.get(request.endpoint)
             weight = 1.0 if endpoint is None else endpoint.cached_prompt_token_weight
         return weight
+
+    def _count_sent(self, backend: str, tokens: int) -> None:
+        self._prefix[backend].cache_share.sent(tokens)
+        if self._record.sharing:
+            self._record.sent_tokens[backend] += tokens
+
+    def _admitted(self, request: QueuedRequest, now: float) -> None:
+        """The engine has admitted the request by ``now`` (its first token, or its end: an
+        end without one errs toward the sidecar's share), and counted its lookup."""
+        assert request.backend is not None
+        self._prefix[request.backend].cache_share.admitted(
+            request.prompt_tokens * request.sequences, now)
 
     def _release_backend(self, request: QueuedRequest, now: float) -> int:
         assert request.backend is not None
@@ -1052,6 +1091,11 @@ class SchedulingCore:
             kv_blocks = 0
         if kv_blocks is not None and block_size:
             self._prefix[backend].resize(int(kv_blocks), int(block_size))
+        # The engine's lookups against the prompts sent it: the share of its cache they hold.
+        queries = getattr(sample, "prefix_cache_queries_total", None)
+        if queries is not None:
+            self._prefix[backend].observe_engine(
+                sample.at_s, queries, getattr(sample, "prefix_cache_hits_total", None))
 
     def poll_period_s(self, backend: str | None = None) -> float:
         """How often to scrape ``backend`` (derived from its step time unless configured);
@@ -1075,6 +1119,11 @@ class SchedulingCore:
     def prefix_index_blocks(self) -> dict[str, int]:
         """Blocks each backend's prefix index holds (sidecar.prefix)."""
         return {name: len(index) for name, index in self._prefix.items()}
+
+    def prefix_cache_shares(self) -> dict[str, float]:
+        """The share of each backend's prefix cache the sidecar's prompts are taken to hold,
+        from the engine's lookups against the prompts sent it (sidecar.prefix.CacheShare)."""
+        return {name: index.share for name, index in self._prefix.items()}
 
     def estimated_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
                          max_tokens: int | None, sequences: int = 1) -> int:

@@ -162,6 +162,14 @@ class CoreCollector(Collector):
         for backend, n in core.prefix_index_blocks().items():
             blocks.add_metric([backend], n)
         yield blocks
+        share = GaugeMetricFamily(
+            "weighbridge_backend_prefix_cache_share",
+            "Share of the backend's prefix cache the sidecar's prompts are taken to hold: its "
+            "prompt tokens sent over the engine's prefix-cache queries, 0.05-1.",
+            labels=["backend"])
+        for backend, value in core.prefix_cache_shares().items():
+            share.add_metric([backend], value)
+        yield share
         decisions = CounterMetricFamily(
             "weighbridge_routing_decisions",
             "prefix_aware's choices of backend, by reason (affinity, load, bounded).",

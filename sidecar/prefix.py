@@ -20,6 +20,19 @@ corrects the bound: the engine keeps fewer blocks than its whole cache while req
 so a prediction the engine did not meet shrinks the index to what it retains. The index is
 a pure, clock-free core: the caller says when a block was used by the order of its calls.
 
+The engine's own counters bound it too. vLLM counts, in ``vllm:prefix_cache_queries``, the
+prompt tokens of every request it admits from its waiting queue, whoever sent it: once per
+request (a lookup that found no room is not counted; a preempted request's lookup on its
+return goes to a series vLLM does not export). The sidecar counts the prompt tokens it sends
+each backend (times the answers ``n``: each is an engine request; the replicas sharing its
+state tell it theirs), and ``CacheShare`` compares the two over a window. When the engine
+looks up more than the fleet sent, other clients share its cache, and as vLLM's cache keeps
+blocks in the order requests last used them, the fleet's prompts hold about their share of
+the lookups: the index then holds at most that share of the engine's blocks
+(``bound_share``). A prompt counts as pending from its dispatch to its first token, as the
+engine admits it in between, so the sidecar's own traffic alone never reads as less than
+the whole cache.
+
 Block hashes are ints made of ints only, so every process names a block alike: replicas
 sharing their state tell each other the blocks they sent where (sidecar.shared), and each
 index learns the others' dispatches as its own.
@@ -28,13 +41,17 @@ Invariants (``tests/unit/sidecar/test_prefix.py``): an index never holds more th
 capacity; a prediction never exceeds the prompt less one token and counts leading blocks
 only (a hit is a prefix); a prompt just sent or settled is predicted whole, but for its last
 token; a prediction the engine missed shrinks the index, one it met grows it back, never
-past the engine's cache.
+past its share of the engine's cache. ``CacheShare``
+(``tests/unit/sidecar/test_prefix_share.py``): the share stays within [``SHARE_FLOOR``, 1],
+is exactly 1 while the engine serves only what the sidecar sent, whenever it admits and
+answers it, and follows the sidecar's part of the engine's lookups when others send too.
 """
 
 from __future__ import annotations
 
+import math
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,6 +63,18 @@ TEXT_BLOCK_BYTES = 64  # 16 estimated tokens: vLLM's default block size
 # 4 KB prompt, where one big int of it took 69).
 _TEXT_BLOCK_WORDS = struct.Struct(f"<{TEXT_BLOCK_BYTES // 8}Q")
 _ROOT = 0x5EED  # the chain's start, so an empty prefix hashes to no block's value
+# CacheShare: the least share of an engine's cache the index assumes its prompts hold; the
+# window the engine's lookups and the sidecar's are compared over (an exponential one, in
+# seconds); and the engine's lookups, in tokens, in the window before the share moves (fewer
+# are a request or two, which a scrape can catch admitted before the sidecar's count).
+# The share is the highest of the last ``SHARE_HOLD_S`` seconds' estimates: a prompt counted
+# late (another replica's, told a sync later) lowers one scrape's estimate, not the share;
+# others' traffic lowers every estimate, and the share after ``SHARE_HOLD_S``.
+SHARE_FLOOR = 0.05
+SHARE_WINDOW_S = 30.0
+SHARE_MIN_TOKENS = 4096
+SHARE_HOLD_S = 5.0
+ADMITTED_HELD = 1024  # prompts admitted and not yet scraped, kept apart (then merged)
 
 
 @dataclass(slots=True, eq=False)
@@ -122,10 +151,14 @@ class PrefixIndex:
         if capacity_blocks < 0 or block_size < 1:
             raise ValueError("capacity_blocks must be at least 0 and block_size at least 1")
         self.capacity_blocks = capacity_blocks
-        # What the engine is learned to keep (``settle``): at most its whole cache.
+        # The share of the engine's cache the sidecar's prompts hold (``bound_share``).
+        self.share = 1.0
+        # What the engine is learned to keep (``settle``): at most that share of its cache.
         self.retained_blocks = capacity_blocks
         self.block_size = block_size
         self._blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
+        # The prompts sent to this engine against its lookups (``observe_engine``).
+        self.cache_share = CacheShare()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -138,15 +171,44 @@ class PrefixIndex:
             self.block_size = block_size
         if capacity_blocks != self.capacity_blocks:
             self.capacity_blocks = max(0, capacity_blocks)
-            self.retained_blocks = self.capacity_blocks
+            self.retained_blocks = self.ceiling_blocks
         self._evict()
 
-    def snapshot(self, reported: bool = True) -> dict[str, int | bool]:
+    @property
+    def ceiling_blocks(self) -> int:
+        """The most the index may hold: its share of the engine's cache (at least a block of
+        a known cache)."""
+        if self.share >= 1.0 or not self.capacity_blocks:
+            return self.capacity_blocks
+        return max(1, int(self.share * self.capacity_blocks))
+
+    def bound_share(self, share: float) -> None:
+        """The sidecar's prompts hold ``share`` (0-1] of the engine's cache: the index holds
+        at most that much of it. Where the share was what bound it, the index follows the
+        share back up; where a missed prediction had shrunk it further (``settle``), it stays."""
+        bound = self.ceiling_blocks
+        self.share = min(1.0, max(0.0, share))
+        if self.retained_blocks >= bound:
+            self.retained_blocks = self.ceiling_blocks
+        else:
+            self.retained_blocks = min(self.retained_blocks, self.ceiling_blocks)
+        self._evict()
+
+    def observe_engine(self, at_s: float, queries_total: float,
+                       hits_total: float | None = None) -> None:
+        """A scrape of the engine, sent at ``at_s``, read its prefix-cache counters
+        (``vllm:prefix_cache_queries_total`` and ``_hits_total``): the index is bounded by the
+        share of the engine's lookups the sidecar had it make (``cache_share``, which the
+        caller tells of prompts sent and admitted)."""
+        self.bound_share(self.cache_share.observe(at_s, queries_total, hits_total))
+
+    def snapshot(self, reported: bool = True) -> dict[str, int | float | bool | None]:
         """What /admin/state shows of the index; ``reported``: the engine's answers say what
         they found cached (the index is off without)."""
         return {"blocks": len(self._blocks), "retained_blocks": self.retained_blocks,
                 "capacity_blocks": self.capacity_blocks, "block_size": self.block_size,
-                "reported": reported}
+                "reported": reported, "share": round(self.share, 4),
+                "engine_hit_rate": self.cache_share.hit_rate}
 
     def matched_blocks(self, prefix: PromptPrefix) -> int:
         """How many of the prompt's leading blocks the index holds."""
@@ -200,10 +262,112 @@ class PrefixIndex:
         else:
             # Met: one block more, or as many as the engine held beyond the prediction.
             grown = max(1, (reported_tokens - predicted_tokens) // per_block)
-            self.retained_blocks = min(self.capacity_blocks, self.retained_blocks + grown)
+            self.retained_blocks = min(self.ceiling_blocks, self.retained_blocks + grown)
         self.sent(prefix)
 
     def _evict(self) -> None:
         held = self._blocks
         while len(held) > self.retained_blocks:
             held.popitem(last=False)
+
+
+class CacheShare:
+    """The share of one engine's prefix cache the sidecar's prompts hold: the engine's lookups
+    (``vllm:prefix_cache_queries_total``, prompt tokens) against the prompt tokens the
+    sidecar had it look up, both summed over an exponential window of ``window_s`` seconds.
+    Pure: every time is a parameter, on one monotonic clock (the scrapes' ``at_s`` and the
+    sidecar's ``now``).
+
+    vLLM counts a request's lookup when it admits the request, some time between the
+    sidecar's dispatch and the first token. So the sidecar counts a prompt as *pending* from
+    its dispatch (``sent``) and as *admitted* from its first token (``admitted``: its
+    admission is behind it then), and a scrape taken at ``at_s`` (``observe``) moves into the
+    window the prompts admitted by ``at_s``, which the engine's counter then holds too. Each
+    prompt thus enters the sidecar's sum no earlier than the engine's, and the prompts still
+    pending count whole: with only the sidecar's traffic the share is exactly 1, and other
+    clients' lookups, which the sidecar never sees, lower it to the sidecar's part.
+
+    The share is bounded to [``floor``, 1], moves only once the window holds ``min_tokens``
+    of the engine's lookups, and is the highest estimate of the last ``hold_s`` seconds, so a
+    prompt counted late (another replica's, told at its next sync) does not lower it. A
+    counter that went back (the engine restarted) counts from 0 again. ``hit_rate``: the
+    engine's hits over its lookups in the window (every client's), beside what the sidecar
+    predicted for its own requests."""
+
+    def __init__(self, window_s: float = SHARE_WINDOW_S, floor: float = SHARE_FLOOR,
+                 min_tokens: float = SHARE_MIN_TOKENS, hold_s: float = SHARE_HOLD_S) -> None:
+        if window_s <= 0 or not 0 < floor <= 1 or min_tokens < 0 or hold_s < 0:
+            raise ValueError("window_s must be positive, floor in (0, 1], min_tokens and "
+                             "hold_s at least 0")
+        self.window_s = window_s
+        self.floor = floor
+        self.min_tokens = min_tokens
+        self.hold_s = hold_s
+        self._estimates: deque[tuple[float, float]] = deque()  # (at_s, estimate), held
+        self.share = 1.0
+        self.engine_tokens = 0.0  # the engine's lookups in the window
+        self.sent_tokens = 0.0  # the sidecar's prompts admitted in the window
+        self.hit_tokens = 0.0  # the engine's hits in the window
+        self.pending_tokens = 0  # sent, not yet admitted
+        # Admitted (or corrected) since the last scrape, in time order: (at, tokens).
+        self._admitted: deque[tuple[float, int]] = deque()
+        # (at_s, the engine's lookups, its hits) last observed.
+        self._last: tuple[float, float, float | None] | None = None
+
+    @property
+    def hit_rate(self) -> float | None:
+        if self.engine_tokens < self.min_tokens or self.engine_tokens <= 0:
+            return None
+        return round(min(1.0, self.hit_tokens / self.engine_tokens), 4)
+
+    def sent(self, tokens: int) -> None:
+        """Prompt tokens dispatched to the engine (negative: a dispatch that never reached
+        it)."""
+        self.pending_tokens += tokens
+
+    def admitted(self, tokens: int, now: float, pending: int | None = None) -> None:
+        """``tokens`` prompt tokens the engine has admitted by ``now`` (a first token came
+        back, or the request ended without one), of ``pending`` sent (by default as many:
+        a correction from the engine's own count of the prompt is ``pending=0``)."""
+        self.pending_tokens -= tokens if pending is None else pending
+        queue = self._admitted
+        queue.append((now, tokens))
+        if len(queue) > ADMITTED_HELD:
+            # No scrape reads them (an engine without the counters): the two oldest become
+            # one, at the later time (a prompt counted later only errs toward the sidecar).
+            _, first = queue.popleft()
+            at, second = queue.popleft()
+            queue.appendleft((at, first + second))
+
+    def observe(self, at_s: float, engine_queries: float,
+                engine_hits: float | None = None) -> float:
+        """The engine's counters as a scrape sent at ``at_s`` read them (cumulative): the
+        share now. A scrape no later than the last is ignored."""
+        last = self._last
+        if last is not None and at_s <= last[0]:
+            return self.share
+        admitted, queue = 0, self._admitted
+        while queue and queue[0][0] <= at_s:
+            admitted += queue.popleft()[1]
+        self._last = (at_s, engine_queries, engine_hits)
+        if last is None:
+            self._estimates.append((at_s, self.share))  # held as the first estimate
+            return self.share  # the engine's history is not the window's
+        # A counter that went back started from 0 (the engine restarted).
+        looked_up = engine_queries - last[1] if engine_queries >= last[1] else engine_queries
+        hits = 0.0
+        if engine_hits is not None and last[2] is not None:
+            hits = engine_hits - last[2] if engine_hits >= last[2] else engine_hits
+        decay = math.exp(-(at_s - last[0]) / self.window_s)
+        self.engine_tokens = self.engine_tokens * decay + looked_up
+        self.sent_tokens = self.sent_tokens * decay + admitted
+        self.hit_tokens = self.hit_tokens * decay + hits
+        if self.engine_tokens >= self.min_tokens and self.engine_tokens > 0:
+            later = sum(tokens for _, tokens in queue)  # admitted after at_s: pending still
+            ours = self.sent_tokens + max(0, self.pending_tokens) + later
+            estimates = self._estimates
+            estimates.append((at_s, min(1.0, max(self.floor, ours / self.engine_tokens))))
+            while estimates[0][0] < at_s - self.hold_s:
+                estimates.popleft()
+            self.share = max(estimate for _, estimate in estimates)
+        return self.share

@@ -5,8 +5,8 @@ what it takes from them (docs/sidecar.md, "Several replicas").
 gives and takes through Redis; the core's own surface stays about scheduling. The wrapper
 reaches the core only through :class:`ReplicatedCore`: its limits and estimator, its pools
 (each pool's backends, queues and the others' load on it), the record the core keeps for
-replicas, and its prefix indexes' ``learn_sent_prefix``. Everything here is pure: no clock,
-no I/O.
+replicas, and its prefix indexes' ``learn_sent_prefix`` and ``learn_sent_tokens``.
+Everything here is pure: no clock, no I/O.
 
 Pools are named across replicas by their backends (``pool_id``): replicas configured alike
 form the same pools.
@@ -53,6 +53,8 @@ class ReplicatedCore(Protocol):
 
     def learn_sent_prefix(self, backend: str, block_size: int,
                           blocks: Sequence[int]) -> None: ...
+
+    def learn_sent_tokens(self, backend: str, tokens: int, now: float) -> None: ...
 
 
 def pool_id(backends: frozenset[str]) -> str:
@@ -155,3 +157,16 @@ class Replica:
         """Another replica sent a prompt of these blocks to ``backend``: this replica's index
         holds them as if sent from here (an unknown backend or another block size: nothing)."""
         self._core.learn_sent_prefix(backend, block_size, blocks)
+
+    def take_sent_tokens(self) -> dict[str, int]:
+        """Prompt tokens (times answers) this replica sent each backend since the last call
+        (net of dispatches that never reached it, and of the engines' own prompt counts)."""
+        record = self._record
+        taken = {backend: n for backend, n in record.sent_tokens.items() if n}
+        record.sent_tokens.clear()
+        return taken
+
+    def learn_sent_tokens(self, backend: str, tokens: int, now: float) -> None:
+        """Another replica sent ``backend`` prompts of ``tokens`` tokens, told at ``now``: the
+        engine's prefix-cache lookups count them with this replica's (sidecar.prefix)."""
+        self._core.learn_sent_tokens(backend, tokens, now)

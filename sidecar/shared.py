@@ -28,7 +28,10 @@ What is shared, and how
   read: each replica's prefix index learns the others' dispatches as its own, so a
   conversation's next turn goes to the engine holding its history whichever replica takes
   it (``prefix_aware``). The stream keeps the last ``PREFIX_STREAM_LEN`` entries; a replica
-  starting reads those.
+  starting reads those. An entry also says how many prompt tokens its replica sent each
+  backend (field ``t``, every prompt's, prefix or not): each replica compares the fleet's
+  prompts, not only its own, with an engine's prefix-cache lookups (``sidecar.prefix``'s
+  ``CacheShare``), so its replicas do not read as clients it cannot see.
 * **Replicas.** Each registers in a sorted set every ``heartbeat_ms``, scored by Redis's clock;
   N counts those heard from within 3 beats.
 
@@ -441,6 +444,8 @@ class SharedState:
         booked = replica.take_booked()
         observations = replica.take_observations()
         sent = replica.take_sent_prefixes()  # while down, lost: only cache hits elsewhere
+        # Lost while down too: the others then see this replica's prompts as unseen clients'.
+        sent_tokens = replica.take_sent_tokens()
         if not self.up:
             # Service and estimates while down stay this replica's own: when Redis is back,
             # the others judge from its totals as they stand then.
@@ -466,9 +471,10 @@ class SharedState:
                         # Queued on the pipeline (a script call on a pipeline only queues).
                         await self._estimates(keys=[self._estimates_key], args=args,
                                               client=pipe)
-                    if sent:
+                    if sent or sent_tokens:
                         pipe.xadd(self._prefixes_key, {"r": self.replica_id,
-                                                       "d": orjson.dumps(sent).decode()},
+                                                       "d": orjson.dumps(sent).decode(),
+                                                       "t": orjson.dumps(sent_tokens).decode()},
                                   maxlen=PREFIX_STREAM_LEN, approximate=True)
                     start = self._prefixes_read
                     pipe.xrange(self._prefixes_key, min=start if start == "-" else f"({start}",
@@ -496,7 +502,7 @@ class SharedState:
             for i in range(0, len(shared), 2):
                 tenant, endpoint = _unfield(shared[i])
                 replica.adopt_estimate(tenant, endpoint, float(shared[i + 1]))
-        if sent:
+        if sent or sent_tokens:
             results.pop(0)  # the new entry's id
             self.prefixes_sent += len(sent)
         self._learn_prefixes(results.pop(0))
@@ -511,7 +517,12 @@ class SharedState:
                 sent = orjson.loads(fields["d"])
                 for backend, block_size, blocks in sent:
                     self.replica.learn_sent_prefix(backend, block_size, blocks)
-            except (KeyError, ValueError, TypeError):
+                # An entry of an older replica has no tokens: its prompts go unseen.
+                tokens = orjson.loads(fields.get("t", "{}"))
+                now = self.clock()
+                for backend, n in tokens.items():
+                    self.replica.learn_sent_tokens(backend, int(n), now)
+            except (KeyError, ValueError, TypeError, AttributeError):
                 continue  # not an entry of ours (another version): nothing to learn
             self.prefixes_learned += len(sent)
 

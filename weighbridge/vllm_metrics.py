@@ -22,6 +22,8 @@ _WANTED = {
     "vllm:num_preemptions_total": "preemptions_total",
     "vllm:request_queue_time_seconds_sum": "queue_time_sum",
     "vllm:request_queue_time_seconds_count": "queue_time_count",
+    "vllm:prefix_cache_queries_total": "prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
 }
 # An info gauge whose *labels* carry the KV cache's shape (vLLM's CacheConfig, and the
 # emulator's copy of it): the blocks of the whole cache and the tokens per block.
@@ -54,6 +56,11 @@ class BackendSample:
     block_size: int | None = None
     # Its enable_prefix_caching label; None when not exported.
     prefix_caching: bool | None = None
+    # The prefix cache's lookups and hits, in prompt tokens, counted when the engine admits
+    # a request (vllm:prefix_cache_queries_total, _hits_total); None when not exported
+    # (vLLM run with --disable-log-stats, or older than the v1 engine).
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
     # How long the scrape took, request sent to body read, on the sidecar's clock; None
     # where no one timed it. The engine's API server spends about this much serving one
     # scrape, in time it does not spend streaming tokens (sidecar.admission: the poll
@@ -152,4 +159,6 @@ def parse_vllm_metrics(text: str, at_s: float) -> BackendSample:
         kv_blocks=cache.get("kv_blocks") or None,
         block_size=cache.get("block_size") or None,
         prefix_caching=bool(cache["prefix_caching"]) if "prefix_caching" in cache else None,
+        prefix_cache_queries_total=values.get("prefix_cache_queries_total"),
+        prefix_cache_hits_total=values.get("prefix_cache_hits_total"),
     )

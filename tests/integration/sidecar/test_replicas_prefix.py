@@ -149,3 +149,8 @@ def test_replicas_send_a_conversation_s_turns_to_its_first_backend(fleet: Fleet)
         assert max(per_backend.values()) <= math.floor(bound), (turn, per_backend)
     # Every engine holds conversations: affinity did not gather them on one.
     assert len({served[(c, 0)] for c in range(CONVERSATIONS)}) == ENGINES
+    # The engines served the fleet alone, and each replica, told of the others' prompts,
+    # takes their caches for the fleet's whole (sidecar.prefix.CacheShare; alone, a third).
+    for url in fleet.urls:
+        shares = scrape(url).by("weighbridge_backend_prefix_cache_share", "backend")
+        assert len(shares) == ENGINES and min(shares.values()) >= 0.95, (url, shares)

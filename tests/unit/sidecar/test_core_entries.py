@@ -21,8 +21,8 @@ from weighbridge.sidecar.request import QueuedRequest
 NOT_ENTRIES = {
     "on_first_token", "on_tokens_streamed", "dispatch_ready",
     "deadline_for", "rejected_on_arrival", "has_backend", "serves", "pool_for",
-    "on_backend_models", "request_model", "learn_sent_prefix", "poll_period_s",
-    "prefix_index_blocks", "estimated_tokens",
+    "on_backend_models", "request_model", "learn_sent_prefix", "learn_sent_tokens",
+    "poll_period_s", "prefix_index_blocks", "prefix_cache_shares", "estimated_tokens",
 }
 
 

@@ -47,7 +47,8 @@ class OnlyTheInterface:
 
 def test_the_interface_is_small() -> None:
     assert interface() == {"limit_table", "rate_limiter", "estimator", "request_model",
-                           "record_for_replicas", "pools", "learn_sent_prefix"}
+                           "record_for_replicas", "pools", "learn_sent_prefix",
+                           "learn_sent_tokens"}
 
 
 def test_every_call_of_the_wrapper_stays_inside_the_interface() -> None:
@@ -74,6 +75,8 @@ def test_every_call_of_the_wrapper_stays_inside_the_interface() -> None:
     assert backend == sent[1].backend and block_size == BLOCK
     replica.learn_sent_prefix("b1" if backend == "b2" else "b2", block_size, blocks)
     assert sorted(core.prefix_index_blocks().values()) == [len(blocks)] * 2
+    assert sum(replica.take_sent_tokens().values()) == 800  # both prompts, prefix or not
+    replica.learn_sent_tokens(backend, 100, 0.0)
     assert replica.buckets("a", CHAT, "standard", None)
     replica.use_local_limits(0.5)
 

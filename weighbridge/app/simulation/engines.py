@@ -43,6 +43,10 @@ class SimEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
+        # vllm:prefix_cache_queries and _hits: the model's, as the last step's end counted them
+        # (with the admissions of the step scheduled there).
+        self.prefix_cache_queries_total = 0
+        self.prefix_cache_hits_total = 0
         # vllm:request_queue_time_seconds, observed when a request finishes (metrics.on_finish).
         self.queue_time_sum = 0.0
         self.queue_time_count = 0
@@ -98,9 +102,15 @@ class SimEngine:
         if model.running or len(model.waiting):
             following = model.schedule(end_s)
             self.batch = following
+            self._count_lookups()
             return result, None if following is None else end_s + following.duration_s
         self.batch = None
+        self._count_lookups()
         return result, None
+
+    def _count_lookups(self) -> None:
+        self.prefix_cache_queries_total = self.model.prefix_cache_queries
+        self.prefix_cache_hits_total = self.model.prefix_cache_hits
 
     def coast_plan(self, end_s: float, until_s: float) -> Coast | None:
         """The plain decode steps this engine can take at once from the step ending at
@@ -124,6 +134,7 @@ class SimEngine:
             for end in ends:
                 front_end.streamed(end, n)
         self.batch = following
+        self._count_lookups()
         return ends, ends[-1] + following.duration_s
 
     def sample(self, at_s: float) -> BackendSample:
@@ -137,4 +148,6 @@ class SimEngine:
             preemptions_total=float(self.preemptions_total),
             queue_time_sum=self.queue_time_sum, queue_time_count=float(self.queue_time_count),
             kv_blocks=model.config.num_kv_blocks, block_size=model.config.block_size,
-            prefix_caching=model.config.enable_prefix_caching)
+            prefix_caching=model.config.enable_prefix_caching,
+            prefix_cache_queries_total=float(self.prefix_cache_queries_total),
+            prefix_cache_hits_total=float(self.prefix_cache_hits_total))
