@@ -58,6 +58,9 @@ MAX_HEAD = 1 << 16  # status line and headers: more is not a backend we talk to
 # extensions, the CRLFs, the trailer. vLLM sends a few bytes of framing per chunk; a backend
 # that sends more (endless chunk extensions or trailer fields) is broken off.
 MAX_FRAMING = 1 << 12
+# A scrape, probe or model list read whole (vLLM's /metrics is ~50 KB): a backend that
+# answers more is broken off rather than buffered, whatever its speed.
+MAX_GET_BODY = 1 << 23
 
 
 class BodySink(Protocol):
@@ -386,8 +389,15 @@ class UpstreamResponse:
             self._paused = False
             self._conn.transport.resume_reading()
 
-    async def read(self) -> bytes:
-        parts = [piece async for piece in self.pieces()]
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body; over ``limit`` bytes raises :class:`UpstreamError`."""
+        parts: list[bytes] = []
+        size = 0
+        async for piece in self.pieces():
+            size += len(piece)
+            if limit is not None and size > limit:
+                raise UpstreamError(f"the backend's answer is over {limit} bytes")
+            parts.append(piece)
         return b"".join(parts)
 
     @property
@@ -516,14 +526,15 @@ class Upstream:
     async def get(self, url: str, timeout_s: float,
                   headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
         """GET ``url`` and read the whole answer within ``timeout_s`` (connect included):
-        its status and body. Raises :class:`TimeoutError`, :class:`UpstreamConnectError` or
-        :class:`UpstreamError`; the connection goes back to the pool only after a whole
+        its status and body, at most :data:`MAX_GET_BODY` bytes. Raises
+        :class:`TimeoutError`, :class:`UpstreamConnectError` or :class:`UpstreamError`; the
+        connection goes back to the pool only after a whole
         answer, so a late one never leaves a half-read connection behind."""
         response: UpstreamResponse | None = None
         try:
             async with asyncio.timeout(timeout_s):
                 response = await self.request("GET", url, headers=headers)
-                body = await response.read()
+                body = await response.read(MAX_GET_BODY)
         except BaseException:
             if response is not None:
                 response.close()

@@ -466,3 +466,21 @@ async def test_an_https_backend_with_an_untrusted_certificate_is_refused(
             assert backend.peers == []
         finally:
             await pool.close()
+
+
+async def test_a_get_answer_over_its_bound_is_broken_off_not_buffered(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scrape, probe or model list is read whole: a backend answering more than
+    MAX_GET_BODY (here made small) is an error, and its connection is not reused."""
+    monkeypatch.setattr("weighbridge.sidecar.upstream.MAX_GET_BODY", 1024)
+    big = b"x" * 600
+    head = b"HTTP/1.1 200 OK\r\ncontent-length: 1800\r\n\r\n"
+    async with raw_backend(Answer([head, big, big, big])) as backend:
+        pool = Upstream()
+        try:
+            with pytest.raises(UpstreamError, match="over 1024 bytes") as raised:
+                await pool.get(backend.url, timeout_s=10)
+            assert "x" not in str(raised.value)
+            assert _pooled(pool) == 0
+        finally:
+            await pool.close()
