@@ -13,12 +13,12 @@ from aiohttp.test_utils import TestServer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support.fed_upstream import FakeTransport, fed_response
 from weighbridge.sidecar.upstream import (
     Upstream,
     UpstreamConnectError,
     UpstreamError,
     UpstreamResponse,
-    _Connection,
 )
 
 EVENTS = [b'data: {"choices":[{"text":"a"}]}\n\n', b'data: {"choices":[{"text":"b"}]}\n\n',
@@ -28,34 +28,6 @@ HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n"
 CHUNKED = HEAD + b"".join(b"%x\r\n%b\r\n" % (len(e), e) for e in EVENTS) + b"0\r\n\r\n"
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.aborted = False
-        self.paused = False
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def abort(self) -> None:
-        self.aborted = True
-
-    def close(self) -> None:
-        self.aborted = True
-
-    def is_closing(self) -> bool:
-        return self.aborted
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-
-def _response() -> tuple[_Connection, UpstreamResponse]:
-    conn = _Connection(Upstream(), ("http", "h", 1))
-    conn.connection_made(_Transport())  # type: ignore[arg-type]
-    return conn, conn.start(b"")
 
 
 def pieces_of(data: bytes, cuts: list[int]) -> list[bytes]:
@@ -70,7 +42,7 @@ def _body(response: UpstreamResponse) -> bytes:
 @settings(max_examples=200, deadline=None)
 @given(cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=12))
 def test_a_chunked_response_split_anywhere_reads_the_same(cuts: list[int]) -> None:
-    conn, response = _response()
+    conn, response = fed_response()
     body = b""
     for piece in pieces_of(CHUNKED, cuts):
         conn.data_received(piece)
@@ -83,7 +55,7 @@ def test_a_chunked_response_split_anywhere_reads_the_same(cuts: list[int]) -> No
 
 
 def test_every_single_byte_split_of_a_chunked_response() -> None:
-    conn, response = _response()
+    conn, response = fed_response()
     body = b""
     for i in range(len(CHUNKED)):
         conn.data_received(CHUNKED[i:i + 1])
@@ -92,18 +64,18 @@ def test_every_single_byte_split_of_a_chunked_response() -> None:
 
 
 def test_content_length_and_chunk_extensions_and_trailers() -> None:
-    conn, response = _response()
+    conn, response = fed_response()
     conn.data_received(b"HTTP/1.1 404 Not Found\r\ncontent-length: 5\r\n\r\nhel")
     conn.data_received(b"lo")
     assert response.status == 404 and _body(response) == b"hello" and response.complete
-    conn, response = _response()
+    conn, response = fed_response()
     conn.data_received(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                        b"3;ext=1\r\nabc\r\n0\r\nX-Trailer: 1\r\n\r\n")
     assert _body(response) == b"abc" and response.complete
 
 
 def test_a_response_without_length_ends_with_the_connection() -> None:
-    conn, response = _response()
+    conn, response = fed_response()
     conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nsome")
     assert not response.complete
     conn.connection_lost(None)
@@ -116,7 +88,7 @@ def test_a_response_without_length_ends_with_the_connection() -> None:
     b"HTTP/1.1 200 OK\r\nContent-Le",  # before the head was whole
 ])
 def test_a_connection_lost_early_is_an_error(data: bytes) -> None:
-    conn, response = _response()
+    conn, response = fed_response()
     conn.data_received(data)
     conn.connection_lost(ConnectionResetError("reset"))
     assert not response.complete and isinstance(response._error, UpstreamError)
@@ -129,17 +101,17 @@ def test_a_connection_lost_early_is_an_error(data: bytes) -> None:
     b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n",
 ])
 def test_what_is_not_http_is_an_error_and_drops_the_connection(data: bytes) -> None:
-    conn, response = _response()
+    conn, response = fed_response()
     conn.data_received(data)
     assert isinstance(response._error, UpstreamError)
     assert conn.transport is not None and conn.transport.is_closing()
 
 
 def test_a_slow_reader_pauses_the_backend() -> None:
-    conn, response = _response()
+    conn, response = fed_response()
     conn.data_received(b"HTTP/1.1 200 OK\r\nContent-Length: 200000\r\n\r\n" + b"x" * 100_000)
     transport = conn.transport
-    assert isinstance(transport, _Transport) and transport.paused
+    assert isinstance(transport, FakeTransport) and transport.paused
     assert len(response._drain()) == 100_000 and not transport.paused
 
 

@@ -22,6 +22,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from tests.support.fed_upstream import fed_response
 from weighbridge.sidecar.proxy import BackendFailed, relay
 from weighbridge.sidecar.upstream import (
     MAX_FRAMING,
@@ -30,7 +31,6 @@ from weighbridge.sidecar.upstream import (
     UpstreamConnectError,
     UpstreamError,
     UpstreamResponse,
-    _Connection,
 )
 
 SECRET = b"S3CRET-backend-bytes"
@@ -118,33 +118,6 @@ def _pooled(pool: Upstream) -> int:
 # -- every byte boundary --------------------------------------------------------------------------
 
 
-class _Transport:
-    def __init__(self) -> None:
-        self.closing = False
-        self.paused = False
-
-    def write(self, data: bytes) -> None:
-        pass
-
-    def abort(self) -> None:
-        self.closing = True
-
-    close = abort
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-
-def _fed() -> tuple[_Connection, UpstreamResponse]:
-    conn = _Connection(Upstream(), ("http", "h", 1))
-    conn.connection_made(_Transport())  # type: ignore[arg-type]
-    return conn, conn.start(b"")
 
 
 class _Sink:
@@ -168,7 +141,7 @@ def test_a_chunked_stream_cut_at_every_byte_boundary(to_sink: bool) -> None:
     cuts += [[i, i + 1] for i in range(1, len(CHUNKED) - 1)]
     for cut in cuts:
         edges = [0, *cut, len(CHUNKED)]
-        conn, response = _fed()
+        conn, response = fed_response()
         sink = _Sink()
         body = b""
         for a, b in itertools.pairwise(edges):
@@ -189,7 +162,7 @@ def test_a_chunked_stream_cut_at_every_byte_boundary(to_sink: bool) -> None:
 def test_one_read_per_chunk_goes_straight_to_the_sink() -> None:
     """The relay's common read, one whole chunk: handed on as it is, ``last`` only with the
     read that ends the response."""
-    conn, response = _fed()
+    conn, response = fed_response()
     conn.data_received(HEAD)
     sink = _Sink()
     response.stream_to(sink)
@@ -344,17 +317,17 @@ def test_the_head_bound_is_exact() -> None:
     start, end = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Pad: ", b"\r\n\r\n"
     head = start + b"a" * (MAX_HEAD - len(start) - len(end)) + end
     assert len(head) == MAX_HEAD
-    conn, response = _fed()
+    conn, response = fed_response()
     conn.data_received(head + b"ok")
     assert response.complete and response._drain() == b"ok"
-    conn, response = _fed()
+    conn, response = fed_response()
     for i in range(0, len(head), 997):
         conn.data_received(head[i:i + 997])
     conn.data_received(b"ok")
     assert response.complete and response._drain() == b"ok"
     longer = head[:-4] + b"a" + end
     for step in (len(longer) + 2, 1000, 65535):
-        conn, response = _fed()
+        conn, response = fed_response()
         for i in range(0, len(longer), step):
             conn.data_received(longer[i:i + step])
         assert isinstance(response._error, UpstreamError), step
@@ -364,7 +337,7 @@ def test_the_head_bound_is_exact() -> None:
 def test_framing_without_body_is_bounded() -> None:
     """Endless chunk extensions (or trailer fields) carry no body: llhttp keeps none of them,
     and past MAX_FRAMING bytes in a row the exchange is broken off."""
-    conn, response = _fed()
+    conn, response = fed_response()
     conn.data_received(HEAD + b"3\r\nabc\r\n")
     assert response._drain() == b"abc"
     conn.data_received(b"5;x=")
@@ -379,7 +352,7 @@ def test_framing_without_body_is_bounded() -> None:
 
 def test_the_bound_counts_only_reads_without_body() -> None:
     """A long stream of small chunks, each read carrying body bytes, is never cut off."""
-    conn, response = _fed()
+    conn, response = fed_response()
     conn.data_received(HEAD)
     for _ in range(2 * MAX_FRAMING):
         conn.data_received(b"1;e=1\r\nx\r\n")
