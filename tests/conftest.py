@@ -9,8 +9,16 @@ never a new random draw; locally they keep exploring.
 A test's tier is its directory (docs/testing.md): ``tests/unit``, ``tests/integration`` (and
 ``tests/conformance``, which starts the emulator and real vLLM) and ``tests/acceptance``.
 The hook below gives each test its directory's marker, so ``-m`` selects by tier and no
-module sets one by hand. Before any test of the two tiers that start processes runs, the
-system programs they start are checked once (scripts/system-programs.sh, which `make test`
+module sets one by hand. ``make test`` runs in two passes: every test but the ``quiet`` ones
+on two workers (pytest-xdist; the scheduler below gives a worker a module at a time, with
+its module-scoped processes, and conformance and packaging each whole, with their
+session-scoped servers and wheel), then the ``quiet`` ones alone. ``quiet`` is a module's own
+statement that it asserts latency or CPU cost against a baseline taken on this machine; only
+the acceptance tier may make it, so every integration test holds with another test beside
+it.
+
+Before any test of the two tiers that start processes runs, the system programs they start
+are checked once (scripts/system-programs.sh, which `make test`
 runs to install them): a missing one stops the session with one message instead of failing
 each test that needs it. Helpers are plain modules in tests/support/ (imported, never from
 a conftest).
@@ -23,6 +31,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -51,7 +60,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if wrong:
             raise pytest.UsageError(f"{item.nodeid}: marked {wrong[0]} under tests/{folder}; "
                                     "the directory sets the tier")
+        if item.get_closest_marker("quiet") and tier != "acceptance":
+            raise pytest.UsageError(f"{item.nodeid}: only an acceptance test may run quiet")
         item.add_marker(tier)
+
+
+# Folders whose session-scoped fixtures serve several modules: conformance's vLLM servers
+# (one start-up each) and packaging's wheel (one build of the checkout).
+SESSION_GROUPS = (Path("conformance"), Path("acceptance", "packaging"))
+
+
+def _process_group(nodeid: str) -> str:
+    """The tests that share one worker: a module's, or a whole folder's where its
+    session-scoped fixtures serve several modules (``nodeid`` is relative to the root)."""
+    path = Path(nodeid.split("::", 1)[0])
+    for folder in SESSION_GROUPS:
+        if path.is_relative_to(TESTS.name / folder):
+            return str(TESTS.name / folder)
+    return str(path)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist (``make test``'s first pass), a worker takes a process group at a
+    time, so a module's processes and a folder's session servers start once."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ProcessGroups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _process_group(nodeid)
+
+    return ProcessGroups(config, log)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -160,16 +160,20 @@ async def test_a_preempted_request_finds_its_blocks_again(backend: Backend) -> N
     preemptions = "vllm:num_preemptions_total"
     before = metrics.scrape(backend.url).total(preemptions)
 
-    async def send(prompt: list[int]) -> int:
-        async with httpx.AsyncClient(timeout=300) as client:
-            r = await client.post(backend.url + "/v1/completions", json={
-                "model": backend.model, "prompt": prompt, "max_tokens": 400,
-                "ignore_eos": True, "temperature": 0})
+    # The two outgrow the 63 blocks only in their last 7 steps (each needs its 32nd block
+    # from its 393rd token on), so they must start within 7 engine steps of each other: one
+    # client, made before either is sent, puts them on the wire together (a client each
+    # built an SSL context between them: tens of milliseconds on a loaded machine).
+    async def send(client: httpx.AsyncClient, prompt: list[int]) -> int:
+        r = await client.post(backend.url + "/v1/completions", json={
+            "model": backend.model, "prompt": prompt, "max_tokens": 400,
+            "ignore_eos": True, "temperature": 0})
         assert r.status_code == 200, r.text
         return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"])
 
     with Counted(backend) as counted:
-        assert await asyncio.gather(send(a), send(b)) == [0, 0]
+        async with httpx.AsyncClient(timeout=300) as client:
+            assert await asyncio.gather(send(client, a), send(client, b)) == [0, 0]
         assert metrics.scrape(backend.url).total(preemptions) - before == 1
         assert [_complete(backend, p) for p in (a, b)] == [576, 576]
     assert (counted.queries, counted.hits) == (4 * 600, 2 * 576)

@@ -28,7 +28,7 @@ from tests.support.ledger import ledger, settled
 from tests.support.stack import SMALL_ENGINE, start_emulator, start_sidecar, tenant
 from weighbridge.statistics import percentile
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.quiet, pytest.mark.timeout(180)]
 
 BURST = 10_000
 MAX_QUEUED = 200

@@ -36,7 +36,7 @@ from tests.support.stack import auth, completion, start_stack, tenant
 from weighbridge.launch import ServerProcess, free_port
 from weighbridge.loadgen.measure import percentile
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.quiet, pytest.mark.timeout(240)]
 
 ATTACKER, VICTIM = "sk-dribbler", "sk-victim"
 CONNECTIONS = 8

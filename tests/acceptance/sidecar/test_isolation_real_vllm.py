@@ -36,7 +36,7 @@ import pytest
 
 from benchmarks.isolation import ArmResult, run_all, verdict
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(1500)]
+pytestmark = [pytest.mark.vllm, pytest.mark.quiet, pytest.mark.timeout(1500)]
 
 REPEATS = 3
 WARMUP_S = 4.0  # the flood is established (KV full of it) before the victim starts

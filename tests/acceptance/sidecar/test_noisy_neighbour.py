@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
+
 from tests.support.driver import (
     completion_body,
     poisson_times,
@@ -37,6 +39,8 @@ from tests.support.metrics import scrape
 from tests.support.wait import await_for
 from weighbridge.launch import emulator_process, sidecar_process
 from weighbridge.statistics import percentile
+
+pytestmark = pytest.mark.quiet
 
 ENGINE = dict(profile="h100-llama3-8b", max_num_seqs=64, max_num_batched_tokens=512,
               long_prefill_token_threshold=128, num_kv_blocks=6000, block_size=16,

@@ -33,6 +33,8 @@ from weighbridge.app.simulation.run import Inputs, run_policy
 from weighbridge.app.stack import LocalStack, Ports, load_stack
 from weighbridge.records import read_parquet
 
+pytestmark = pytest.mark.quiet
+
 REPO = Path(__file__).resolve().parents[3]
 STACK = REPO / "deploy" / "stacks" / "chat-sessions.yaml"
 SEED, SPEED, RULE = 7, 1.0, "hash"
