@@ -11,14 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import shutil
 import ssl
-import subprocess
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
+import trustme
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -394,28 +392,23 @@ async def test_the_502_quotes_none_of_the_backends_bytes() -> None:
 
 
 @pytest.fixture(scope="module")
-def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (openssl's command line)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command")
-    directory = tmp_path_factory.mktemp("tls")
-    cert, key = directory / "cert.pem", directory / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
-                    "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj",
-                    "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True, timeout=60)
-    return cert, key
+def server_side() -> tuple[trustme.CA, ssl.SSLContext]:
+    """A test certificate authority (trustme), and a server's TLS context with a certificate
+    it issued for 127.0.0.1."""
+    authority = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(context)
+    return authority, context
 
 
-async def test_an_https_backend_is_parsed_and_reused(certificate: tuple[Path, Path]) -> None:
-    cert, key = certificate
-    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_side.load_cert_chain(cert, key)
+async def test_an_https_backend_is_parsed_and_reused(
+        server_side: tuple[trustme.CA, ssl.SSLContext]) -> None:
+    authority, context = server_side
     pieces = [CHUNKED[i:i + 7] for i in range(0, len(CHUNKED), 7)]
-    async with raw_backend(Answer(pieces), Answer([CHUNKED]), tls=server_side) as backend:
+    async with raw_backend(Answer(pieces), Answer([CHUNKED]), tls=context) as backend:
         pool = Upstream()
-        pool._tls = ssl.create_default_context(cafile=str(cert))  # the system's CAs, in use
+        pool._tls = ssl.create_default_context()  # as the pool makes it: the system's CAs
+        authority.configure_trust(pool._tls)  # and the test's
         try:
             response, body = await exchange(pool, backend)
             assert body == BODY and response.complete
@@ -426,11 +419,9 @@ async def test_an_https_backend_is_parsed_and_reused(certificate: tuple[Path, Pa
 
 
 async def test_an_https_backend_with_an_untrusted_certificate_is_refused(
-        certificate: tuple[Path, Path]) -> None:
-    cert, key = certificate
-    server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server_side.load_cert_chain(cert, key)
-    async with raw_backend(Answer([CHUNKED]), tls=server_side) as backend:
+        server_side: tuple[trustme.CA, ssl.SSLContext]) -> None:
+    _, context = server_side
+    async with raw_backend(Answer([CHUNKED]), tls=context) as backend:
         pool = Upstream()
         try:
             with pytest.raises(UpstreamConnectError) as caught:
