@@ -44,8 +44,8 @@ from weighbridge.records import RequestRecord, read_parquet
 
 MAX_GROWTH = 0.10
 # Idle upstream connections the sidecar may keep: its metrics polls (every 250 ms) and health
-# probes (every 1 s) take pooled connections first-in first-out, so about keep-alive (4 s) x
-# polls per second of them stay warm however long the sidecar idles. Bounded, not a leak.
+# probes (every 1 s) reuse the pool's most recently used connection, so few stay warm, and
+# never more than keep-alive (4 s) x polls per second however long it idles: not a leak.
 UPSTREAM_POOL_BOUND = 4 * (4 + 1) + 1
 LOCUST = Path(sys.executable).with_name("locust")
 SCENARIO_S = 60.0  # the burst scenario's own length; --stretch scales it
