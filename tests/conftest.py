@@ -18,10 +18,9 @@ the acceptance tier may make it, so every integration test holds with another te
 it.
 
 Before any test of the two tiers that start processes runs, the system programs they start
-are checked once (scripts/system-programs.sh, which `make test`
-runs to install them): a missing one stops the session with one message instead of failing
-each test that needs it. Helpers are plain modules in tests/support/ (imported, never from
-a conftest).
+are checked once (scripts/system-programs.sh, which `make test` runs to install them): a
+missing one stops the session with one message instead of failing each test that needs it.
+Helpers are plain modules in tests/support/ (imported, never from a conftest).
 """
 
 from __future__ import annotations
