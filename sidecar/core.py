@@ -63,9 +63,10 @@ limits and the estimator, ``pools()``, ``record_for_replicas()`` and ``learn_sen
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import wraps
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from weighbridge.sidecar.admission import (
@@ -82,6 +83,7 @@ from weighbridge.sidecar.eligibility import (
     BackendState,
     Pass,
     Standing,
+    TenantRule,
     eligible,
     refine,
 )
@@ -112,6 +114,9 @@ if TYPE_CHECKING:
 # covers the gaps of a tenant sending a few requests a second, and lets the headroom go back
 # to backlogged tenants soon after the last light one stopped.
 LIGHT_MEMORY_S = 10.0
+
+# What a backend with nothing prefilling passes to the pacing rule.
+_NOTHING_PREFILLING: Mapping[str, int] = MappingProxyType({})
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -271,9 +276,11 @@ class SchedulingCore:
         self._demotion = config.admission.over_share_priority_demotion
         self._reported: dict[str, int] = {}  # tokens of each in-flight request fed to the meter
         self._prefilled: set[str] = set()  # in-flight requests whose prompt was reported
-        # Prompt tokens each tenant has dispatched whose prefill has not finished (no first
-        # token yet), for prefill pacing (GateLimits.max_prefill_tokens_inflight).
-        self._prefilling: Counter[str] = Counter()
+        # Prompt tokens each tenant has dispatched to each backend whose prefill has not
+        # finished (no first token yet), by backend then tenant, for prefill pacing
+        # (GateLimits.max_prefill_tokens_inflight, a limit per backend); a backend is here
+        # only while something prefills there.
+        self._prefilling: dict[str, Counter[str]] = {}
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
         self.holds: Counter[tuple[str, str]] = Counter()
         # Each backend's prefix cache as the sidecar predicts it (sidecar.prefix): empty
@@ -693,32 +700,91 @@ class SchedulingCore:
         # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
         # capacity for them.
         usable = ("open",) if pool.scheduler.uses_headroom else ("open", "headroom")
-        backend = self._router.pick(
-            lambda name: name in standings and standings[name].verdict.mode in usable)
-        if backend is None:
+        names = [name for name, s in standings.items() if s.verdict.mode in usable]
+        if not names:
             return None
-        allowed = eligible(OPEN_RULES, self._pass(pool, standings[backend], slots, fair, now))
-        request = pool.scheduler.next(now, allowed)
-        if request is None:
+        chosen = self._next_at(pool, names, OPEN_RULES, standings, slots, fair, now)
+        if chosen is None:
             self.holds[("", "prefill_budget" if fair is None else "global_share")] += 1
             return None
+        request, allowed = chosen
+        backend = self._router.pick(allowed.__contains__)
+        assert backend is not None  # the request's tenant is allowed on some healthy backend
         if self._router.policy == "prefix_aware" and request.prefix is not None:
-            backend = self._affine(pool, request, backend, standings, usable, slots, fair, now)
+            backend = self._affine(request, backend, allowed)
         return self._dispatch(pool, request, backend, now, slots)
 
-    def _affine(self, pool: _Pool, request: QueuedRequest, chosen: str,
-                standings: dict[str, Standing], usable: tuple[str, ...], slots: int,
-                fair: Callable[[str], bool] | None, now: float) -> str:
-        """prefix_aware: the open backend the request's prefix is cached on, within the
-        router's bounded load, among those whose open rules let its tenant in."""
+    def _next_in_headroom(self, pool: _Pool, standings: dict[str, Standing], slots: int,
+                          fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
+        # The global share binds in headroom too: work-conserving headroom with no light
+        # tenant around is ordinary capacity, and without the rule a replica serving a
+        # tenant over its share across replicas took it all (3 replicas, 8 slots: the
+        # tenant sending through one replica got 0.60-0.66 of the engine).
+        names = [name for name, s in standings.items() if s.verdict.mode == "headroom"]
+        if not names:
+            return None
+        chosen = self._next_at(pool, names, HEADROOM_RULES, standings, slots, fair, now)
+        if chosen is None:
+            return None
+        request, allowed = chosen
+        backend = self._router.pick(allowed.__contains__)
+        assert backend is not None  # the request's tenant is allowed on some healthy backend
+        return self._dispatch(pool, request, backend, now, slots)
+
+    def _next_at(self, pool: _Pool, names: list[str], rules: tuple[TenantRule, ...],
+                 standings: dict[str, Standing], slots: int,
+                 fair: Callable[[str], bool] | None, now: float,
+                 ) -> tuple[QueuedRequest, frozenset[str]] | None:
+        """Work conservation: the scheduler's next request among the tenants ``rules`` let
+        in on at least one of the backends ``names``, and those of them its tenant may use.
+        A tenant rule judges the tenant on one backend, so a tenant held on one is still
+        eligible on another: choosing the backend before the request would leave an open
+        backend idle while another backend's rule held the one tenant with work."""
+        verdicts = self._verdicts(pool, names, rules, standings, slots, fair, now)
+        # Where each tenant the scheduler asks about may go, judged before its choice
+        # counts the chosen request in flight (which the share rules read).
+        where: dict[str, frozenset[str]] = {}
+
+        def backends_for(tenant: str) -> frozenset[str]:
+            found = where.get(tenant)
+            if found is None:
+                found = where[tenant] = frozenset(
+                    name for name, allowed in verdicts.items()
+                    if allowed is None or allowed(tenant))
+            return found
+
+        request = pool.scheduler.next(now, lambda tenant: bool(backends_for(tenant)))
+        if request is None:
+            return None
+        return request, backends_for(request.tenant)
+
+    def _verdicts(self, pool: _Pool, names: list[str], rules: tuple[TenantRule, ...],
+                  standings: dict[str, Standing], slots: int,
+                  fair: Callable[[str], bool] | None, now: float,
+                  ) -> dict[str, Callable[[str], bool] | None]:
+        """Each of the backends ``names``: which tenants ``rules`` let in there (None:
+        anyone)."""
+        light: frozenset[str] | None = None
+        verdicts: dict[str, Callable[[str], bool] | None] = {}
+        for name in names:
+            standing, limits = standings[name], self.gates[name].limits
+            # The light tenants are read (and the stale ones forgotten) once, and only where
+            # a rule needs them.
+            if light is None and (standing.kv_tight or (standing.verdict.reason == "headroom"
+                                                        and not limits.headroom_always)):
+                light = frozenset(self._light_tenants(pool, now))
+            verdicts[name] = eligible(rules, Pass(
+                standing, pool.scheduler, slots, self._kv[name],
+                limits.max_prefill_tokens_inflight,
+                self._prefilling.get(name, _NOTHING_PREFILLING),
+                light or frozenset(), limits.headroom_always, limits.kv_watermark or 0, fair))
+        return verdicts
+
+    def _affine(self, request: QueuedRequest, chosen: str, allowed: frozenset[str]) -> str:
+        """prefix_aware: the backend the request's prefix is cached on, within the router's
+        bounded load, among those whose open rules let its tenant in (``allowed``)."""
         assert request.prefix is not None
-        cached: dict[str, int] = {}
-        for name, standing in standings.items():
-            if standing.verdict.mode not in usable:
-                continue
-            allowed = eligible(OPEN_RULES, self._pass(pool, standing, slots, fair, now))
-            if name == chosen or allowed is None or allowed(request.tenant):
-                cached[name] = self._predicted_cached(name, request)
+        cached = {name: self._predicted_cached(name, request) for name in allowed}
         backend, reason = self._router.prefer(cached, chosen, request.prompt_tokens)
         self.routing_decisions[(backend, reason)] += 1
         return backend
@@ -741,37 +807,6 @@ class SchedulingCore:
         if request.prefix is None or backend not in self.reporting:
             return 0
         return self._prefix[backend].predict(request.prefix, request.prompt_tokens)
-
-    def _next_in_headroom(self, pool: _Pool, standings: dict[str, Standing], slots: int,
-                          fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
-        # The global share binds in headroom too: work-conserving headroom with no light
-        # tenant around is ordinary capacity, and without the rule a replica serving a
-        # tenant over its share across replicas took it all (3 replicas, 8 slots: the
-        # tenant sending through one replica got 0.60-0.66 of the engine).
-        candidates = {name for name, s in standings.items() if s.verdict.mode == "headroom"}
-        while candidates:
-            backend = self._router.pick(lambda name: name in candidates)
-            if backend is None:
-                return None
-            candidates.discard(backend)
-            allowed = eligible(HEADROOM_RULES,
-                               self._pass(pool, standings[backend], slots, fair, now))
-            request = pool.scheduler.next(now, allowed)
-            if request is not None:
-                return self._dispatch(pool, request, backend, now, slots)
-        return None
-
-    def _pass(self, pool: _Pool, standing: Standing, slots: int,
-              fair: Callable[[str], bool] | None, now: float) -> Pass:
-        limits = self.gates[standing.backend].limits
-        # The light tenants are read (and the stale ones forgotten) only where a rule needs
-        # them.
-        wants_light = standing.kv_tight or (standing.verdict.reason == "headroom"
-                                            and not limits.headroom_always)
-        return Pass(standing, pool.scheduler, slots, self._kv[standing.backend],
-                    limits.max_prefill_tokens_inflight, self._prefilling,
-                    frozenset(self._light_tenants(pool, now)) if wants_light else frozenset(),
-                    limits.headroom_always, limits.kv_watermark or 0, fair)
 
     def _globally_fair(self, pool: _Pool, slots: int) -> Callable[[str], bool] | None:
         """With replicas sharing the backends (the pool's ``foreign`` load, set by
@@ -862,7 +897,9 @@ class SchedulingCore:
                       request.estimated_output_tokens, self._shared_blocks(backend, request))
         self._reported[request.id] = 0
         # Pacing counts what the engine prefills: a cached prompt costs it nothing.
-        self._prefilling[request.tenant] += request.computed_prompt_tokens
+        if request.computed_prompt_tokens > 0:
+            self._prefilling.setdefault(backend, Counter())[request.tenant] += \
+                request.computed_prompt_tokens
         scheduler = pool.scheduler
         scheduler.discount_cached(request)
         if scheduler.tenant_queued(request.tenant)[0] == 0:
@@ -1065,11 +1102,17 @@ class SchedulingCore:
         return self._reported.pop(request.id, 0)
 
     def _end_prefill(self, request: QueuedRequest) -> None:
-        left = self._prefilling[request.tenant] - request.computed_prompt_tokens
+        assert request.backend is not None
+        prefilling = self._prefilling.get(request.backend)
+        if prefilling is None:
+            return  # a prompt with nothing to compute (all cached) was never counted
+        left = prefilling[request.tenant] - request.computed_prompt_tokens
         if left > 0:
-            self._prefilling[request.tenant] = left
-        else:
-            del self._prefilling[request.tenant]
+            prefilling[request.tenant] = left
+            return
+        del prefilling[request.tenant]
+        if not prefilling:
+            del self._prefilling[request.backend]
 
     @staticmethod
     def _observe_served(pool: _Pool, tokens: int, now: float) -> None:

@@ -3,10 +3,14 @@ class whose docstring is its reason, composed in one ordered list below.
 
 A dispatch pass (``SchedulingCore.next_dispatch``) first asks every healthy backend's gate
 for its verdict (``AdmissionGate.verdict``: open, headroom or closed, from the engine's own
-metrics), then refines it with the **backend rules** in order. A backend left *open* takes
-the next request of anyone the **open rules** allow; one in *headroom* takes the next of
-anyone the **headroom rules** allow (tenant-aware policies only; the FIFO baselines treat
-headroom as ordinary capacity, since they cannot choose a tenant). A rule reads the state it
+metrics), then refines it with the **backend rules** in order. The open backends take the
+next request of anyone the **open rules** allow on at least one of them, and it goes to one
+of those that allow its tenant; failing that, the backends in *headroom* do the same under
+the **headroom rules** (tenant-aware policies only; the FIFO baselines treat headroom as
+ordinary capacity, since they cannot choose a tenant). A tenant rule judges a tenant on one
+backend: it may hold it back only for what the tenant has on that backend, or for a
+fleet-wide share stated as such, so that no open backend idles while a tenant it would take
+waits (work conservation, tests/unit/sidecar/test_work_conservation.py). A rule reads the state it
 is handed and changes nothing, so the order of the lists is the whole composition. (The
 records they read are plain slotted dataclasses, not frozen ones: a dispatch decision builds
 several, and a frozen one costs nine times as much to make.)
@@ -106,7 +110,7 @@ class Pass:
     slots: int  # the pool's share slots: what weighted shares are of
     kv: KvFootprint
     prefill_cap: int | None  # the backend's max_prefill_tokens_inflight
-    prefilling: Mapping[str, int]  # prompt tokens still in prefill, by tenant
+    prefilling: Mapping[str, int]  # prompt tokens still in prefill on this backend, by tenant
     light: frozenset[str]  # tenants not backlogged upstream lately
     headroom_always: bool  # the slot headroom is kept with no light tenant around
     kv_watermark: int

@@ -438,7 +438,9 @@ def _admission(**fields: Any) -> dict[str, Any]:
 
 
 def test_prefill_pacing_holds_a_tenant_with_prompts_still_prefilling() -> None:
-    core = SchedulingCore(make_config(admission=_admission(max_prefill_tokens_inflight=1500)))
+    config = make_config(backends=[{"url": "http://127.0.0.1:8001", "name": "b1"}],
+                         admission=_admission(max_prefill_tokens_inflight=1500))
+    core = SchedulingCore(config)
     for _ in range(5):
         arrive(core, "a", prompt_tokens=1000)
     arrive(core, "b", prompt_tokens=100)
@@ -449,6 +451,19 @@ def test_prefill_pacing_holds_a_tenant_with_prompts_still_prefilling() -> None:
     first = next(d.request for d in sent if d.request.tenant == "a")
     core.on_tokens_streamed(first, 1, 0.1)  # its prefill is done
     assert [d.request.tenant for d in core.dispatch_ready(0.1)] == ["a"]
+
+
+def test_prefill_pacing_is_per_backend_so_a_fleet_takes_a_budget_each() -> None:
+    # The cap is each backend's (its step budget): on two backends a tenant has two
+    # budgets in prefill, one on each; counted over the fleet it had one (issue 38).
+    core = SchedulingCore(make_config(admission=_admission(max_prefill_tokens_inflight=1500)))
+    for _ in range(6):
+        arrive(core, "a", prompt_tokens=1000)
+    sent = list(core.dispatch_ready(0.0))
+    assert sorted(d.backend for d in sent) == ["b1", "b1", "b2", "b2"]
+    done = next(d.request for d in sent if d.backend == "b2")
+    core.on_tokens_streamed(done, 1, 0.1)  # b2's first prompt is prefilled
+    assert [d.backend for d in core.dispatch_ready(0.1)] == ["b2"]
 
 
 def test_backend_prefill_backlog_closes_the_gate_until_a_first_token() -> None:

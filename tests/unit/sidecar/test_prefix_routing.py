@@ -141,11 +141,11 @@ def test_the_drr_charge_and_pacing_count_the_prompt_the_engine_computes() -> Non
     # counts those 48 in prefill.
     assert second.request.predicted_cached_tokens == 192
     assert second.request.charged == 48 + 8
-    assert core._prefilling["a"] == 48
+    assert core._prefilling["b1"]["a"] == 48
     # The engine reports 176 cached: the charge settles to the 64 it computed.
     core.on_completed(second.request, 240, 8, 0.3, cached_tokens=176)
     assert second.request.charged == 64 + 8
-    assert "a" not in core._prefilling
+    assert "b1" not in core._prefilling
 
 
 def test_an_engine_without_prefix_caching_is_predicted_to_hold_nothing() -> None:

@@ -53,7 +53,8 @@ def _run(mix: list[tuple[int, int, int]]) -> tuple[dict[str, float], dict[str, i
         "backends": [{"name": "engine-0", "url": "http://127.0.0.1:9"}],
         "scheduler": {"policy": "drr"},
         "admission": {"max_inflight_per_backend": 8, "max_running_per_backend": 8,
-                      "headroom_slots": 0, "max_backend_waiting": 2},
+                      "headroom_slots": 0, "max_backend_waiting": 2,
+                      "max_prefill_tokens_inflight": 0},
     })
     tenants = tuple(
         TenantSpec(name=name, api_key=f"k-{name}", tier="only", weight=w,
