@@ -35,6 +35,7 @@ can be answered; one still unanswered then counts as an infinite TTFT.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -43,7 +44,7 @@ from weighbridge.app.simulation.clients import WorkloadClients
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.ideal import IdealPoint, IdealShape, ideal_run
 from weighbridge.app.simulation.loop import Simulation
-from weighbridge.emulator.engine import StepResult
+from weighbridge.emulator.engine import Coast, StepResult
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.loadgen.arrivals import Closed, Poisson
 from weighbridge.loadgen.lengths import Lengths
@@ -52,8 +53,8 @@ from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.statistics import percentile
 
-__all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "ideal_cap",
-           "run_point"]
+__all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "WindowEngine",
+           "ideal_cap", "run_point"]
 
 Kv = Literal["ample", "tight"]
 EngineScheduling = Literal["fcfs", "priority"]
@@ -172,22 +173,29 @@ class PointResult:
         return self.defaults.output_tokens_per_s / ideal if ideal > 0 else math.nan
 
 
-class _WindowEngine(SimEngine):
-    """A SimEngine whose generated-tokens counter is also read at the window's edges."""
+class WindowEngine(SimEngine):
+    """A SimEngine that also counts the tokens it generates in steps ending within
+    ``[start_s, end_s)``, whether the loop takes its steps one by one or coasts them."""
 
-    def __init__(self, name: str, options: EmulatorOptions, start_s: float,
-                 end_s: float) -> None:
-        super().__init__(name, options)
-        self._edges = (start_s, end_s)
-        self.at_edges: list[int] = []  # the counter at the first step ending past each edge
+    def __init__(self, name: str, options: EmulatorOptions, start_s: float, end_s: float,
+                 seed_offset: int = 0) -> None:
+        super().__init__(name, options, seed_offset)
+        self.window = (start_s, end_s)
+        self.window_tokens = 0
 
     def advance(self, end_s: float) -> tuple[StepResult, float | None]:
         before = self.generation_tokens_total
         out = super().advance(end_s)
-        while (len(self.at_edges) < len(self._edges)
-               and end_s >= self._edges[len(self.at_edges)]):
-            self.at_edges.append(before)
+        if self.window[0] <= end_s < self.window[1]:
+            self.window_tokens += self.generation_tokens_total - before
         return out
+
+    def coast(self, plan: Coast, steps: int) -> tuple[list[float], float]:
+        ends, following = super().coast(plan, steps)
+        start, end = self.window
+        inside = bisect.bisect_left(ends, end) - bisect.bisect_left(ends, start)
+        self.window_tokens += len(plan.running) * inside
+        return ends, following
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,15 +223,14 @@ def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s
     )
     workload = Workload(scenario="isolation-matrix", phases=(PhaseSpan("flood", 0, until_s),),
                         tenants=tenants, victim="victim")
-    engine = _WindowEngine("engine-0", point.engine(), warmup_s, end_s)
+    engine = WindowEngine("engine-0", point.engine(), warmup_s, end_s)
     sim = Simulation(config, [engine], WorkloadClients(workload, seed=seed, until_s=until_s),
                      run_id="isolation-matrix", scenario="isolation-matrix", until_s=until_s)
     result = sim.run()
     ttfts = sorted(math.inf if r.ttft_s is None else r.ttft_s for r in result.records
                    if r.tenant == "victim" and warmup_s <= r.scheduled_s < end_s)
-    counted = engine.at_edges + [engine.generation_tokens_total] * (2 - len(engine.at_edges))
     figures = ArmFigures(percentile(ttfts, 0.5), percentile(ttfts, 0.9),
-                         percentile(ttfts, 0.99), (counted[1] - counted[0]) / window_s,
+                         percentile(ttfts, 0.99), engine.window_tokens / window_s,
                          len(ttfts), sum(1 for t in ttfts if math.isinf(t)))
     return figures, SimulationFigures(result.holds, engine.preemptions_total, result.wall_s)
 

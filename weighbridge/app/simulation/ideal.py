@@ -151,9 +151,15 @@ def ideal_for(inputs: Inputs) -> dict[str, Any]:
     return {
         "victim": victim.name, "flood_tenant": flood.name, "cap_per_engine": cap,
         "victim_rate_per_engine": shape.victim_rate, "virtual_s": seconds,
-        "alone": {"ttft_p50_s": alone.victim_p50_s, "ttft_p99_s": alone.victim_p99_s},
-        "flooded": {"ttft_p50_s": flooded.victim_p50_s, "ttft_p99_s": flooded.victim_p99_s,
-                    "flood_tokens_per_s": flooded.flood_tokens_per_s},
+        "engines": stack.engines.count,
+        "alone": {"ttft_p50_s": alone.victim_p50_s, "ttft_p90_s": alone.victim_p90_s,
+                  "ttft_p99_s": alone.victim_p99_s},
+        "flooded": {"ttft_p50_s": flooded.victim_p50_s, "ttft_p90_s": flooded.victim_p90_s,
+                    "ttft_p99_s": flooded.victim_p99_s,
+                    "flood_tokens_per_s": flooded.flood_tokens_per_s,
+                    # Every token one engine generates, the victim's too: the fleet's
+                    # bound is this times "engines".
+                    "output_tokens_per_s": flooded.output_tokens_per_s},
         "victim_ttft_ratio": flooded.victim_p99_s / alone.victim_p99_s
         if alone.victim_p99_s > 0 else None,
     }

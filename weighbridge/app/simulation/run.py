@@ -12,6 +12,7 @@ import dataclasses
 import os
 import subprocess
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +41,8 @@ from weighbridge.rundir import (
 )
 from weighbridge.sidecar.config import Config, Policy, parse_config
 
-__all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "policy_stack", "run_policy",
-           "scenario_load", "sidecar_for", "trace_load"]
+__all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "engines_for", "policy_stack",
+           "run_policy", "scenario_load", "sidecar_for", "trace_load"]
 
 BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.app.demo.baseline_stack)
 POLICIES = (*(policy.value for policy in Policy), BASELINE)
@@ -214,8 +215,11 @@ def _git_commit() -> str | None:
 
 
 def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
-               *, label: str | None = None) -> RunOutcome:
-    """Simulate ``inputs`` under ``policy`` into ``run_dir`` (which must be empty)."""
+               *, label: str | None = None,
+               engines: Callable[[StackSpec], list[SimEngine]] = engines_for) -> RunOutcome:
+    """Simulate ``inputs`` under ``policy`` into ``run_dir`` (which must be empty).
+    ``engines``: the stack's engines as the run drives them (a benchmark's may also count
+    what they do)."""
     if (run_dir / REQUESTS_PARQUET).exists():
         raise FileExistsError(f"{run_dir} already holds a run: choose another --out")
     stack = policy_stack(inputs.stack, policy)
@@ -224,7 +228,7 @@ def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
     run_id = f"simulated-{name}"
     load = trace_load(inputs, config, run_id) if inputs.trace is not None \
         else scenario_load(inputs, run_id)
-    simulation = Simulation(config, engines_for(stack), load.clients, run_id=run_id,
+    simulation = Simulation(config, engines(stack), load.clients, run_id=run_id,
                             scenario=load.scenario, until_s=load.until_s, drain=load.drain)
     result = simulation.run()
     run_dir.mkdir(parents=True, exist_ok=True)
