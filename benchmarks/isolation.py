@@ -34,8 +34,12 @@ flood is 30 streams); the same victim and flood. ``--record`` writes it to RESUL
 (section ``isolation_h100``) with each arm's emulator step lag: how far the emulated engine's
 steps ran behind its model, which is what sharing two cores with the sidecar costs it.
 
+``--shape seqs16|budget512|kv16|kv40`` (issue 38) is issue 14's setup on engines of other
+shapes, none of which the defaults were tuned on: 16 sequences, a 512-token budget, KV for
+16 or for 40 of the flood's sequences; the ideal flood is re-sized to each.
+
 ``python -m benchmarks.isolation [--engine emulator|real] [--repeats 3] [--cpus shared|split]
-[--shape issue14|h100] [--ideal-streams N] [--record]``
+[--shape issue14|h100|seqs16|budget512|kv16|kv40] [--ideal-streams N] [--record]``
 """
 
 from __future__ import annotations
@@ -494,7 +498,28 @@ H100 = Setup(
         VICTIM_ROOM_SEQS)),
     victims=PoissonVictim, keys={"victim": VICTIM_KEY, "flood": FLOOD_KEY},
     profile="h100-llama3-8b")
-SHAPES = {"issue14": ISSUE_14, "h100": H100}
+
+
+def untuned(**engine: int) -> Setup:
+    """Issue 14's setup on an engine of another shape (issue 38: isolation must hold on
+    shapes nobody tuned the defaults for): its flags changed by ``engine``, the ideal flood
+    re-sized to what that engine holds with room for the victim."""
+    flags = {**ISSUE_14.engine, **engine}
+    return replace(ISSUE_14, engine=flags, flood=replace(FLOOD, ideal_streams=flood_streams_in_kv(
+        flags["num_kv_blocks"], flags["block_size"], FLOOD_PROMPT + FLOOD_OUTPUT,
+        VICTIM_ROOM_SEQS * (FLOOD_PROMPT + FLOOD_OUTPUT), flags["max_num_seqs"],
+        VICTIM_ROOM_SEQS)))
+
+
+SHAPES = {"issue14": ISSUE_14, "h100": H100,
+          # Fewer slots than the KV holds: the slots bind, not the cache.
+          "seqs16": untuned(max_num_seqs=16),
+          # Half the step budget: prefill takes twice the steps.
+          "budget512": untuned(max_num_batched_tokens=512),
+          # KV for 16 of the flood's sequences instead of 26.
+          "kv16": untuned(num_kv_blocks=16 * FLOOD_BLOCKS),
+          # KV for 40: the 32 slots bind.
+          "kv40": untuned(num_kv_blocks=40 * FLOOD_BLOCKS)}
 
 
 @contextlib.contextmanager
