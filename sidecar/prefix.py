@@ -6,19 +6,23 @@ blocks from the start, but never its last token (vLLM always computes at least o
 sidecar sees the prompts it sends, so it keeps, per backend, the chained hashes of the
 blocks it sent there and predicts what a new prompt would find cached:
 
-- a token-id prompt is cut exactly as the engine cuts it, at the engine's block size;
-- a text prompt (the sidecar has no tokenizer) is cut into blocks of
-  ``TEXT_BLOCK_BYTES`` bytes of its UTF-8, and a cached block is worth
-  ``TEXT_BLOCK_BYTES / BYTES_PER_TOKEN`` tokens, the same estimate ``sidecar.prompt``
-  prices text with.
+- a token-id prompt, or a text prompt the served model's tokenizer counted
+  (sidecar.tokenizer), is cut exactly as the engine cuts it, at the engine's block size;
+- any other text prompt is cut into blocks of ``TEXT_BLOCK_BYTES`` bytes of its UTF-8, and
+  its matched bytes are worth the whole engine blocks they make at the backend's bytes per
+  token (``TokenRate``), learned from the prompt tokens its answers report (4 until then,
+  the estimate ``sidecar.prompt`` prices text with).
 
 Each backend's index is bounded by the engine's KV cache in blocks
 (``vllm:cache_config_info``) and forgets the least recently used block first, a prompt's
 last block before its first (as vLLM frees a request's blocks tail first into its free-block
 queue). What the engine reports (a request's ``usage.prompt_tokens_details.cached_tokens``)
 corrects the bound: the engine keeps fewer blocks than its whole cache while requests run,
-so a prediction the engine did not meet shrinks the index to what it retains. The index is
-a pure, clock-free core: the caller says when a block was used by the order of its calls.
+so a prediction the engine did not meet shrinks the index to what it retains. A text
+prompt's prediction is an estimate (one prompt's bytes per token strays from its backend's
+mean), so it misses only by more than ``TEXT_SLACK`` of itself and a block: a miss within
+that is the estimate's, not an eviction. The index is a pure, clock-free core: the caller
+says when a block was used by the order of its calls.
 
 The engine's own counters bound it too. vLLM counts, in ``vllm:prefix_cache_queries``, the
 prompt tokens of every request it admits from its waiting queue, whoever sent it: once per
@@ -41,7 +45,9 @@ Invariants (``tests/unit/sidecar/test_prefix.py``): an index never holds more th
 capacity; a prediction never exceeds the prompt less one token and counts leading blocks
 only (a hit is a prefix); a prompt just sent or settled is predicted whole, but for its last
 token; a prediction the engine missed shrinks the index, one it met grows it back, never
-past its share of the engine's cache. ``CacheShare``
+past its share of the engine's cache; a text prediction is whole engine blocks of the
+matched bytes at the learned rate, and the rate stays within [``RATE_MIN``, ``RATE_MAX``].
+``CacheShare``
 (``tests/unit/sidecar/test_prefix_share.py``): the share stays within [``SHARE_FLOOR``, 1],
 is exactly 1 while the engine serves only what the sidecar sent, whenever it admits and
 answers it, and follows the sidecar's part of the engine's lookups when others send too.
@@ -58,11 +64,22 @@ from typing import Any
 
 from weighbridge.sidecar.prompt import BYTES_PER_TOKEN, content_text
 
-TEXT_BLOCK_BYTES = 64  # 16 estimated tokens: vLLM's default block size
+TEXT_BLOCK_BYTES = 64  # 16 tokens at the prior rate: vLLM's default block size
 # A text block read as eight 64-bit words (as fast as hashing its bytes: 42 against 37 us a
 # 4 KB prompt, where one big int of it took 69).
 _TEXT_BLOCK_WORDS = struct.Struct(f"<{TEXT_BLOCK_BYTES // 8}Q")
 _ROOT = 0x5EED  # the chain's start, so an empty prefix hashes to no block's value
+# TokenRate: a backend's bytes per prompt token start at the estimate's, worth this many
+# tokens of evidence, and follow about the last RATE_WINDOW_TOKENS prompt tokens answered;
+# the bounds keep a hostile prompt (a long run of one character, or of emoji) from setting
+# every other tenant's predictions far off.
+RATE_PRIOR_TOKENS = 1024
+RATE_WINDOW_TOKENS = 65536
+RATE_MIN, RATE_MAX = 1.0, 32.0
+# A text prediction missed by less than this share of itself (and a block) is the estimate's
+# error, not the engine's eviction: vllm bench's random prefixes of 768 tokens decode to 4.31
+# to 4.71 bytes a token on one tokenizer, +-5% around their mean.
+TEXT_SLACK = 0.125
 # CacheShare: the least share of an engine's cache the index assumes its prompts hold; the
 # window the engine's lookups and the sidecar's are compared over (an exponential one, in
 # seconds); and the engine's lookups, in tokens, in the window before the share moves (fewer
@@ -109,8 +126,17 @@ class PromptPrefix:
         return self.token_ids is not None
 
     def tokens_per_block(self, block_size: int) -> int:
-        """Prompt tokens one cached block is worth."""
+        """Prompt tokens one of its blocks is worth at the prior rate: ``block_size`` when
+        its blocks are the engine's (token ids)."""
         return block_size if self.exact else TEXT_BLOCK_BYTES // BYTES_PER_TOKEN
+
+    def utf8(self) -> bytes:
+        """The text the blocks of a text prompt are cut from: a completion's prompt, or a
+        chat's messages as role and text in order; empty for token ids."""
+        if self.text is None and self.messages is not None:
+            self.text = "".join(f"{m.get('role')}\x00{content_text(m.get('content'), '')}\x00"
+                                for m in self.messages).encode()
+        return self.text or b""
 
     def blocks(self, block_size: int) -> tuple[int, ...]:
         """The chained hashes of the prompt's full blocks."""
@@ -127,12 +153,8 @@ class PromptPrefix:
             for start in range(0, len(ids) - block_size + 1, block_size):
                 parent = hash((parent, *ids[start:start + block_size]))
                 hashes.append(parent)
-        elif self.text is not None or self.messages is not None:
-            if self.text is None:
-                assert self.messages is not None
-                self.text = "".join(f"{m.get('role')}\x00{content_text(m.get('content'), '')}\x00"
-                                    for m in self.messages).encode()
-            text = self.text
+        else:
+            text = self.utf8()
             words = _TEXT_BLOCK_WORDS.unpack_from
             # Hashed as ints, not as bytes: str and bytes hashes differ between processes
             # (PYTHONHASHSEED), ints' do not, so replicas name a block alike (sidecar.shared).
@@ -142,10 +164,39 @@ class PromptPrefix:
         return tuple(hashes)
 
 
+class TokenRate:
+    """A backend's UTF-8 bytes per prompt token, learned from its answers: the text of each
+    prompt the sidecar could not count exactly against the prompt tokens the engine
+    reported for it, summed over an exponential window of about ``window_tokens`` tokens
+    and begun at ``prior`` bytes a token, worth ``prior_tokens`` of them. Pure."""
+
+    def __init__(self, prior: float = BYTES_PER_TOKEN, prior_tokens: float = RATE_PRIOR_TOKENS,
+                 window_tokens: float = RATE_WINDOW_TOKENS) -> None:
+        if not RATE_MIN <= prior <= RATE_MAX or prior_tokens <= 0 or window_tokens <= 0:
+            raise ValueError("prior must be within the rate's bounds, prior_tokens and "
+                             "window_tokens positive")
+        self.window_tokens = window_tokens
+        self._bytes = prior * prior_tokens
+        self._tokens = float(prior_tokens)
+
+    @property
+    def bytes_per_token(self) -> float:
+        return min(RATE_MAX, max(RATE_MIN, self._bytes / self._tokens))
+
+    def observe(self, text_bytes: int, tokens: int) -> None:
+        """A prompt of ``text_bytes`` bytes counted ``tokens`` tokens by the engine."""
+        if text_bytes <= 0 or tokens <= 0:
+            return
+        kept = math.exp(-tokens / self.window_tokens)
+        self._bytes = self._bytes * kept + text_bytes
+        self._tokens = self._tokens * kept + tokens
+
+
 class PrefixIndex:
     """One backend's cached blocks as the sidecar predicts them: an LRU set of chained
     block hashes, at most ``capacity_blocks`` of them (0: the engine's cache is not known
-    yet, and nothing is predicted cached)."""
+    yet, and nothing is predicted cached), and the backend's bytes per token for the text
+    it cannot count exactly (``rate``)."""
 
     def __init__(self, capacity_blocks: int, block_size: int = 16) -> None:
         if capacity_blocks < 0 or block_size < 1:
@@ -159,6 +210,7 @@ class PrefixIndex:
         self._blocks: OrderedDict[int, None] = OrderedDict()  # least recently used first
         # The prompts sent to this engine against its lookups (``observe_engine``).
         self.cache_share = CacheShare()
+        self.rate = TokenRate()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -208,7 +260,8 @@ class PrefixIndex:
         return {"blocks": len(self._blocks), "retained_blocks": self.retained_blocks,
                 "capacity_blocks": self.capacity_blocks, "block_size": self.block_size,
                 "reported": reported, "share": round(self.share, 4),
-                "engine_hit_rate": self.cache_share.hit_rate}
+                "engine_hit_rate": self.cache_share.hit_rate,
+                "bytes_per_token": round(self.rate.bytes_per_token, 3)}
 
     def matched_blocks(self, prefix: PromptPrefix) -> int:
         """How many of the prompt's leading blocks the index holds."""
@@ -221,12 +274,24 @@ class PrefixIndex:
         return matched
 
     def predict(self, prefix: PromptPrefix, prompt_tokens: int) -> int:
-        """The prompt tokens the engine would find cached: the matched blocks' tokens, never
+        """The prompt tokens the engine would find cached: the matched blocks' tokens (a
+        text prompt's: the whole engine blocks its matched bytes make at ``rate``), never
         the prompt's last token."""
         if not self._blocks:
             return 0  # nothing held (or the index is off): no prompt need be hashed
-        cached = self.matched_blocks(prefix) * prefix.tokens_per_block(self.block_size)
+        matched = self.matched_blocks(prefix)
+        if prefix.exact:
+            cached = matched * self.block_size
+        else:
+            tokens = matched * TEXT_BLOCK_BYTES / self.rate.bytes_per_token
+            cached = int(tokens // self.block_size) * self.block_size
         return max(0, min(cached, prompt_tokens - 1))
+
+    def _tokens_per_block(self, prefix: PromptPrefix) -> float:
+        """Prompt tokens one of the index's blocks of ``prefix`` is worth."""
+        if prefix.exact:
+            return self.block_size
+        return TEXT_BLOCK_BYTES / self.rate.bytes_per_token
 
     def sent(self, prefix: PromptPrefix) -> None:
         """The prompt was sent here: every full block of it is now (most recently) cached,
@@ -245,23 +310,32 @@ class PrefixIndex:
                     held[block] = None
         self._evict()
 
-    def settle(self, prefix: PromptPrefix, predicted_tokens: int,
-               reported_tokens: int) -> None:
+    def settle(self, prefix: PromptPrefix, predicted_tokens: int, reported_tokens: int,
+               prompt_tokens: int | None = None) -> None:
         """A request sent here ended, and the engine said it had found
         ``reported_tokens`` of its prompt cached where the index predicted
-        ``predicted_tokens``. Blocks the index counted that the engine no longer held mean
-        the engine keeps fewer blocks than the index does (its running requests hold the
-        rest of its cache): the index shrinks by that many, least recently used first; a
-        prediction met grows it back by a block, or by what the engine held beyond it. The
-        prompt itself is cached now either way (the request computed what was missing)."""
-        per_block = prefix.tokens_per_block(self.block_size)
-        missed = (predicted_tokens - reported_tokens) // per_block
+        ``predicted_tokens``, and counted ``prompt_tokens`` in it (None: not said). Blocks
+        the index counted that the engine no longer held mean the engine keeps fewer blocks
+        than the index does (its running requests hold the rest of its cache): the index
+        shrinks by that many, least recently used first; a prediction met grows it back by a
+        block, or by what the engine held beyond it. A text prompt teaches the backend's
+        bytes per token, and its prediction misses only by more than ``TEXT_SLACK`` of itself
+        and a block. The prompt itself is cached now either way (the request computed what was
+        missing)."""
+        missed_tokens = predicted_tokens - reported_tokens
+        if not prefix.exact:
+            if prompt_tokens is not None:
+                self.rate.observe(len(prefix.utf8()), prompt_tokens)
+            if missed_tokens <= self.block_size + TEXT_SLACK * predicted_tokens:
+                missed_tokens = min(missed_tokens, 0)  # the estimate's error: met
+        per_block = self._tokens_per_block(prefix)
+        missed = int(missed_tokens // per_block)
         if missed > 0:
             self.retained_blocks = max(0, min(len(self._blocks), self.retained_blocks)
                                        - missed)
         else:
             # Met: one block more, or as many as the engine held beyond the prediction.
-            grown = max(1, (reported_tokens - predicted_tokens) // per_block)
+            grown = max(1, int((reported_tokens - predicted_tokens) // per_block))
             self.retained_blocks = min(self.ceiling_blocks, self.retained_blocks + grown)
         self.sent(prefix)
 
