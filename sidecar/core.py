@@ -1010,8 +1010,10 @@ class SchedulingCore:
             key = (request.tenant, request.backend)
             self.cached_predicted[key] += request.predicted_cached_tokens
             self.cached_reported[key] += cached_tokens
+            # The engine's prompt count teaches the index its bytes per token for text.
             self._prefix[request.backend].settle(request.prefix,
-                                                 request.predicted_cached_tokens, cached_tokens)
+                                                 request.predicted_cached_tokens, cached_tokens,
+                                                 prompt_tokens)
         # Unreported, nothing is known cached: the whole prompt is charged.
         self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now,
                   cached_tokens or 0)
