@@ -44,8 +44,9 @@ Workloads (lengths per ``Lengths``; rates scale with the fleet):
   ends counts its wait as its TTFT, a lower bound);
 - the engines' output tokens/s: ``vllm:generation_tokens_total``'s delta over the window
   (``vllm bench``: over its measured duration; chat_sessions: over the phase);
-- the router's CPU seconds per request: its process group's CPU time (Linux schedstat) over
-  the whole run, idle moments included, over the requests answered in full;
+- the router's CPU seconds per request: its process group's CPU time (Linux schedstat) from
+  the traffic's start (``vllm bench``'s first request, the load generator's start) to the
+  run's end, idle moments included, over the requests answered in full;
 - weighbridge: per backend, the cached prompt tokens its prefix index predicted against those
   the engines reported (the sidecar's ``weighbridge_backend_prefix_cached_tokens``).
 
@@ -566,8 +567,10 @@ NOTES = [
     "records; the flood's are the victim's turns scheduled before it (from "
     f"{VICTIM_WARMUP_S:g} s) and in its window (a turn with no first token when the victims' "
     "run ended counts its wait, a lower bound).",
-    "CPU per request: the router's whole process group (Linux schedstat) over the run, idle "
-    "moments included (weighbridge polls its engines), over the requests answered in full.",
+    "CPU per request: the router's whole process group (Linux schedstat), over the requests "
+    "answered in full; from vllm bench's first request, or the load generator's start, to "
+    "the run's end, idle moments included (weighbridge polls its engines: about 0.012 cores "
+    "idle here; vllm-router none).",
     "The machine has 2 cores: engines, router and clients share them, so every arm pays "
     "the same contention; the step lag column shows how far the emulated engines fell behind "
     "their model.",
@@ -594,10 +597,26 @@ def result(runs: Sequence[ArmRun], lengths: Lengths) -> BenchResult:
     return BenchResult(
         summary=summary, tables=[t for t in tables if t.rows],
         notes=[*NOTES, f"Lengths: {dataclasses.asdict(lengths)}.", _versions()],
-        setup=["engines: " + ", ".join(
+        setup=[code_version(), "engines: " + ", ".join(
             f"{k} {v}" for k, v in engine_options().flags().items() if k != "seed")
             .replace(str(REPO) + "/", "")],
         passed=all(c.passed for c in checks) if checks else None)
+
+
+def code_version() -> str:
+    """The commit the run measures, and the files it changed that were not committed."""
+    def git(*args: str) -> str:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(["git", *args], capture_output=True, text=True, timeout=10,
+                                 check=False, cwd=REPO)
+            if out.returncode == 0:
+                return out.stdout
+        return ""
+    commit = git("rev-parse", "--short", "HEAD").strip() or "unknown"
+    changed = [line[3:] for line in git("status", "--porcelain", "--untracked-files=no")
+               .splitlines() if line[3:].endswith(".py")]
+    return f"code: commit {commit}" + (
+        f", with uncommitted changes to {', '.join(changed)}" if changed else ", clean")
 
 
 def _versions() -> str:
