@@ -59,6 +59,7 @@ from weighbridge.sidecar.session import (
 )
 from weighbridge.sidecar.shared import SharedState, SharedStateCollector
 from weighbridge.sidecar.stability import StabilityMeter
+from weighbridge.sidecar.tokenizer import PromptTokenizers, TokenizerCollector
 from weighbridge.sidecar.tracing import NO_TRACE, RequestTracing, Trace
 from weighbridge.sidecar.upstream import Upstream, UpstreamConnectError, UpstreamError
 from weighbridge.vllm_metrics import BackendSample
@@ -116,6 +117,8 @@ class Sidecar:
         # State shared with other replicas (sidecar.shared); None: this process alone.
         self.shared = (SharedState(config.state, self.core, clock=clock)
                        if config.state.backend == "redis" else None)
+        # Text prompts counted by the served model's tokenizer, where a model names one.
+        self.tokenizers = PromptTokenizers(lambda: self.config)
         self.metrics = self._metrics(None)
         self.tracing = tracing or RequestTracing.from_config(config.telemetry)
         self._waiters: dict[str, tuple[asyncio.Future[Dispatch], RequestSession]] = {}
@@ -222,6 +225,7 @@ class Sidecar:
                                 on_sample=self._on_sample)
         self.metrics = self._metrics(self.pool)
         await self.pool.start()
+        self.tokenizers.start()
         if self.shared is not None:
             await self.shared.start()
         tick = asyncio.create_task(self._tick(), name="dispatch-tick")
@@ -234,6 +238,7 @@ class Sidecar:
             if self.shared is not None:
                 await self.shared.stop()
             await self.pool.stop()
+            self.tokenizers.stop()
             await self.upstream.close()
             if self.tracing is not None:
                 # Flushes buffered spans over HTTP: blocking, so off the loop.
@@ -243,6 +248,7 @@ class Sidecar:
         metrics = SidecarMetrics(self.core, pool, self.stability, self.clock)
         metrics.registry.register(SharedStateCollector(self.shared))
         metrics.registry.register(ConfigCollector(self.holder))
+        metrics.registry.register(TokenizerCollector(self.tokenizers))
         return metrics
 
     def _on_sample(self, backend: str, sample: BackendSample) -> None:
@@ -434,6 +440,12 @@ class Sidecar:
         except TimeoutError:
             raise ingress.body_timeout(caller) from None
         arrival = ingress.read(caller, endpoint, request.headers, raw)
+        # Off the loop, and before the request takes any budget: its count is the engine's.
+        ids = await self.tokenizers.tokenize(
+            self.core.request_model(arrival.model) or self.core.catalog.default_model(),
+            caller.tenant, endpoint, arrival.body)
+        if ids is not None:
+            arrival.tokenized(ids)
         tenant, tier, model = caller.tenant, arrival.tier, arrival.model
         prompt, max_tokens, sequences = (arrival.prompt_tokens, arrival.max_tokens,
                                          arrival.sequences)

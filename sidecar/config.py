@@ -15,6 +15,7 @@ message lists each error as ``dotted.path: message``.
 from __future__ import annotations
 
 import hmac
+import importlib.util
 import os
 import re
 from collections.abc import Mapping
@@ -39,6 +40,7 @@ from pydantic import (
 from pydantic import HttpUrl as _HttpUrl
 from pydantic_core import PydanticCustomError
 
+from weighbridge.hf_tokenizer import MODULES
 from weighbridge.keys import ApiKey, ApiKeyField, key_digest
 from weighbridge.redaction import redact_url
 from weighbridge.settings_file import Issue, SettingsError, conflicts, dotted, problems, read_yaml
@@ -61,6 +63,7 @@ __all__ = [
     "Telemetry",
     "Tenant",
     "Tier",
+    "Tokenization",
     "load_config",
     "parse_config",
 ]
@@ -342,12 +345,39 @@ def default_endpoints() -> dict[str, Endpoint]:
     }
 
 
+def _check_tokenizer(value: Any) -> str:
+    directory = _expect_str(value)
+    if not os.path.isfile(os.path.join(directory, "tokenizer.json")):
+        raise PydanticCustomError("tokenizer", "no tokenizer.json in directory '{directory}'",
+                                  {"directory": directory})
+    missing = [name for name in MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise PydanticCustomError(
+            "tokenizer", "needs the {missing} packages: pip install 'weighbridge[tokenizer]'",
+            {"missing": " and ".join(missing)})
+    return directory
+
+
+TokenizerDirectory = Annotated[str, PlainValidator(_check_tokenizer, json_schema_input_type=str)]
+
+
 class Model(_Model):
     """Rules for one model name, as requests spell it in `model`."""
 
     tenant_limits: RateLimits = Field(default_factory=RateLimits)
     """Rate limits every tenant gets on this model, each in its own buckets, unless its
     `model_limits` names the model."""
+    tokenizer: TokenizerDirectory | None = None
+    """A Hugging Face model directory whose tokenizer counts this model's text prompts in the
+    engine's own tokens (as vLLM's `--tokenizer`: its `tokenizer.json`, and the chat
+    template of `chat_template.jinja` or `tokenizer_config.json`; a relative path is the
+    sidecar's working directory's). A completion's string prompt, and a chat whose messages
+    are role and string content only, are then counted exactly for rate limits, DRR and
+    the prefix index, which cuts them in the engine's own blocks; other prompts, and any
+    over `tokenization`'s bounds, are estimated. Tokenizing runs on a thread of its own
+    (`tokenization`). Needs the `tokenizer` extra. None: text is estimated at 4 bytes a
+    token, and the prefix index prices matched text at each backend's learned bytes per
+    token (docs/sidecar.md, "Counting text in the engine's tokens")."""
 
 
 class Backend(_Model):
@@ -558,6 +588,22 @@ def _check_redis_url(value: Any) -> str:
 RedisUrl = Annotated[str, PlainValidator(_check_redis_url, json_schema_input_type=str)]
 
 
+class Tokenization(_Model):
+    """How prompts are tokenized where a model names its `tokenizer`: on one thread beside
+    the event loop, each tenant's prompts in arrival order and the tenants in fair turns by
+    bytes, so a tenant's backlog delays another's prompt by at most the one being tokenized.
+    A prompt the bounds leave out is estimated, never delayed. Tokenizing costs about
+    120-250 µs of CPU per KB of prompt (a byte-level BPE of 2,048 tokens; docs/sidecar.md,
+    "Counting text in the engine's tokens")."""
+
+    max_prompt_bytes: PositiveInt = 65_536
+    """A longer prompt (its UTF-8: a completion's prompt, a chat's contents) is estimated: one
+    prompt holds the thread for at most this many bytes' tokenizing (about 10-17 ms)."""
+    max_tenant_pending_bytes: PositiveInt = 262_144
+    """A tenant's prompts waiting for the thread or on it, at most; its prompts beyond are
+    estimated, so a tenant's burst neither waits long for the thread nor grows its queue."""
+
+
 class SharedState(_Model):
     """Where the state several sidecar replicas share lives (docs/sidecar.md, "Several
     replicas"): `local` keeps everything in this process (one replica); `redis` shares
@@ -646,6 +692,8 @@ class Config(_Model):
     connection gets 503 `too_many_connections`. Each costs a descriptor and an upstream one:
     the sidecar raises its open-files limit to twice this plus 64 where the hard limit
     allows, and warns where it does not."""
+    tokenization: Tokenization = Field(default_factory=Tokenization)
+    """How models' `tokenizer`s count prompts."""
     telemetry: Telemetry = Field(default_factory=Telemetry)
     """OpenTelemetry traces."""
     state: SharedState = Field(default_factory=SharedState)

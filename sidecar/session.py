@@ -14,7 +14,8 @@ Ingress, per request (each step raises ``ApiError``, already counted in the ledg
     arrival = ingress.read(caller, endpoint, headers, body)   # headers and body, or 4xx
     request = ingress.arrive(arrival, request_id, now)      # the core's checks, or 429/503/404
 
-A front may do I/O between the steps (read the body after authenticating, ask the limits
+A front may do I/O between the steps (read the body after authenticating, tokenize the
+prompt with the served model's tokenizer and tell ``arrival.tokenized``, ask the limits
 other replicas share before ``arrive``); the steps' order is the rules' order.
 
 The life of an admitted request (``RequestSession``), each call with ``now``::
@@ -189,6 +190,13 @@ class Arrival:
     @property
     def model(self) -> Any:
         return self.body.get("model")
+
+    def tokenized(self, ids: list[int]) -> None:
+        """The served model's tokenizer counted the prompt (sidecar.tokenizer): its tokens
+        are the engine's, and the prefix index cuts them in the engine's blocks. The body is
+        forwarded as it came."""
+        self.prompt_tokens = len(ids)
+        self.prefix = PromptPrefix(token_ids=ids)
 
     @property
     def stream(self) -> bool:
