@@ -32,7 +32,7 @@ from weighbridge.emulator.tokenizer import ModelTokenizer
 from weighbridge.hf_tokenizer import HfTokenizer
 from weighbridge.sidecar.app import Sidecar
 from weighbridge.sidecar.config import ConfigError, parse_config
-from weighbridge.sidecar.tokenizer import TokenizeQueue, text_prompt
+from weighbridge.sidecar.tokenizer import PromptTokenizers, TokenizeQueue, text_prompt
 
 COMPLETIONS, CHAT, EMBEDDINGS = "/v1/completions", "/v1/chat/completions", "/v1/embeddings"
 KEY = "sk-tokenized"
@@ -210,3 +210,53 @@ async def test_text_is_counted_and_cached_as_the_engine_does(model_dir: Path) ->
             assert sidecar.tokenizers.counts["over_bounds"] == 1
             metrics = await (await client.get("/metrics")).text()
             assert 'weighbridge_prompt_tokenization_total{result="tokenized"} 6.0' in metrics
+
+
+def _config(tokenizer: Path | None) -> Any:
+    models = {MODEL: {"tokenizer": str(tokenizer)}} if tokenizer else {}
+    return parse_config({"tenants": {"t": tenant("standard", KEY)},
+                         "backends": [{"url": "http://127.0.0.1:9"}], "models": models})
+
+
+async def _until_loaded(tokenizers: PromptTokenizers, body: dict[str, Any]) -> list[int]:
+    for _ in range(500):
+        ids = await tokenizers.tokenize(MODEL, "t", COMPLETIONS, body)
+        if ids is not None:
+            return ids
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never tokenized: {dict(tokenizers.counts)}")
+
+
+async def test_a_tokenizer_named_by_a_reload_is_loaded_on_first_use(model_dir: Path) -> None:
+    config = _config(None)
+    tokenizers = PromptTokenizers(lambda: config)
+    tokenizers.start()
+    try:
+        body = {"prompt": "where is the station?"}
+        assert await tokenizers.tokenize(MODEL, "t", COMPLETIONS, body) is None
+        assert not tokenizers.counts  # no tokenizer: nothing to count
+        config = _config(model_dir)  # the reload
+        assert await tokenizers.tokenize(MODEL, "t", COMPLETIONS, body) is None
+        assert tokenizers.counts["loading"] == 1  # estimated while it loads
+        ids = await _until_loaded(tokenizers, body)
+        assert ids == HfTokenizer(model_dir, what="test", extra="tokenizer").encode(body["prompt"])
+        assert tokenizers.bytes == len(body["prompt"]) and tokenizers.cpu_s > 0
+    finally:
+        tokenizers.stop()
+
+
+async def test_a_tokenizer_that_fails_to_load_leaves_its_prompts_estimated(
+        tmp_path: Path) -> None:
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    config = _config(tmp_path)
+    tokenizers = PromptTokenizers(lambda: config)
+    tokenizers.start()
+    try:
+        for _ in range(500):
+            if await tokenizers.tokenize(MODEL, "t", COMPLETIONS, {"prompt": "hi"}) is None \
+                    and tokenizers.counts["unavailable"]:
+                break
+            await asyncio.sleep(0.01)
+        assert tokenizers.counts["unavailable"] >= 1 and not tokenizers.counts["tokenized"]
+    finally:
+        tokenizers.stop()
