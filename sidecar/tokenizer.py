@@ -50,12 +50,16 @@ T = TypeVar("T")
 _CHAT_OWN_RENDERING = ("tools", "chat_template", "chat_template_kwargs",
                        "continue_final_message", "truncate_prompt_tokens", "documents")
 _COMPLETION_OWN_RENDERING = ("truncate_prompt_tokens",)
+# What a chat message's template framing counts toward the bounds, beyond its role and
+# content: rendering and tokenizing an empty message costs about 2.6 µs, 16 bytes of text's.
+CHAT_MESSAGE_BYTES = 16
 
 
 @dataclass(slots=True)
 class TextPrompt:
     """A prompt the served model's tokenizer counts as the engine does: a completion's text,
-    or a chat's (role, content) messages, and its size in UTF-8 bytes."""
+    or a chat's (role, content) messages, and its size in UTF-8 bytes (a chat's: its roles
+    and contents, and ``CHAT_MESSAGE_BYTES`` a message)."""
 
     size: int
     text: str | None = None
@@ -93,7 +97,7 @@ def _chat(body: dict[str, Any]) -> TextPrompt | None:
                 or message.keys() - {"role", "content"}:
             return None
         messages.append((role, content))
-        size += len(role) + len(content.encode())
+        size += CHAT_MESSAGE_BYTES + len(role.encode()) + len(content.encode())
     return TextPrompt(size, messages=tuple(messages), add_generation_prompt=generation)
 
 

@@ -32,7 +32,12 @@ from weighbridge.emulator.tokenizer import ModelTokenizer
 from weighbridge.hf_tokenizer import HfTokenizer
 from weighbridge.sidecar.app import Sidecar
 from weighbridge.sidecar.config import ConfigError, parse_config
-from weighbridge.sidecar.tokenizer import PromptTokenizers, TokenizeQueue, text_prompt
+from weighbridge.sidecar.tokenizer import (
+    CHAT_MESSAGE_BYTES,
+    PromptTokenizers,
+    TokenizeQueue,
+    text_prompt,
+)
 
 COMPLETIONS, CHAT, EMBEDDINGS = "/v1/completions", "/v1/chat/completions", "/v1/embeddings"
 KEY = "sk-tokenized"
@@ -260,3 +265,10 @@ async def test_a_tokenizer_that_fails_to_load_leaves_its_prompts_estimated(
         assert tokenizers.counts["unavailable"] >= 1 and not tokenizers.counts["tokenized"]
     finally:
         tokenizers.stop()
+
+
+def test_a_chat_s_size_counts_each_message_s_framing() -> None:
+    """Rendering a message costs CPU however short it is: 10,000 empty messages are not a
+    free prompt."""
+    prompt = text_prompt(CHAT, {"messages": [{"role": "user", "content": ""}] * 10_000})
+    assert prompt is not None and prompt.size == 10_000 * (CHAT_MESSAGE_BYTES + len("user"))
