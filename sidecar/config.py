@@ -511,10 +511,11 @@ class Admission(_Model):
     0: no limit."""
     max_prefill_tokens_inflight: NonNegativeInt | None = Field(
         default=None, json_schema_extra={"x-default": "derived: one step budget"})
-    """Prompt tokens one tenant may have dispatched and still prefilling before its next
-    request waits: a flood's long prompts then enter the engines a few at a time, so they
-    neither fill the engine's waiting queue (which closes the gate for everyone) nor every
-    step's budget. `drr` and `rr` only; 0: no limit."""
+    """Prompt tokens one tenant may have dispatched to a backend and still prefilling there
+    before that backend takes its next request (another backend may): a flood's long prompts
+    then enter each engine a few at a time, so they neither fill the engine's waiting queue
+    (which closes the gate for everyone) nor every step's budget. Per backend, like the step
+    budget it derives from. `drr` and `rr` only; 0: no limit."""
     step_budget_tokens: PositiveInt | None = Field(default=None,
                                                    json_schema_extra={"x-default": "2048"})
     """The engines' step budget (vLLM `--max-num-batched-tokens`), which the two prefill
