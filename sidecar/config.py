@@ -594,12 +594,12 @@ class Tokenization(_Model):
     the event loop, each tenant's prompts in arrival order and the tenants in fair turns by
     bytes, so a tenant's backlog delays another's prompt by at most the one being tokenized.
     A prompt the bounds leave out is estimated, never delayed. Tokenizing costs about
-    120-250 µs of CPU per KB of prompt (a byte-level BPE of 2,048 tokens; docs/sidecar.md,
+    120-270 µs of CPU per KB of prompt (a byte-level BPE of 2,048 tokens; docs/sidecar.md,
     "Counting text in the engine's tokens")."""
 
     max_prompt_bytes: PositiveInt = 65_536
     """A longer prompt (its UTF-8: a completion's prompt, a chat's contents) is estimated: one
-    prompt holds the thread for at most this many bytes' tokenizing (about 10-17 ms)."""
+    prompt holds the thread for at most this many bytes' tokenizing (about 10-20 ms)."""
     max_tenant_pending_bytes: PositiveInt = 262_144
     """A tenant's prompts waiting for the thread or on it, at most; its prompts beyond are
     estimated, so a tenant's burst neither waits long for the thread nor grows its queue."""
