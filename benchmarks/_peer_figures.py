@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +30,8 @@ STEP_LAG = "weighbridge_emulator_step_lag_seconds"
 # The sidecar's prefix index judged by the engines: cached prompt tokens per backend, as it
 # predicted them at dispatch and as the engine's answers reported them.
 SIDECAR_CACHED = "weighbridge_backend_prefix_cached_tokens"
+# The sidecar's dispatch attempts held by admission control, by backend and reason.
+SIDECAR_HOLDS = "weighbridge_admission_holds"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +79,27 @@ def fleet_counters(metrics_texts: Iterable[str]) -> FleetCounters:
     return FleetCounters(*totals)
 
 
+def _series(metrics_text: str, family: str) -> Iterator[tuple[dict[str, str], float]]:
+    """Each sample of counter ``family`` in a /metrics text: its labels and value."""
+    for key, value in _prom.parse(metrics_text).items():
+        name, _, labels = key.partition("{")
+        if name in (family, family + "_total"):
+            yield dict(p.split("=", 1) for p in labels.rstrip("}").split(",") if "=" in p), value
+
+
+def holds_by_reason(metrics_text: str) -> dict[str, float]:
+    """From the sidecar's /metrics: its admission holds by reason, over every backend."""
+    out: dict[str, float] = {}
+    for fields, value in _series(metrics_text, SIDECAR_HOLDS):
+        reason = fields.get("reason", "?")
+        out[reason] = out.get(reason, 0.0) + value
+    return out
+
+
 def cached_tokens_by_backend(metrics_text: str) -> dict[str, tuple[float, float]]:
     """From the sidecar's /metrics: per backend, (predicted, reported) cached prompt tokens."""
     out: dict[str, tuple[float, float]] = {}
-    for key, value in _prom.parse(metrics_text).items():
-        name, _, labels = key.partition("{")
-        if name not in (SIDECAR_CACHED, SIDECAR_CACHED + "_total"):
-            continue
-        fields = dict(p.split("=", 1) for p in labels.rstrip("}").split(",") if "=" in p)
+    for fields, value in _series(metrics_text, SIDECAR_CACHED):
         predicted, reported = out.get(fields.get("backend", "?"), (0.0, 0.0))
         if fields.get("source") == "predicted":
             predicted += value
@@ -161,6 +176,7 @@ class ArmRun:
     flood_done_per_s: float | None = None  # the flood: its requests answered in full, per s
     # weighbridge: per backend, (predicted, reported) cached prompt tokens
     cached: dict[str, tuple[float, float]] = field(default_factory=dict)
+    holds: dict[str, float] = field(default_factory=dict)  # weighbridge: by reason
 
     @property
     def cpu_per_request_s(self) -> float:
@@ -376,10 +392,13 @@ def runs_table(runs: Iterable[ArmRun]) -> Table:
          f"{r.cpu_per_request_s * 1e3:.2f}",
          "-" if r.victim_before is None else
          f"{_ms(r.victim_before.p50)} / {_ms(r.victim_before.p90)}",
-         "-" if r.step_lag_ms is None else f"{r.step_lag_ms:.2f}") for r in runs]
+         "-" if r.step_lag_ms is None else f"{r.step_lag_ms:.2f}",
+         ", ".join(f"{k} {v:,.0f}" for k, v in sorted(r.holds.items()) if v) or "-")
+        for r in runs]
     return Table(("engines", "workload", "arm", "repeat", "ok", "failed", "hit rate",
                   "TTFT p50 ms", "p90 ms", "p99 ms", "engines' output tok/s",
                   "computed tok/s", "CPU ms/request", "victim before p50 / p90 ms",
-                  "step lag ms"), rows,
+                  "step lag ms", "weighbridge's holds"), rows,
                  caption="**Every run** (step lag: how far the emulated engines' steps ran "
-                         "behind their model, a sign of CPU starvation)")
+                         "behind their model, a sign of CPU starvation; holds: dispatch "
+                         "attempts weighbridge's admission held, by reason)")

@@ -96,6 +96,7 @@ from benchmarks._peer_figures import (
     cached_tokens_by_backend,
     fleet_counters,
     flood_table,
+    holds_by_reason,
     medians,
     medians_table,
     parse_serve_result,
@@ -499,13 +500,14 @@ def run_arm(arm: str, workload: str, engines: int, repeat: int, lengths: Lengths
             else:
                 result = asyncio.run(run_flood(target, lengths, flood_rate, seed, workdir))
             if arm == "weighbridge":
-                result.cached = cached_tokens_by_backend(
-                    httpx.get(front.url + "/metrics", timeout=10).text)
+                metrics = httpx.get(front.url + "/metrics", timeout=10).text
+                result.cached = cached_tokens_by_backend(metrics)
+                result.holds = holds_by_reason(metrics)
     return dataclasses.replace(result, fleet=engines, arm=arm, repeat=repeat)
 
 
 def run_all(fleets: Sequence[int], repeats: int, workloads: Sequence[str], lengths: Lengths,
-            log: Callable[[str], None] = print) -> list[ArmRun]:
+            log: Callable[[str], None] = print, arms: Sequence[str] = ARMS) -> list[ArmRun]:
     """For each fleet, repeat and workload, every arm on fresh engines, the arms' order
     rotating with the repeat."""
     if not VLLM_ROUTER.exists():
@@ -522,7 +524,7 @@ def run_all(fleets: Sequence[int], repeats: int, workloads: Sequence[str], lengt
         log(f"{engines} engines: the flood at {flood_rate:.1f} requests/s "
             f"({lengths.flood_overload:g}x what the fleet finishes)")
         for repeat in range(repeats):
-            order = ARMS[repeat % len(ARMS):] + ARMS[:repeat % len(ARMS)]
+            order = [*arms[repeat % len(arms):], *arms[:repeat % len(arms)]]
             for workload in workloads:
                 for arm in order:
                     seed = 1000 * engines + 10 * repeat + WORKLOADS.index(workload)
@@ -543,6 +545,8 @@ def describe(run: ArmRun, took_s: float) -> str:
         f"{run.victim_before.p90 * 1e3:.0f} ms, flood done {run.flood_done_per_s:.1f}/s")
     cached = "" if not run.cached else ", cached predicted/reported " + ", ".join(
         f"{b} {p:.0f}/{r:.0f}" for b, (p, r) in sorted(run.cached.items()))
+    if run.holds:
+        cached += ", holds " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(run.holds.items()))
     return (f"{run.fleet} engines, {run.workload}, {run.arm} #{run.repeat}: ok {run.ok}, "
             f"failed {run.failed}, hit {hit}, TTFT p50/p90/p99 {run.ttft.p50 * 1e3:.0f}/"
             f"{run.ttft.p90 * 1e3:.0f}/{run.ttft.p99 * 1e3:.0f} ms, engines "
@@ -598,8 +602,8 @@ def result(runs: Sequence[ArmRun], lengths: Lengths) -> BenchResult:
         summary=summary, tables=[t for t in tables if t.rows],
         notes=[*NOTES, f"Lengths: {dataclasses.asdict(lengths)}.", _versions()],
         setup=[code_version(), "engines: " + ", ".join(
-            f"{k} {v}" for k, v in engine_options().flags().items() if k != "seed")
-            .replace(str(REPO) + "/", "")],
+            f"{k} {Path(str(v)).name if k == 'tokenizer' else v}"
+            for k, v in engine_options().flags().items() if k != "seed")],
         passed=all(c.passed for c in checks) if checks else None)
 
 
@@ -652,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS)}")
+    parser.add_argument("--arms", default=",".join(ARMS),
+                        help=f"comma-separated, of {', '.join(ARMS)} (a diagnosis; the "
+                             "ratios need cache_aware)")
     parser.add_argument("--quick", action="store_true",
                         help="one repeat of short runs (the fleet as given)")
     parser.add_argument("--serve-seconds", type=float, default=None,
@@ -665,9 +672,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="every arm run, as JSON")
     a = parser.parse_args(argv)
     workloads = [w for w in a.workloads.split(",") if w]
-    unknown = [w for w in workloads if w not in WORKLOADS]
+    arms = [x for x in a.arms.split(",") if x]
+    unknown = [w for w in workloads if w not in WORKLOADS] + [x for x in arms if x not in ARMS]
     if unknown:
-        parser.error(f"unknown workloads: {', '.join(unknown)}")
+        parser.error(f"unknown workloads or arms: {', '.join(unknown)}")
     lengths = QUICK if a.quick else FULL
     changes: dict[str, Any] = {k: v for k, v in (
         ("serve_s", a.serve_seconds), ("sessions_stretch", a.sessions_stretch),
@@ -675,7 +683,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths = dataclasses.replace(lengths, **changes)
     repeats = 1 if a.quick else a.repeats
     standalone = _results.StandaloneRun(["python", "-m", "benchmarks.peer_router", *argv])
-    runs = run_all([int(n) for n in a.fleet.split(",")], repeats, workloads, lengths)
+    runs = run_all([int(n) for n in a.fleet.split(",")], repeats, workloads, lengths,
+                   arms=arms)
     outcome = result(runs, lengths)
     if a.json is not None:
         a.json.write_text(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))

@@ -17,6 +17,7 @@ from benchmarks._peer_figures import (
     cached_tokens_by_backend,
     fleet_counters,
     flood_table,
+    holds_by_reason,
     medians,
     medians_table,
     parse_serve_result,
@@ -210,3 +211,13 @@ def test_the_tables_show_each_figure_beside_its_ratio_to_cache_aware() -> None:
     assert flood["weighbridge"][5] == "2.00x"  # over its own 0.25 s before the flood
     assert flood["weighbridge"][7] == "0.90x"
     assert cached_table(runs).rows == [("4", "flood", "engine-0", "120", "100", "1.20x")]
+
+
+def test_the_sidecars_holds_by_reason_over_its_backends() -> None:
+    text = """\
+# TYPE weighbridge_admission_holds counter
+weighbridge_admission_holds_total{backend="engine-0",reason="prefill_budget"} 30.0
+weighbridge_admission_holds_total{backend="engine-1",reason="prefill_budget"} 12.0
+weighbridge_admission_holds_total{backend="engine-1",reason="kv"} 5.0
+"""
+    assert holds_by_reason(text) == {"prefill_budget": 42.0, "kv": 5.0}
