@@ -113,7 +113,12 @@ class _Flight:
     stream: bool = True
     times: list[float] = field(default_factory=list)  # when each content chunk arrived
     reported: int = 0  # of those, how many the core has been told of (see _flush)
+    dispatch_no: int = 0  # the order it went to its engine in (see _flush)
     ids: tuple[int, ...] | None = None  # the prompt's token ids (prompt_ids)
+
+
+def _dispatch_order(flight: _Flight) -> int:
+    return flight.dispatch_no
 
 
 @dataclass
@@ -158,7 +163,10 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
         self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
-        self._holding = False  # tokens were held back from the core (see _flush)
+        # Flights whose tokens were held back from the core since the last _flush: only
+        # these are visited then, not every flight in the engines (thousands in a flood).
+        self._held: set[_Flight] = set()
+        self._dispatches = 0
         self._heap: list[tuple[float, int, int, Any]] = []
         # The engines' step ends, beside the other events (one pending per busy engine): the
         # order numbers are shared, so at equal times events still run in the order they
@@ -353,6 +361,8 @@ class Simulation:
                 continue
             flight.meter.response(now, 200, headers)
             flight.engine, flight.seq = engine, seq
+            self._dispatches += 1
+            flight.dispatch_no = self._dispatches
             self._dispatched[plan.request_id] = flight
             if engine.front_end.instant:
                 engine.model.add(seq)
@@ -411,11 +421,14 @@ class Simulation:
         end) and reports each request's tokens in one call: the same sums, a fraction of
         the calls. While requests are queued, tokens are reported step by step as live.
         """
-        if not self._holding:
+        held = self._held
+        if not held:
             return
-        self._holding = False
-        for flight in self._dispatched.values():
-            if len(flight.times) > flight.reported:
+        self._held = set()
+        # In the order they were dispatched, as the core was told before tokens were held
+        # per flight (one pass over every flight in the engines).
+        for flight in sorted(held, key=_dispatch_order):
+            if not flight.ended and len(flight.times) > flight.reported:
                 self._flush_one(flight)
 
     def _step_end(self, engine: SimEngine, now: float, order: int, horizon: float) -> int:
@@ -441,11 +454,12 @@ class Simulation:
                         flight.reported += 1
                         streamed(flight.request, 1, now)
         elif result.emitted:
-            self._holding = True
+            held = self._held
             for seq in result.emitted:
                 flight = flights.get(seq.request_id)
                 if flight is not None:
                     flight.times.append(now)
+                    held.add(flight)
         if result.finished:
             self._finished(result.finished, now)
         return 0
@@ -474,12 +488,12 @@ class Simulation:
             if n_steps == 0:
                 return None
             ends, following = engine.coast(plan, n_steps)
-            flights = self._flights
+            flights, held = self._flights, self._held
             for seq in plan.running:
                 flight = flights.get(seq.request_id)
                 if flight is not None:
                     flight.times.extend(ends)
-            self._holding = True
+                    held.add(flight)
             self._order += n_steps
             heapq.heappush(pending, (following, self._order, engine))
             return n_steps - 1
@@ -499,7 +513,7 @@ class Simulation:
         if coasting[0][4] == 0:
             return None  # the step at `now` itself is not before the limit
         coasting = [c for c in coasting if c[4]]
-        flights = self._flights
+        flights, held = self._flights, self._held
         taken = 0
         finals: dict[SimEngine, float] = {}
         for _t, _o, coaster, coaster_plan, n_steps in coasting:
@@ -510,7 +524,7 @@ class Simulation:
                 flight = flights.get(seq.request_id)
                 if flight is not None:
                     flight.times.extend(ends)
-        self._holding = True
+                    held.add(flight)
         # The order numbers: each step taken would have pushed the next as it ran, the
         # engines' steps taken in the order of their ends (and order numbers at equal ends).
         moved = {c[2] for c in coasting}
