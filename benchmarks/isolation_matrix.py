@@ -5,7 +5,12 @@ Points: max_num_seqs 16/64/256 x step budget (max_num_batched_tokens) 512/2,048/
 ample (the flood's sequences at full length for 2x the slots) or tight (for 0.8x the slots,
 as benchmarks/isolation.py's 26 of 32) x fcfs or priority scheduling x the victim in the
 flood's tier with its weight ("same") or in a higher tier ("higher") x a flood of short
-(64 + 32 tokens) or long (512 + 192) requests: 144 points. The engine is the step model of
+(64 + 32 tokens) or long (512 + 192) requests: 144 points on one engine; then the fleet
+axis, 4 and 16 engines of the middle shape (64 slots, budget 2,048, priority scheduling, the
+victim in the flood's tier) with KV ample or tight and either flood: 8 points. On a fleet
+the victim and the flood are the engines' count times one engine's, so each engine is
+loaded as a lone one and the bound is one engine's (its output times the engines): what
+the fleet adds is the sidecar's choice of engine. The engine is the step model of
 the ``h100-llama3-8b`` profile (a GPU-like engine, what users run; cpu-tiny's steps are
 dominated by its API server), blocks of 16 tokens. The victim sends Poisson 4 requests/s of
 64 + 16 tokens at every shape: its TTFT is set by where it waits, not by its rate, and 4/s
@@ -32,7 +37,8 @@ engine's generated tokens/s over the same window. A point passes when the defaul
 p90 are within 1.3x of the ideal's (as the live acceptance judges; the p99 of ~120 requests
 is reported beside them). Deterministic: same seed, same table.
 
-``python -m benchmarks.isolation_matrix [--slots 16 64] [--kv tight] ... [--json out.json]``
+``python -m benchmarks.isolation_matrix [--slots 16 64] [--kv tight] [--engines 1 4] ...
+[--json out.json]``
 """
 
 from __future__ import annotations
@@ -67,6 +73,10 @@ KVS: tuple[Kv, ...] = get_args(Kv)
 POLICIES: tuple[EngineScheduling, ...] = get_args(EngineScheduling)
 VICTIM_TIERS: tuple[VictimTier, ...] = get_args(VictimTier)
 FLOOD_SIZES: tuple[FloodSize, ...] = get_args(FloodSize)
+FLEETS = (4, 16)  # engines, at the middle shape below
+FLEET_SLOTS, FLEET_BUDGET = 64, 2048
+FLEET_POLICY: EngineScheduling = "priority"
+FLEET_VICTIM: VictimTier = "same"
 TARGET = 1.3  # the defaults' victim p50 and p90 over the ideal's
 WARMUP_S, WINDOW_S, TAIL_S = 10.0, 30.0, 10.0
 
@@ -74,9 +84,16 @@ WARMUP_S, WINDOW_S, TAIL_S = 10.0, 30.0, 10.0
 def matrix(slots: Iterable[int] = SLOTS, budgets: Iterable[int] = BUDGETS,
            kvs: Iterable[Kv] = KVS, policies: Iterable[EngineScheduling] = POLICIES,
            victims: Iterable[VictimTier] = VICTIM_TIERS,
-           floods: Iterable[FloodSize] = FLOOD_SIZES) -> list[IsolationPoint]:
-    return [IsolationPoint(s, b, k, p, v, f) for s, b, k, p, v, f in
-            itertools.product(slots, budgets, kvs, policies, victims, floods)]
+           floods: Iterable[FloodSize] = FLOOD_SIZES,
+           engines: Iterable[int] = (1,)) -> list[IsolationPoint]:
+    return [IsolationPoint(s, b, k, p, v, f, n) for n, s, b, k, p, v, f in
+            itertools.product(engines, slots, budgets, kvs, policies, victims, floods)]
+
+
+def fleet_axis(fleets: Iterable[int] = FLEETS) -> list[IsolationPoint]:
+    """The fleet sizes at the middle shape, KV ample and tight, either flood."""
+    return matrix((FLEET_SLOTS,), (FLEET_BUDGET,), KVS, (FLEET_POLICY,), (FLEET_VICTIM,),
+                  FLOOD_SIZES, engines=fleets)
 
 
 def passes(result: PointResult) -> bool:
@@ -120,12 +137,14 @@ def table(results: list[PointResult]) -> Table:
     rows: list[tuple[str, ...]] = []
     for r in results:
         p = r.point
-        rows.append((str(p.slots), str(p.budget), p.kv, p.policy, p.victim_tier, p.flood,
+        rows.append((str(p.engines), str(p.slots), str(p.budget), p.kv, p.policy,
+                     p.victim_tier, p.flood,
                      str(r.ideal_cap), _ms3(r.ideal), _ms3(r.defaults),
                      f"{_ratio(r.ratio(50))} / {_ratio(r.ratio(90))} / {_ratio(r.ratio(99))}",
                      f"{r.output_fraction:.2f}", _ms3(r.paced),
                      "pass" if passes(r) else "**FAIL**", str(r.preemptions), _holds(r)))
-    return Table(("seqs", "budget", "KV", "sched", "victim", "flood", "ideal cap",
+    return Table(("engines", "seqs", "budget", "KV", "sched", "victim", "flood",
+                  "ideal cap per engine",
                   "ideal ms p50/p90/p99", "defaults ms p50/p90/p99",
                   "ratio p50 / p90 / p99", "output / ideal", "paced ms p50/p90/p99",
                   "p50, p90 <= 1.3x", "preemptions", "sidecar holds"), rows)
@@ -152,7 +171,8 @@ def bench_result(results: list[PointResult], wall_s: float) -> BenchResult:
 
 
 def run(ctx: BenchContext) -> BenchResult:
-    points = matrix(slots=(64,), budgets=(2048,)) if ctx.quick else matrix()
+    points = (matrix(slots=(64,), budgets=(2048,)) + fleet_axis((4,)) if ctx.quick
+              else matrix() + fleet_axis())
     started = time.perf_counter()
     results = run_matrix(points, log=ctx.log)
     return bench_result(results, time.perf_counter() - started)
@@ -178,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="same: the flood's tier and weight; higher: a higher tier")
     parser.add_argument("--flood", nargs="+", choices=FLOOD_SIZES, default=list(FLOOD_SIZES),
                         help="short: 64 + 32 tokens; long: 512 + 192")
+    parser.add_argument("--engines", type=int, nargs="+", default=None,
+                        help="engines behind the sidecar (default: the engine shapes on 1 "
+                             f"engine, then {', '.join(map(str, FLEETS))} at the middle "
+                             "shape)")
     parser.add_argument("--window", type=float, default=WINDOW_S,
                         help="measurement window, virtual seconds after a 10 s warm-up "
                              "(default: %(default)s)")
@@ -188,7 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the result into benchmarks/RESULTS.md, as `python -m "
                              "benchmarks isolation_matrix` does")
     args = parser.parse_args(argv)
-    points = matrix(args.slots, args.budget, args.kv, args.policy, args.victim, args.flood)
+    points = matrix(args.slots, args.budget, args.kv, args.policy, args.victim, args.flood,
+                    args.engines or (1,))
+    if args.engines is None:
+        points += [p for p in fleet_axis() if p.kv in args.kv and p.flood in args.flood]
     started = time.perf_counter()
     standalone = _results.StandaloneRun(["python", "-m", "benchmarks.isolation_matrix",
                                          *(sys.argv[1:] if argv is None else argv)])

@@ -3,16 +3,19 @@ with its defaults, against the ideal bound on the same engine (docs/sidecar.md's
 
 A point is an engine shape (slots, step budget, KV ample or tight, fcfs or priority
 scheduling), where the victim sits (in the flood's tier with its weight, or in a higher
-tier) and the flood's request size. Two arms run on the same step model:
+tier), the flood's request size and the number of engines of that shape (a fleet: the
+victim and the flood are that many times one engine's, so each engine is loaded as a lone
+one). Two arms run on the same step model:
 
 ``defaults``  the whole sidecar core (``Simulation``) with a config naming only tiers,
-              tenants and the backend, in front of a ``SimEngine``. The flood is a closed
-              loop of ``FLOOD_USERS_PER_SLOT`` x the engine's slots users, so it is
-              backlogged at the sidecar for the whole run; the victim is Poisson.
+              tenants and the backends, in front of one ``SimEngine`` per engine. The flood
+              is a closed loop of ``FLOOD_USERS_PER_SLOT`` x the engines' slots users, so it
+              is backlogged at the sidecar for the whole run; the victim is Poisson.
 ``ideal``     ``weighbridge.app.simulation.ideal.ideal_run`` unpaced: the flood limits itself to
               ``cap`` closed-loop streams sent straight to the engine, where ``cap`` is what
               fits in the engine with room for the victim (see :func:`ideal_cap`); the
-              victim goes straight to the engine too. On a priority engine the victim is
+              victim goes straight to the engine too (on a fleet: one engine's bound, its
+              output times the engines). On a priority engine the victim is
               sent at priority 0 and the flood at 1, which is what the defaults send there
               (the flood over its share is demoted by ``over_share_priority_demotion``);
               fcfs ignores priorities.
@@ -27,8 +30,8 @@ small budget) the engine's own waiting queue holds flood prompts ahead of the vi
 sidecar that paces the prompts does better; ``paced`` shows by how much.
 
 Per arm: the victim's TTFT p50/p90/p99 over the requests it sends in the measurement window
-``[warmup_s, warmup_s + window_s)`` and the engine's generated tokens per second over the
-same window (its ``vllm:generation_tokens_total``, read at the window's edges). The
+``[warmup_s, warmup_s + window_s)`` and the engines' generated tokens per second over the
+same window (the tokens of their steps ending in it, ``WindowEngine``). The
 defaults arm runs ``tail_s`` beyond the window so that the window's last victim requests
 can be answered; one still unanswered then counts as an infinite TTFT.
 """
@@ -81,13 +84,17 @@ class IsolationPoint:
     policy: EngineScheduling
     victim_tier: VictimTier  # same: the flood's tier and weight; higher: a lower rank
     flood: FloodSize
+    # Engines of this shape behind the sidecar: the victim and the flood are this many
+    # times one engine's, so each engine is loaded as a lone one is.
+    engines: int = 1
     profile: str = "h100-llama3-8b"
-    victim_rate: float = 4.0  # requests/s, Poisson
+    victim_rate: float = 4.0  # requests/s per engine, Poisson
 
     @property
     def label(self) -> str:
+        fleet = f" engines={self.engines}" if self.engines > 1 else ""
         return (f"seqs={self.slots} budget={self.budget} kv={self.kv} {self.policy} "
-                f"victim={self.victim_tier} flood={self.flood}")
+                f"victim={self.victim_tier} flood={self.flood}{fleet}")
 
     @property
     def victim_tier_name(self) -> str:
@@ -125,7 +132,7 @@ def ideal_cap(point: IsolationPoint) -> int:
 
 
 def plain_config(point: IsolationPoint) -> Config:
-    """Tiers, tenants and the backend only (no SLO, so nothing is turned away early); the
+    """Tiers, tenants and the backends only (no SLO, so nothing is turned away early); a
     backend says whether it schedules by priority, a fact about the engine, not a knob."""
     tiers: dict[str, object] = {"shared": {"rank": 2}}
     if point.victim_tier == "higher":
@@ -134,8 +141,9 @@ def plain_config(point: IsolationPoint) -> Config:
         "tiers": tiers,
         "tenants": {"victim": {"tier": point.victim_tier_name, "api_keys": [f"plain:{VICTIM_KEY}"]},
                     "flood": {"tier": "shared", "api_keys": [f"plain:{FLOOD_KEY}"]}},
-        "backends": [{"name": "engine-0", "url": "http://127.0.0.1:9",
-                      "priority_scheduling": point.policy == "priority"}],
+        "backends": [{"name": f"engine-{i}", "url": f"http://127.0.0.1:{9 + i}",
+                      "priority_scheduling": point.policy == "priority"}
+                     for i in range(point.engines)],
     })
 
 
@@ -217,22 +225,27 @@ def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s
     tenants = (
         TenantSpec(name="flood", api_key=FLOOD_KEY, tier="shared",
                    lengths=_lengths(*point.flood_lengths),
-                   arrival=Closed(users=FLOOD_USERS_PER_SLOT * point.slots)),
+                   arrival=Closed(users=FLOOD_USERS_PER_SLOT * point.slots * point.engines)),
         TenantSpec(name="victim", api_key=VICTIM_KEY, tier=point.victim_tier_name,
-                   lengths=_lengths(*VICTIM), arrival=Poisson(rate=point.victim_rate)),
+                   lengths=_lengths(*VICTIM),
+                   arrival=Poisson(rate=point.victim_rate * point.engines)),
     )
     workload = Workload(scenario="isolation-matrix", phases=(PhaseSpan("flood", 0, until_s),),
                         tenants=tenants, victim="victim")
-    engine = WindowEngine("engine-0", point.engine(), warmup_s, end_s)
-    sim = Simulation(config, [engine], WorkloadClients(workload, seed=seed, until_s=until_s),
+    engines = [WindowEngine(f"engine-{i}", point.engine(), warmup_s, end_s, seed_offset=i)
+               for i in range(point.engines)]
+    sim = Simulation(config, list(engines),
+                     WorkloadClients(workload, seed=seed, until_s=until_s),
                      run_id="isolation-matrix", scenario="isolation-matrix", until_s=until_s)
     result = sim.run()
     ttfts = sorted(math.inf if r.ttft_s is None else r.ttft_s for r in result.records
                    if r.tenant == "victim" and warmup_s <= r.scheduled_s < end_s)
     figures = ArmFigures(percentile(ttfts, 0.5), percentile(ttfts, 0.9),
-                         percentile(ttfts, 0.99), engine.window_tokens / window_s,
+                         percentile(ttfts, 0.99),
+                         sum(e.window_tokens for e in engines) / window_s,
                          len(ttfts), sum(1 for t in ttfts if math.isinf(t)))
-    return figures, SimulationFigures(result.holds, engine.preemptions_total, result.wall_s)
+    return figures, SimulationFigures(result.holds, sum(e.preemptions_total for e in engines),
+                                      result.wall_s)
 
 
 def run_ideal(point: IsolationPoint, warmup_s: float, window_s: float, seed: int, *,
@@ -250,12 +263,15 @@ def run_point(point: IsolationPoint, *, warmup_s: float = 10.0, window_s: float 
     ideal = run_ideal(point, warmup_s, window_s, seed)
     paced = run_ideal(point, warmup_s, window_s, seed, paced=True)
     defaults, sim = run_defaults(point, warmup_s, window_s, tail_s, seed)
-    return PointResult(point=point, ideal_cap=ideal.cap, ideal=_figures(ideal),
-                       paced=_figures(paced), defaults=defaults, holds=sim.holds,
-                       preemptions=sim.preemptions, wall_s=sim.wall_s)
+    return PointResult(point=point, ideal_cap=ideal.cap,
+                       ideal=_figures(ideal, point.engines),
+                       paced=_figures(paced, point.engines), defaults=defaults,
+                       holds=sim.holds, preemptions=sim.preemptions, wall_s=sim.wall_s)
 
 
-def _figures(ideal: IdealPoint) -> ArmFigures:
+def _figures(ideal: IdealPoint, engines: int) -> ArmFigures:
+    """One engine's bound as the fleet's: each engine is loaded as the one simulated, so
+    the victim's percentiles are that engine's and the output is ``engines`` times its."""
     return ArmFigures(ideal.victim_p50_s, ideal.victim_p90_s, ideal.victim_p99_s,
-                      ideal.output_tokens_per_s, ideal.victim_requests)
+                      ideal.output_tokens_per_s * engines, ideal.victim_requests)
 
