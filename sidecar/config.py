@@ -594,7 +594,7 @@ class Tokenization(_Model):
     the event loop, each tenant's prompts in arrival order and the tenants in fair turns by
     bytes, so a tenant's backlog delays another's prompt by at most the one being tokenized.
     A prompt the bounds leave out is estimated, never delayed. Tokenizing costs about
-    120-270 µs of CPU per KB of prompt (a byte-level BPE of 2,048 tokens; docs/sidecar.md,
+    120-390 µs of CPU per KB of prompt (a byte-level BPE of 2,048 tokens; docs/sidecar.md,
     "Counting text in the engine's tokens")."""
 
     max_prompt_bytes: PositiveInt = 65_536

@@ -8,7 +8,7 @@ does is tokenized (``text_prompt``): a completion's string prompt, and a chat wh
 are role and string content, without tools or a template of the request's own. The rest is
 estimated, as without a tokenizer.
 
-Tokenizing costs CPU: about 120-270 µs per KB of prompt on the tiny model's byte-level BPE.
+Tokenizing costs CPU: about 120-390 µs per KB of prompt on the tiny model's byte-level BPE.
 It runs on one thread beside the event loop (the batch call releases the GIL, so the loop
 keeps serving), and the thread takes the tenants' prompts in fair turns by bytes, each
 tenant's in arrival order (``TokenizeQueue``): a tenant's backlog of long prompts delays
