@@ -338,19 +338,24 @@ async def test_waiting_queue_fills_beyond_max_num_seqs_and_drains_on_disconnect(
     arrival and end, most was spent waiting. With ``n`` equal requests in batches of ``k``,
     request ``i`` waits ``i // k`` batches and runs one, so waiting over running is
     ``sum(i // k) / n`` (1.78 for 18 in fours); without the cap it would be near 0. Half of
-    that is the bound, whatever the engine's speed (a batch's duration cancels out).
+    that is the bound, whatever the engine's speed (a batch's duration cancels out). Running
+    is the engine's own running phase (``request_inference_time_seconds``), not end to end
+    less waiting: that difference also holds the API server's time before the engine takes a
+    request in and after it ends, which grows with the machine's load and once brought the
+    ratio to 0.885 on real vLLM, under the bound of 0.889.
 
     Not sampled live: real vLLM on CPU runs a batch of 440 tokens in about a second, and its
     /metrics answers late while it streams (2.3 s once), so the moment when all the others
     wait could pass unseen."""
     count = backend.max_num_seqs * 4 + 2
     limits = httpx.Limits(max_connections=count + 4)
-    queue, e2e = "vllm:request_queue_time_seconds", "vllm:e2e_request_latency_seconds"
+    queue, running = "vllm:request_queue_time_seconds", "vllm:request_inference_time_seconds"
+    e2e = "vllm:e2e_request_latency_seconds"
 
     def totals() -> tuple[float, float, float]:
         m = scrape(backend)
         return (sample(m, e2e, e2e + "_count"), sample(m, queue, queue + "_sum"),
-                sample(m, e2e, e2e + "_sum"))
+                sample(m, running, running + "_sum"))
 
     before = totals()
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
@@ -364,9 +369,9 @@ async def test_waiting_queue_fills_beyond_max_num_seqs_and_drains_on_disconnect(
             for response in streams:
                 await response.aclose()
     await eventually(lambda: totals()[0] - before[0] == count, 30, "every request to end")
-    _, waited, total = (after - b for after, b in zip(totals(), before, strict=True))
+    _, waited, ran = (after - b for after, b in zip(totals(), before, strict=True))
     expected = sum(i // backend.max_num_seqs for i in range(count)) / count
-    assert waited / (total - waited) >= expected / 2, (waited, total, expected)
+    assert waited / ran >= expected / 2, (waited, ran, expected)
 
     # And a queue of clients that hang up: running and waiting drain at once.
     async with httpx.AsyncClient(timeout=120, limits=limits) as client:
