@@ -3,7 +3,6 @@ and cache prompts; the default rule is unchanged (emulator/tokenizer.py)."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,33 +12,17 @@ from aiohttp.test_utils import TestClient, TestServer
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.support.tokenizer_model import VOCAB, write_model_dir
 from weighbridge.emulator import text
 from weighbridge.emulator.engine import EngineConfig
 from weighbridge.emulator.profiles import get_profile
 from weighbridge.emulator.server import Emulator, EmulatorSettings
-from weighbridge.emulator.tiny_model import (
-    BOS,
-    CHAT_TEMPLATE,
-    EOS,
-    PAD,
-    generate_corpus,
-    train_tokenizer,
-)
 from weighbridge.emulator.tokenizer import RULE, ModelTokenizer
-
-VOCAB = 400
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model directory as tiny_model writes it, with a small vocabulary (no torch)."""
-    root = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer(generate_corpus(0, n_sentences=400), vocab_size=VOCAB).save(
-        str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}))
-    (root / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    return root
+    return write_model_dir(tmp_path_factory.mktemp("tokenizer"))
 
 
 @pytest.fixture(scope="module")

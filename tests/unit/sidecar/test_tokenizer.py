@@ -7,7 +7,6 @@ reported (issue 38)."""
 from __future__ import annotations
 
 import asyncio
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +17,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.support.stack import auth, tenant
+from tests.support.tokenizer_model import VOCAB, write_model_dir
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.emulator.server import Emulator, EmulatorSettings
-from weighbridge.emulator.tiny_model import (
-    BOS,
-    CHAT_TEMPLATE,
-    EOS,
-    PAD,
-    generate_corpus,
-    train_tokenizer,
-)
 from weighbridge.emulator.tokenizer import ModelTokenizer
 from weighbridge.hf_tokenizer import HfTokenizer
 from weighbridge.sidecar.app import Sidecar
@@ -42,19 +34,11 @@ from weighbridge.sidecar.tokenizer import (
 COMPLETIONS, CHAT, EMBEDDINGS = "/v1/completions", "/v1/chat/completions", "/v1/embeddings"
 KEY = "sk-tokenized"
 MODEL = "m"
-VOCAB = 400
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A model directory as tiny_model writes it, with a small vocabulary (no torch)."""
-    root = tmp_path_factory.mktemp("tokenizer")
-    train_tokenizer(generate_corpus(0, n_sentences=400), vocab_size=VOCAB).save(
-        str(root / "tokenizer.json"))
-    (root / "tokenizer_config.json").write_text(json.dumps(
-        {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD}))
-    (root / "chat_template.jinja").write_text(CHAT_TEMPLATE)
-    return root
+    return write_model_dir(tmp_path_factory.mktemp("tokenizer"))
 
 
 # -- what is tokenized ------------------------------------------------------------------------
