@@ -6,9 +6,11 @@ on) behind the sidecar with a plain config (tiers, tenants, backends: every admi
 setting derived from the engines, ``drr`` and ``prefix_aware`` by default), and 100 tenants
 (``deploy/stacks/fleet-tenants.yaml``): an interactive victim, 96 steady tenants and three
 flood tenants (a half, a quarter and a quarter of the flood), loaded per engine as the
-4-engine fleet (``--scale engines/4``). The flood tenants may queue without bound, so
-nothing is refused. Phases are the noisy_neighbour scenario's: 15 s quiet, then the flood's
-20 s burst; the run ends 5 s after it.
+4-engine fleet (``--scale engines/4``), except that the victim sends ``VICTIM_RPS`` per
+engine (the demo's 4 requests/s on 2 engines), so that its percentiles rest on 30 requests
+or more even on one engine. The flood tenants may queue without bound, so nothing is
+refused. Phases are the noisy_neighbour scenario's: 15 s quiet, then the flood's 20 s
+burst; the run ends 5 s after it.
 
 Axes: the fleet size (1, 4, 8, 16, 64 engines) at a flood of 2x; the flood's size (1x, 2x,
 4x) and the prefix share (0, 0.5, 0.8) at 16 engines. A flood of 1x offers
@@ -33,8 +35,11 @@ run's end counts as infinite) and before the flood (``[5 s, 15 s)``), Jain's ind
 report (``weighbridge report``'s fairness: the worst tier's index over the backlogged
 tenants' weight-normalised served tokens, 2 s windows), the dispatches the sidecar held by
 reason, and the simulation's wall time. A point passes when weighbridge's output is at
-least ``OUTPUT_TARGET`` of passthrough's while the victim's flood TTFT p90 is at most
-``PROTECTED`` times its own before the flood (issue 38's acceptance for a fleet).
+least ``OUTPUT_TARGET`` of passthrough's while the victim stays protected: its flood TTFT
+p50 and p90 within ``VICTIM_TARGET`` of the ideal's (the isolation matrix's bar). Issue
+38's live bar, the flood p90 within 2x of the victim's own before the flood, is shown but
+not judged: here the ideal itself does not meet it (its flood p90 is about 50 ms; the
+victim's quiet p90 20-30 ms), since every step the victim shares carries the flood.
 
 ``python -m benchmarks fleet_scale [--quick]``, or ``python -m benchmarks.fleet_scale
 [--engines 4 16] [--flood 2] [--prefix 0] [--json out.json] [--record]``
@@ -65,7 +70,7 @@ from weighbridge.app.simulation.ideal import ideal_for
 from weighbridge.app.simulation.run import Inputs, run_policy
 from weighbridge.app.simulation.sweep import apply, parse_sweep
 from weighbridge.app.stack import DEPLOY_DIR, StackSpec, load_stack
-from weighbridge.loadgen.arrivals import Burst
+from weighbridge.loadgen.arrivals import Burst, Poisson
 from weighbridge.loadgen.lengths import Fixed
 from weighbridge.loadgen.tenants import SystemPrompt, TenantsFile, TenantSpec, load_tenants
 from weighbridge.records import RequestRecord
@@ -83,7 +88,8 @@ WINDOW_S = (20.0, 35.0)  # the flood's last 15 s
 QUIET_S = (5.0, 15.0)
 DURATION_S = 40.0
 OUTPUT_TARGET = 0.95  # weighbridge's engine output over passthrough's
-PROTECTED = 2.0  # the victim's flood TTFT p90 over its own before the flood
+VICTIM_TARGET = 1.3  # the victim's flood TTFT p50 and p90 over the ideal's
+VICTIM, VICTIM_RPS = "victim", 2.0  # the victim's requests/s per engine
 SEED = 1
 ARMS = ("weighbridge", "passthrough")
 
@@ -104,6 +110,7 @@ class ArmResult:
     output_tokens_per_s: float  # the engines', in the window
     victim_p50_s: float
     victim_p90_s: float
+    victim_requests: int  # sent in the window
     victim_quiet_p90_s: float
     jain_index: float | None
     flood_finished_per_s: float  # flood requests ended ok in the window, a second
@@ -133,10 +140,16 @@ class PointResult:
         return _ratio(self.arms["weighbridge"].output_tokens_per_s,
                       self.ideal_output_tokens_per_s)
 
+    def victim_ratio(self, q: int) -> float:
+        """weighbridge's victim TTFT percentile ``q`` (50 or 90) over the ideal's."""
+        arm = self.arms["weighbridge"]
+        if q == 50:
+            return _ratio(arm.victim_p50_s, self.ideal_p50_s)
+        return _ratio(arm.victim_p90_s, self.ideal_p90_s)
+
     @property
     def protected(self) -> bool:
-        arm = self.arms["weighbridge"]
-        return arm.victim_p90_s <= PROTECTED * arm.victim_quiet_p90_s
+        return self.victim_ratio(50) <= VICTIM_TARGET and self.victim_ratio(90) <= VICTIM_TARGET
 
     @property
     def passes(self) -> bool:
@@ -172,13 +185,16 @@ def _floods(tenants: TenantsFile) -> dict[str, int]:
 
 def point_tenants(base: TenantsFile, point: FleetPoint) -> TenantsFile:
     """The tenants file for ``point``, at the reference fleet (the run scales it to the
-    point's engines): the flood's bursts resized, a system prompt for the prefix share."""
+    point's engines): the flood's bursts resized, the victim at ``VICTIM_RPS`` per engine, a
+    system prompt for the prefix share."""
     floods = _floods(base)
     total = sum(floods.values())
     offered = point.flood * FLOOD_CAPACITY_RPS * REFERENCE_ENGINES * FLOOD_S
     tenants: list[TenantSpec] = []
     for t in base.tenants:
         update: dict[str, Any] = {}
+        if t.name == VICTIM:
+            update["arrival"] = Poisson(rate=VICTIM_RPS * REFERENCE_ENGINES)
         if t.name in floods:
             update["phases"] = {FLOOD_PHASE: Burst(
                 count=max(1, round(offered * floods[t.name] / total)), over_s=FLOOD_S)}
@@ -232,7 +248,8 @@ def run_arm(inputs: Inputs, policy: str | None, out: Path, victim: str,
     return ArmResult(
         output_tokens_per_s=sum(e.window_tokens for e in engines) / window,
         victim_p50_s=percentile(flood, 0.5), victim_p90_s=percentile(flood, 0.9),
-        victim_quiet_p90_s=percentile(quiet, 0.9), jain_index=head["jain_index"],
+        victim_requests=len(flood), victim_quiet_p90_s=percentile(quiet, 0.9),
+        jain_index=head["jain_index"],
         flood_finished_per_s=finished / window, requests=len(result.records),
         wall_s=result.wall_s, holds=_holds_by_reason(result.holds),
         preemptions=sum(e.preemptions_total for e in engines))
@@ -247,12 +264,11 @@ def run_point(point: FleetPoint, work: Path, seed: int = SEED,
     tenants_file.write_text(yaml.safe_dump(tenants.model_dump(mode="json"), sort_keys=False))
     inputs = Inputs(stack=stack, tenants_file=tenants_file, duration_s=DURATION_S,
                     scale=point.engines / REFERENCE_ENGINES, seed=seed)
-    victim = "victim"
     floods = set(_floods(tenants))
     arms = {}
     for arm in ARMS:
         policy = None if arm == "weighbridge" else arm
-        arms[arm] = run_arm(inputs, policy, work / arm, victim, floods)
+        arms[arm] = run_arm(inputs, policy, work / arm, VICTIM, floods)
         log(f"  {arm}: {arms[arm].requests:,} requests simulated in {arms[arm].wall_s:.1f} s")
     ideal = ideal_for(inputs)
     flooded = ideal["flooded"]
@@ -300,32 +316,35 @@ def table(results: list[PointResult]) -> Table:
             f"{wb.output_tokens_per_s:,.0f} / {pt.output_tokens_per_s:,.0f} / "
             f"{r.ideal_output_tokens_per_s:,.0f}",
             f"**{_num(r.output_ratio)}**", _num(r.output_of_ideal),
-            f"{_ms(wb.victim_p50_s)} / {_ms(wb.victim_p90_s)}",
+            f"{_ms(wb.victim_p50_s)} / {_ms(wb.victim_p90_s)} ({wb.victim_requests:,})",
             f"{_ms(pt.victim_p50_s)} / {_ms(pt.victim_p90_s)}",
             f"{_ms(r.ideal_p50_s)} / {_ms(r.ideal_p90_s)}",
-            f"{_num(_ratio(wb.victim_p50_s, r.ideal_p50_s))} / "
-            f"{_num(_ratio(wb.victim_p90_s, r.ideal_p90_s))}",
+            f"{_num(r.victim_ratio(50))} / {_num(r.victim_ratio(90))}",
             _ms(wb.victim_quiet_p90_s),
             f"{_num(wb.jain_index, '.3f')} / {_num(pt.jain_index, '.3f')}",
             f"{wb.wall_s:.1f} / {pt.wall_s:.1f}", _top_holds(wb.holds),
             "pass" if r.passes else "**FAIL**"))
     return Table(("engines", "flood", "prefix share", "flood offered / finished",
                   "output tok/s: weighbridge / passthrough / ideal", "output / passthrough",
-                  "output / ideal", "victim TTFT ms p50 / p90", "passthrough victim ms",
+                  "output / ideal", "victim TTFT ms p50 / p90 (requests)",
+                  "passthrough victim ms",
                   "ideal victim ms", "victim / ideal p50 / p90", "victim p90 before flood ms",
                   "Jain: weighbridge / passthrough", "wall s: weighbridge / passthrough",
-                  "weighbridge holds", f">= {OUTPUT_TARGET}x, protected"), rows)
+                  "weighbridge holds", f"output >= {OUTPUT_TARGET}x, victim <= "
+                  f"{VICTIM_TARGET}x ideal"), rows)
 
 
 def summary(results: list[PointResult]) -> list[str]:
     failed = [r for r in results if not r.passes]
     lines = [f"{len(results) - len(failed)} of {len(results)} points: weighbridge's engine "
              f"output at least {OUTPUT_TARGET}x passthrough's with the victim's flood TTFT "
-             f"p90 within {PROTECTED:g}x of its own before the flood"]
+             f"p50 and p90 within {VICTIM_TARGET}x of the ideal's"]
     fleet = [r for r in results if r.point.flood == FLEET_FLOOD and r.point.prefix_share == 0]
     if fleet:
         lines.append("output / passthrough by fleet size: " + ", ".join(
             f"{r.point.engines} engines {r.output_ratio:.2f}x" for r in fleet))
+        lines.append("victim TTFT p90 / ideal's by fleet size: " + ", ".join(
+            f"{r.point.engines} engines {r.victim_ratio(90):.2f}x" for r in fleet))
     return lines
 
 
