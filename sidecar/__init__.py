@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         parse_config,
     )
     from weighbridge.sidecar.core import Dispatch, SchedulingCore
+    from weighbridge.sidecar.epp import run_epp
     from weighbridge.sidecar.prefix import PromptPrefix
     from weighbridge.sidecar.request import QueuedRequest
     from weighbridge.sidecar.session import (
@@ -53,6 +54,7 @@ else:
         "config": ("EMBEDDINGS", "Config", "ConfigError", "ModelName", "Policy", "load_config",
                    "parse_config"),
         "core": ("Dispatch", "SchedulingCore"),
+        "epp": ("run_epp",),
         "prefix": ("PromptPrefix",),
         "request": ("QueuedRequest",),
         "session": ("ApiError", "Caller", "Ingress", "Prompt", "RelayOutcome", "RequestSession",
@@ -82,5 +84,6 @@ __all__ = [
     "derive_limits",
     "load_config",
     "parse_config",
+    "run_epp",
     "run_sidecar",
 ]

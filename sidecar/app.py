@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -37,6 +38,7 @@ from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_
 from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
 from weighbridge.sidecar.openapi import description_json
 from weighbridge.sidecar.proxy import BackendFailed, BackendUnavailable, relay
+from weighbridge.sidecar.quotas import DurableQuotas, QuotaFileCollector
 from weighbridge.sidecar.rejection import TENANT_REMOVED, Reject
 from weighbridge.sidecar.reload import (
     ConfigCollector,
@@ -79,6 +81,15 @@ MODELS_TIMEOUT_S = 10.0
 PROCESS_READ_BYTES = 32 * 1024
 
 
+def _quota_file(config: Config, config_path: str | None) -> Path | None:
+    """Where the day and month limits' levels are kept (``state.quota_file``): None with
+    shared state (Redis keeps them), without a configuration file, or when disabled."""
+    name = config.state.quota_file
+    if config.state.backend != "local" or name is None or config_path is None:
+        return None
+    return Path(config_path).parent / name  # an absolute name stays as it is
+
+
 def _file_bytes(path: str) -> int:
     """The file's size; 0 when unreadable (the read reports why)."""
     try:
@@ -117,6 +128,10 @@ class Sidecar:
         # State shared with other replicas (sidecar.shared); None: this process alone.
         self.shared = (SharedState(config.state, self.core, clock=clock)
                        if config.state.backend == "redis" else None)
+        # The day and month limits' levels in a file, where this process runs alone.
+        quota_file = _quota_file(config, config_path)
+        self.quotas = (None if quota_file is None else DurableQuotas(
+            quota_file, self.core, clock, config.state.quota_reserve_ahead))
         # Text prompts counted by the served model's tokenizer, where a model names one.
         self.tokenizers = PromptTokenizers(lambda: self.config)
         self.metrics = self._metrics(None)
@@ -228,6 +243,8 @@ class Sidecar:
         self.tokenizers.start()
         if self.shared is not None:
             await self.shared.start()
+        if self.quotas is not None:
+            await self.quotas.start()
         tick = asyncio.create_task(self._tick(), name="dispatch-tick")
         try:
             yield
@@ -237,6 +254,8 @@ class Sidecar:
                 await tick
             if self.shared is not None:
                 await self.shared.stop()
+            if self.quotas is not None:
+                await self.quotas.stop()
             await self.pool.stop()
             self.tokenizers.stop()
             await self.upstream.close()
@@ -247,6 +266,7 @@ class Sidecar:
     def _metrics(self, pool: BackendPool | None) -> SidecarMetrics:
         metrics = SidecarMetrics(self.core, pool, self.stability, self.clock)
         metrics.registry.register(SharedStateCollector(self.shared))
+        metrics.registry.register(QuotaFileCollector(self.quotas))
         metrics.registry.register(ConfigCollector(self.holder))
         metrics.registry.register(TokenizerCollector(self.tokenizers))
         return metrics
@@ -351,6 +371,8 @@ class Sidecar:
         state["config"] = self.holder.snapshot()
         state["state"] = ({"backend": "local"} if self.shared is None
                           else self.shared.snapshot())
+        if self.quotas is not None:
+            state["state"]["quota_file"] = self.quotas.snapshot()
         if self.pool is not None:
             for name, backend in self.pool.states.items():
                 if name not in state["backends"]:
@@ -450,7 +472,7 @@ class Sidecar:
         prompt, max_tokens, sequences = (arrival.prompt_tokens, arrival.max_tokens,
                                          arrival.sequences)
         now = self.clock()
-        request_id = f"{self._id_prefix}{next(self._ids):x}"  # unique, without a uuid4 each
+        request_id = self.request_id()
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
         offered = self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences)
@@ -467,7 +489,15 @@ class Sidecar:
                 self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences))
             now = self.clock()
         try:
-            session = ingress.arrive(arrival, request_id, now, admitted)
+            if self.quotas is not None and self.core.serves(model):
+                # The levels this admission needs are on disk first (sidecar.quotas).
+                async with self.quotas.admission(
+                        tenant, endpoint, tier, model,
+                        self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens,
+                                                   sequences)):
+                    session = ingress.arrive(arrival, request_id, self.clock(), admitted)
+            else:
+                session = ingress.arrive(arrival, request_id, now, admitted)
         except ApiError as e:
             trace.admission(checks_ns, time.time_ns(), e.reason, offered)
             raise
@@ -547,6 +577,15 @@ class Sidecar:
             raise error
         finally:
             streamed.close()  # every way out: its last chunks folded into the counter
+
+    def request_id(self) -> str:
+        """A new request's id: unique, without a uuid4 each."""
+        return f"{self._id_prefix}{next(self._ids):x}"
+
+    async def await_dispatch(self, session: RequestSession) -> Dispatch:
+        """The dispatch of ``session``'s queued request (another front's wait too: the EPP,
+        sidecar/epp.py); cancelled, the request leaves the queue or ends unsent."""
+        return await self._await_dispatch(session)
 
     async def _await_dispatch(self, session: RequestSession) -> Dispatch:
         waiter: asyncio.Future[Dispatch] = asyncio.get_running_loop().create_future()

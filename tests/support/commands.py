@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[list[str], str | None]] = {
     "emulator": ([], "weighbridge emulator needs the emulator extra: " + _PIP.format("emulator")),
     "sidecar": (["--config", "fleet.yaml"],
                 "weighbridge sidecar needs the sidecar extra: " + _PIP.format("sidecar")),
+    "epp": (["--config", "fleet.yaml"], "weighbridge epp needs the sidecar and epp extras: "
+            + _PIP.format("sidecar,epp")),
     "reload": (["--pid", "1"],
                "weighbridge reload needs the sidecar extra: " + _PIP.format("sidecar")),
     "hash-key": (["a-key"], None),

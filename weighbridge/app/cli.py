@@ -150,6 +150,36 @@ def sidecar(
 
 
 @app.command()
+@_needs("sidecar", "epp")
+def epp(
+    config: Annotated[str, typer.Option("--config", help="Tenants/tiers/backends YAML file.")],
+    host: Annotated[str, typer.Option(help="Address the ext_proc gRPC server listens on.")] = (
+        "127.0.0.1"),
+    port: Annotated[int, typer.Option(help="Port of the ext_proc gRPC server.")] = 9002,
+    http_host: Annotated[str, typer.Option(
+        help="Address of the HTTP port (/metrics, /healthz, /readyz, /admin).")] = "127.0.0.1",
+    http_port: Annotated[int, typer.Option(help="Port of the HTTP port.")] = 9090,
+) -> None:
+    """Serve the scheduler as an Envoy external processor: the Gateway API Inference
+    Extension's endpoint picker (docs/deploy-kubernetes.md)."""
+    import logging
+
+    from weighbridge.sidecar.config import ConfigError, load_config
+    from weighbridge.sidecar.epp import run_epp
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        loaded = load_config(config)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"weighbridge epp: ext_proc on {host}:{port}, HTTP on http://{http_host}:"
+               f"{http_port}: {len(loaded.tenants)} tenants, {len(loaded.backends)} backends, "
+               f"policy {loaded.scheduler.policy}", err=True)
+    run_epp(loaded, host, port, http_host, http_port, config_path=config)
+
+
+@app.command()
 @_needs("sidecar")
 def reload(
     pid: Annotated[int | None, typer.Option(
