@@ -31,7 +31,7 @@ import ipaddress
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -187,7 +187,7 @@ def _mutation(set_headers: Mapping[str, str], remove: tuple[str, ...] = ()
               ) -> ext_proc.HeaderMutation:
     return ext_proc.HeaderMutation(
         set_headers=[base_pb2.HeaderValueOption(
-            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
+            header=base_pb2.HeaderValue(key=k.lower(), raw_value=v.encode()),
             append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD)
             for k, v in set_headers.items()],
         remove_headers=list(remove))
@@ -251,6 +251,37 @@ def _streamed_body(phase: str, body: bytes, end: bool) -> ext_proc.ProcessingRes
 
 
 # -- one request ----------------------------------------------------------------------------
+
+
+class _Subset:
+    """The core's model catalog seen through a subset hint: each model's backends, only
+    those the hint allows."""
+
+    def __init__(self, catalog: Any, allowed: frozenset[str]) -> None:
+        self._catalog, self._allowed = catalog, allowed
+
+    def backends_for(self, model: str | None) -> frozenset[str]:
+        return frozenset(self._catalog.backends_for(model) & self._allowed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._catalog, name)
+
+
+@contextlib.contextmanager
+def _narrowed(core: Any, allowed: frozenset[str] | None) -> Iterator[None]:
+    """The core's arrival with a request's backends narrowed to ``allowed``: it queues in
+    the pool of those backends, as a model served by some backends does (sidecar.catalog),
+    and is dispatched to one of them. The core takes no allowed set of its own, so its
+    catalog is narrowed for this one synchronous call."""
+    if allowed is None:
+        yield
+        return
+    catalog = core.catalog
+    core.catalog = _Subset(catalog, allowed)
+    try:
+        yield
+    finally:
+        core.catalog = catalog
 
 
 def _no_endpoint(detail: str) -> ApiError:
@@ -335,12 +366,14 @@ class _Exchange:
         arrival = ingress.read(caller, endpoint, headers, raw)
         allowed = None
         if hint is not None:
-            allowed = self.picker.endpoints.backends_at(hint)
             assert sidecar.pool is not None
-            if not any(sidecar.pool.states[b].healthy for b in allowed
-                       if b in sidecar.pool.states):
+            states = sidecar.pool.states
+            allowed = frozenset(self.picker.endpoints.backends_at(hint)
+                                & sidecar.core.catalog.backends_for(arrival.model or None))
+            if not any(states[b].healthy for b in allowed if b in states):
                 raise ingress.refused(caller, _no_endpoint(
-                    "none of the subset hint's endpoints is a healthy backend"))
+                    "none of the subset hint's endpoints is a healthy backend serving the "
+                    "model"))
         ids = await sidecar.tokenizers.tokenize(
             sidecar.core.request_model(arrival.model) or sidecar.core.catalog.default_model(),
             caller.tenant, endpoint, arrival.body)
@@ -354,7 +387,8 @@ class _Exchange:
         admitted = None
         if sidecar.shared is not None and core.serves(model):
             admitted = await sidecar.shared.admit(tenant, endpoint, tier, model, estimate)
-        session = ingress.arrive(arrival, sidecar.request_id(), sidecar.clock(), admitted)
+        with _narrowed(core, allowed):
+            session = ingress.arrive(arrival, sidecar.request_id(), sidecar.clock(), admitted)
         self.session = session
         req = session.request
         sidecar.metrics.in_system.enter(req.tenant, req.tier, req.arrival_s)
