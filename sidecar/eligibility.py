@@ -55,16 +55,24 @@ class BackendRule(Protocol):
 
 class PrefillBacklog:
     """Enough prompts already wait to be prefilled on this backend
-    (``max_backend_prefill_tokens``): the gate closes until some of them start."""
+    (``max_backend_prefill_tokens``): only a light tenant with none of its own among them
+    may add one (PrefillBacklogShare), so a herd of long prompts cannot overfill the engine's
+    waiting queue, while the prompts of a flood, prefilled a chunk a step for many steps, do
+    not hold a light tenant's next prompt behind them for all those steps (closing the gate
+    to everyone tripled a flooded victim's TTFT, docs/sidecar.md). The FIFO baselines cannot
+    choose a tenant: for them the gate closes."""
 
     def __call__(self, standing: Standing, state: BackendState) -> Standing:
         backlog = state.gate.limits.max_backend_prefill_tokens
         verdict = standing.verdict
-        if (backlog is not None and verdict.mode != "closed" and state.gate.inflight > 0
-                and state.prefill_tokens >= backlog):
+        if (backlog is None or verdict.mode == "closed" or state.gate.inflight <= 0
+                or state.prefill_tokens < backlog):
+            return standing
+        if not state.tenant_aware:
             return replace(standing, verdict=GateVerdict("closed", "prefill_backlog",
                                                          verdict.share_slots))
-        return standing
+        return replace(standing, verdict=GateVerdict("headroom", "prefill_backlog",
+                                                     verdict.share_slots))
 
 
 class DecodeFloor:
@@ -154,6 +162,23 @@ class DecodeFloorShare:
                                and scheduler.under_share(tenant, slots))
 
 
+class PrefillBacklogShare:
+    """At the prefill backlog a tenant may add a prompt only if it is light (not backlogged
+    upstream: this request is its only one queued, or it was light lately), under its
+    weighted share of the slots, and has nothing of its own in prefill on this backend: it
+    adds at most one prompt to the backlog, and the backlogged tenants that built it, or
+    that would pile onto it, add none."""
+
+    def __call__(self, p: Pass) -> Eligible | None:
+        if p.standing.verdict.reason != "prefill_backlog":
+            return None
+        scheduler, slots, prefilling, light = p.scheduler, p.slots, p.prefilling, p.light
+        return lambda tenant: (
+            tenant not in prefilling
+            and (tenant in light or scheduler.tenant_queued(tenant)[0] <= 1)
+            and scheduler.under_share(tenant, slots))
+
+
 class SlotHeadroom:
     """The slots above the share cap are for tenants under their weighted share; with
     work-conserving headroom (``headroom_always`` off) they are kept only while a light
@@ -189,8 +214,9 @@ class KvReserve:
 
 
 OPEN_RULES: tuple[TenantRule, ...] = (Pacing(), GlobalShare())
-HEADROOM_RULES: tuple[TenantRule, ...] = (DecodeFloorShare(), SlotHeadroom(), KvReserve(),
-                                          Pacing(), GlobalShare())
+HEADROOM_RULES: tuple[TenantRule, ...] = (PrefillBacklogShare(), DecodeFloorShare(),
+                                          SlotHeadroom(), KvReserve(), Pacing(),
+                                          GlobalShare())
 
 
 def eligible(rules: tuple[TenantRule, ...], p: Pass) -> Eligible | None:

@@ -466,16 +466,23 @@ def test_prefill_pacing_is_per_backend_so_a_fleet_takes_a_budget_each() -> None:
     assert [d.backend for d in core.dispatch_ready(0.1)] == ["b2"]
 
 
-def test_backend_prefill_backlog_closes_the_gate_until_a_first_token() -> None:
+def test_backend_prefill_backlog_holds_its_builders_until_a_first_token() -> None:
     config = make_config(backends=[{"url": "http://127.0.0.1:8001", "name": "b1"}],
                          admission=_admission(max_backend_prefill_tokens=2000))
     core = SchedulingCore(config)
     for _ in range(6):
         arrive(core, "a", prompt_tokens=1000)
     sent = [d.request for d in core.dispatch_ready(0.0)]
-    assert len(sent) == 2  # 2,000 prompt tokens prefilling: the backend takes no more
+    assert len(sent) == 2  # 2,000 prompt tokens prefilling: the backend takes no more of a's
     assert core.holds[("b1", "prefill_backlog")] >= 1
+    # A light tenant, with nothing in the backlog, adds one prompt; then, with one there,
+    # no second.
+    arrive(core, "b", prompt_tokens=1000)
+    assert [d.request.tenant for d in core.dispatch_ready(0.0)] == ["b"]
+    arrive(core, "b", prompt_tokens=1000)
+    assert list(core.dispatch_ready(0.0)) == []
     core.on_tokens_streamed(sent[0], 1, 0.1)
+    core.on_tokens_streamed(sent[1], 1, 0.1)
     assert len(list(core.dispatch_ready(0.1))) == 1
 
 

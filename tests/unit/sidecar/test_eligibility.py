@@ -23,6 +23,7 @@ from weighbridge.sidecar.eligibility import (
     Pacing,
     Pass,
     PrefillBacklog,
+    PrefillBacklogShare,
     SlotHeadroom,
     Standing,
     eligible,
@@ -75,12 +76,15 @@ def a_pass(standing: Standing = OPEN_STANDING, shares: Shares | None = None,
 
 # -- backend rules -----------------------------------------------------------------------------
 
-def test_prefill_backlog_closes_a_gate_with_enough_prompts_waiting() -> None:
+def test_prefill_backlog_makes_a_gate_with_enough_prompts_waiting_headroom() -> None:
     rule = PrefillBacklog()
     g = gate(inflight=1, max_backend_prefill_tokens=100)
     assert rule(Standing("b", OPEN), state(g, 100)).verdict == GateVerdict(
-        "closed", "prefill_backlog", 8)
+        "headroom", "prefill_backlog", 8)
     assert rule(Standing("b", OPEN), state(g, 99)).verdict == OPEN
+    # The FIFO baselines cannot choose a tenant: for them the gate closes.
+    assert rule(Standing("b", OPEN), state(g, 100, tenant_aware=False)).verdict == \
+        GateVerdict("closed", "prefill_backlog", 8)
     # Nothing in flight there: the backlog is what the sidecar alone would send.
     assert rule(Standing("b", OPEN), state(gate(max_backend_prefill_tokens=100), 500)
                 ).verdict == OPEN
@@ -109,6 +113,19 @@ def test_backend_rules_run_in_order() -> None:
 
 
 # -- tenant rules ------------------------------------------------------------------------------
+
+def test_at_the_prefill_backlog_only_a_light_tenant_with_none_in_it_may_add_one() -> None:
+    backlog = Standing("b", GateVerdict("headroom", "prefill_backlog", 8))
+    shares = Shares(under={"victim", "flood", "crowd"}, queued={"victim": 1, "crowd": 5})
+    allowed = PrefillBacklogShare()(a_pass(backlog, shares, prefilling={"flood": 3000}))
+    assert allowed is not None and allowed("victim")
+    assert not allowed("flood")  # it built the backlog
+    assert not allowed("crowd")  # backlogged upstream: it would pile on
+    assert not allowed("over")  # over its share of the slots
+    lit = PrefillBacklogShare()(a_pass(backlog, shares, light=frozenset({"crowd"})))
+    assert lit is not None and lit("crowd")  # light lately, however many just arrived
+    assert PrefillBacklogShare()(a_pass()) is None  # no backlog: no restriction
+
 
 def test_pacing_holds_a_tenant_with_its_prefill_budget_in_flight() -> None:
     allowed = Pacing()(a_pass(prefill_cap=100, prefilling={"flood": 100, "light": 99}))
@@ -175,8 +192,8 @@ def test_the_kv_reserve_is_for_light_tenants_under_their_share_of_the_watermark(
 
 def test_rules_compose_as_all_of_them() -> None:
     assert [type(r) for r in OPEN_RULES] == [Pacing, GlobalShare]
-    assert [type(r) for r in HEADROOM_RULES] == [DecodeFloorShare, SlotHeadroom, KvReserve,
-                                                 Pacing, GlobalShare]
+    assert [type(r) for r in HEADROOM_RULES] == [PrefillBacklogShare, DecodeFloorShare,
+                                                 SlotHeadroom, KvReserve, Pacing, GlobalShare]
     assert eligible(OPEN_RULES, a_pass()) is None
     allowed = eligible(OPEN_RULES, a_pass(prefill_cap=10, prefilling={"x": 10},
                                           globally_fair=lambda t: t != "y"))
