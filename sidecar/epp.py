@@ -231,8 +231,7 @@ def bound(endpoint: str, forward_body: bytes, full_duplex: bool
         ]
     return [ext_proc.ProcessingResponse(
         request_body=ext_proc.BodyResponse(response=ext_proc.CommonResponse(
-            status=ext_proc.CommonResponse.CONTINUE_AND_REPLACE, clear_route_cache=True,
-            header_mutation=_mutation({DESTINATION: endpoint}, ("authorization",)),
+            clear_route_cache=True, header_mutation=mutation,
             body_mutation=ext_proc.BodyMutation(body=forward_body))),
         dynamic_metadata=metadata)]
 

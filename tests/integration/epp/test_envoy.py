@@ -17,11 +17,10 @@ import pytest
 
 from tests.support.answers import assert_rejected, assert_served
 from tests.support.bad_input import BAD_BODIES, KEY, MAX_BODY_BYTES, MAX_TOKENS_LIMIT
-from tests.support.envoy import envoy_config, envoy_process, epp_process
 from tests.support.ledger import backend_finished, ledger, running, settled
 from tests.support.metrics import scrape
 from tests.support.stack import auth, completion, start_emulator, tenant
-from weighbridge.launch import free_port
+from weighbridge.launch import envoy_config, envoy_process, epp_process, free_port
 
 pytestmark = pytest.mark.timeout(120)
 

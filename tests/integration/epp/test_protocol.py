@@ -22,10 +22,10 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_gr
 from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tests.support.envoy import epp_process
 from tests.support.ledger import ledger, settled
 from tests.support.stack import completion, start_emulator, tenant
 from tests.support.wait import await_for
+from weighbridge.launch import epp_process
 
 pytestmark = pytest.mark.timeout(90)
 
