@@ -19,8 +19,10 @@ whether compute or KV-cache memory binds first.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from weighbridge.analysis.frame import Run, load_run
 from weighbridge.analysis.stability import stability
@@ -28,6 +30,10 @@ from weighbridge.analysis.stability import stability
 GIB = 2**30
 SECONDS_PER_DAY = 86_400
 DEFAULT_SEQUENCE_TOKENS_PER_SECOND = 20.0
+# Seed 000's example: a day's peak arrival rate is typically 3-5x its mean; 1 would provision
+# for the mean, which no fleet serves at its peak.
+DEFAULT_PEAK_TO_AVERAGE = 4.0
+PEAK_WINDOWS = 20  # a run's arrivals are counted in this many windows for its peak
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +76,9 @@ class CapacityInputs:
     requests_per_day: float
     avg_tokens: float
     tokens_per_second_per_gpu: float
-    peak_to_average: float = 1.0
+    peak_to_average: float = DEFAULT_PEAK_TO_AVERAGE
+    # Where peak_to_average came from when no flag gave it, printed among the assumptions.
+    peak_assumption: str | None = None
     sequence_tokens_per_second: float | None = None
     memory: ModelMemory | None = None
     source: str = "flags"  # or the run directory the measured figures came from
@@ -144,6 +152,8 @@ def plan(inputs: CapacityInputs) -> CapacityPlan:
     average = gpu_seconds / SECONDS_PER_DAY
     peak_compute = average * inputs.peak_to_average
     assumptions: list[str] = []
+    if inputs.peak_assumption is not None:
+        assumptions.append(inputs.peak_assumption)
     kv = fit = needed = peak_memory = None
     binding = "compute"
     memory = inputs.memory
@@ -214,6 +224,8 @@ class MeasuredLoad:
     avg_output_tokens: float
     requests_per_day: float  # the run's arrival rate, sustained for a day
     sequence_tokens_per_second: float | None  # median decode speed of a sequence
+    peak_to_average: float  # the busiest window's arrival rate over the run's mean
+    peak_window_s: float  # the windows' length: the run's duration / PEAK_WINDOWS
 
 
 def measured_load(run: Run, gpus: int = 1) -> MeasuredLoad:
@@ -227,6 +239,7 @@ def measured_load(run: Run, gpus: int = 1) -> MeasuredLoad:
         raise ValueError(f"{run.path}: no completed requests to measure")
     served = stability(frame, run.duration_s).served_tokens_per_s or 0.0
     tps = ok["decode_tps"].dropna()
+    window = run.duration_s / PEAK_WINDOWS
     return MeasuredLoad(
         source=str(run.path),
         tokens_per_second_per_gpu=served / gpus,
@@ -235,19 +248,42 @@ def measured_load(run: Run, gpus: int = 1) -> MeasuredLoad:
         avg_output_tokens=float(ok["output_tokens"].mean()),
         requests_per_day=len(frame) / run.duration_s * SECONDS_PER_DAY,
         sequence_tokens_per_second=float(tps.median()) if len(tps) else None,
+        peak_to_average=peak_to_average(frame["scheduled_s"].to_numpy(), run.duration_s),
+        peak_window_s=window,
     )
 
 
+def peak_to_average(arrivals_s: Sequence[float] | Any, duration_s: float,
+                    windows: int = PEAK_WINDOWS) -> float:
+    """The busiest of ``windows`` equal windows of ``[0, duration_s)``: its arrivals over the
+    mean per window (1 for a perfectly even load, ``windows`` when all arrive in one)."""
+    if duration_s <= 0 or windows <= 0:
+        raise ValueError("peak-to-average: needs a positive duration and window count")
+    counts = [0] * windows
+    for at in arrivals_s:
+        if 0 <= at < duration_s:
+            counts[min(windows - 1, int(at / duration_s * windows))] += 1
+    total = sum(counts)
+    return max(counts) * windows / total if total else 1.0
+
+
 def capacity_inputs(*, requests_per_day: float | None, avg_tokens: float | None,
-                    tokens_per_second_per_gpu: float | None, peak_to_average: float,
+                    tokens_per_second_per_gpu: float | None, peak_to_average: float | None,
                     sequence_tokens_per_second: float | None, layers: int | None,
                     kv_heads: int | None, heads: int | None, head_dim: int | None,
                     context: int | None, dtype_bytes: float, gpu_memory_gb: float,
                     weights_gb: float, from_run: Path | None, run_gpus: int = 1
                     ) -> CapacityInputs:
     """The planner's inputs from the command line's flags; a flag given always wins over
-    what ``from_run`` measured."""
+    what ``from_run`` measured. Without ``peak_to_average`` the plan takes the run's own
+    (with ``from_run``) or ``DEFAULT_PEAK_TO_AVERAGE``, and says so among its assumptions."""
     source, mix = "flags", {}
+    peak_assumption = None
+    if peak_to_average is None and from_run is None:
+        peak_to_average = DEFAULT_PEAK_TO_AVERAGE
+        peak_assumption = (f"--peak-to-average not given: assuming {peak_to_average:g} (a "
+                           "day's peak arrival rate is typically 3-5x its mean; --from-run "
+                           "measures a run's own)")
     if from_run is not None:
         m = measured_load(load_run(from_run), run_gpus)
         source = f"run {from_run} (served by {run_gpus} GPU{'s' if run_gpus > 1 else ''})"
@@ -256,6 +292,12 @@ def capacity_inputs(*, requests_per_day: float | None, avg_tokens: float | None,
         avg_tokens = avg_tokens or m.avg_tokens
         tokens_per_second_per_gpu = tokens_per_second_per_gpu or m.tokens_per_second_per_gpu
         sequence_tokens_per_second = sequence_tokens_per_second or m.sequence_tokens_per_second
+        if peak_to_average is None:
+            peak_to_average = m.peak_to_average
+            peak_assumption = (f"--peak-to-average not given: the run's own, "
+                               f"{peak_to_average:.2f} (its busiest {m.peak_window_s:g} s of "
+                               f"arrivals over its mean); a day's peak over its mean is "
+                               "typically 3-5x, which a short run may not show")
     missing = [flag for flag, value in (("--requests-per-day", requests_per_day),
                                          ("--avg-tokens", avg_tokens),
                                          ("--tokens-per-second-per-gpu",
@@ -271,9 +313,10 @@ def capacity_inputs(*, requests_per_day: float | None, avg_tokens: float | None,
         memory = ModelMemory(layers=layers or 0, head_dim=head_dim or 0, context=context or 0,
                              kv_heads=kv_heads, heads=heads, dtype_bytes=dtype_bytes,
                              gpu_memory_gb=gpu_memory_gb, weights_gb=weights_gb)
-    assert requests_per_day and avg_tokens and tokens_per_second_per_gpu
+    assert requests_per_day and avg_tokens and tokens_per_second_per_gpu and peak_to_average
     return CapacityInputs(
         requests_per_day=requests_per_day, avg_tokens=avg_tokens,
         tokens_per_second_per_gpu=tokens_per_second_per_gpu, peak_to_average=peak_to_average,
+        peak_assumption=peak_assumption,
         sequence_tokens_per_second=sequence_tokens_per_second, memory=memory, source=source,
         token_mix=mix)

@@ -322,7 +322,8 @@ def capacity(
         help="Mean prompt + output tokens per request.")] = None,
     tokens_per_second_per_gpu: Annotated[float | None, typer.Option(
         help="Tokens/s one GPU sustains under real load.")] = None,
-    peak_to_average: Annotated[float, typer.Option(help="Peak load over average.")] = 1.0,
+    peak_to_average: Annotated[float | None, typer.Option(
+        help="Peak load over average (default 4, or the run's own with --from-run).")] = None,
     layers: Annotated[int | None, typer.Option(help="Transformer layers.")] = None,
     kv_heads: Annotated[int | None, typer.Option(help="Key/value heads (GQA).")] = None,
     heads: Annotated[int | None, typer.Option(

@@ -8,10 +8,12 @@ import pytest
 
 from tests.support.records import rec, write_run
 from weighbridge.analysis.capacity import (
+    DEFAULT_PEAK_TO_AVERAGE,
     GIB,
     CapacityInputs,
     ModelMemory,
     capacity_inputs,
+    peak_to_average,
     plan,
 )
 
@@ -121,3 +123,48 @@ def test_the_seeds_kv_tax_example_and_where_its_figure_differs() -> None:
                        **shape).max_concurrent_sequences == 47
     assert ModelMemory(heads=64, gpu_memory_gb=160, weights_gb=weights,
                        **shape).max_concurrent_sequences == 5
+
+
+def test_without_a_peak_the_plan_assumes_four_and_says_so() -> None:
+    common = dict(sequence_tokens_per_second=None, layers=None, kv_heads=None, heads=None,
+                  head_dim=None, context=None, dtype_bytes=2.0, gpu_memory_gb=80.0,
+                  weights_gb=0.0, from_run=None)
+    inputs = capacity_inputs(requests_per_day=86_400, avg_tokens=100,
+                             tokens_per_second_per_gpu=100, peak_to_average=None,
+                             **common)  # type: ignore[arg-type]
+    assert inputs.peak_to_average == DEFAULT_PEAK_TO_AVERAGE == 4
+    p = plan(inputs)
+    assert p.peak_gpus == pytest.approx(4.0)  # 1 GPU on average, 4 at the peak
+    assert any("--peak-to-average not given: assuming 4" in a for a in p.assumptions)
+    given = plan(capacity_inputs(requests_per_day=86_400, avg_tokens=100,
+                                 tokens_per_second_per_gpu=100, peak_to_average=1.5,
+                                 **common))  # type: ignore[arg-type]
+    assert given.peak_gpus == pytest.approx(1.5)
+    assert not any("peak" in a for a in given.assumptions)
+
+
+def test_the_peak_is_the_busiest_window_over_the_mean() -> None:
+    assert peak_to_average([0.5 + i for i in range(20)], 20.0) == pytest.approx(1.0)
+    assert peak_to_average([3.0] * 5, 20.0) == pytest.approx(20.0)  # all in one window
+    # 10 arrivals spread over 20 s, then 10 more in one second: 20 arrivals, one window
+    # (of 20, each 1 s) holding 11 -> 11 / (20 / 20) = 11.
+    arrivals = [i * 2.0 for i in range(10)] + [4.0 + i / 10 for i in range(10)]
+    assert peak_to_average(arrivals, 20.0) == pytest.approx(11.0)
+    assert peak_to_average([], 20.0) == 1.0
+
+
+def test_from_run_takes_the_runs_own_peak_unless_one_is_given(tmp_path: Path) -> None:
+    # 10 s in 20 windows of 0.5 s; three arrivals, two of them in the window [5, 5.5).
+    records = [rec("a", scheduled=0, ttft=0.1, duration=1.0, prompt=100, output=50),
+               rec("a", scheduled=5, ttft=0.1, duration=1.0, prompt=100, output=50),
+               rec("a", scheduled=5.2, ttft=0.1, duration=1.0, prompt=100, output=50)]
+    run_dir = write_run(tmp_path, records, duration=10.0)
+    common = dict(requests_per_day=None, avg_tokens=None, tokens_per_second_per_gpu=None,
+                  sequence_tokens_per_second=None, layers=None, kv_heads=None, heads=None,
+                  head_dim=None, context=None, dtype_bytes=2, gpu_memory_gb=80, weights_gb=0,
+                  from_run=run_dir)
+    measured = capacity_inputs(peak_to_average=None, **common)  # type: ignore[arg-type]
+    assert measured.peak_to_average == pytest.approx(2 * 20 / 3)
+    assert "the run's own, 13.33" in (measured.peak_assumption or "")
+    given = capacity_inputs(peak_to_average=3, **common)  # type: ignore[arg-type]
+    assert given.peak_to_average == 3 and given.peak_assumption is None
