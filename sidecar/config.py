@@ -205,8 +205,9 @@ TIER_PRIORITY_STEP = 5
 
 
 class RateLimits(_Model):
-    """Rate limits, each a bucket refilled continuously over its period; none means
-    unlimited. A request over one gets 429 `rate_limited` with `Retry-After`."""
+    """Rate limits, each a bucket refilled continuously over its period (or, with `windows:
+    calendar`, the day and month ones reset at the start of each UTC day and month); none
+    means unlimited. A request over one gets 429 `rate_limited` with `Retry-After`."""
 
     requests_per_minute: PositiveInt | None = None
     """A bucket of this many requests, refilled over a minute."""
@@ -221,6 +222,13 @@ class RateLimits(_Model):
     """The same over 86,400 s."""
     tokens_per_month: PositiveInt | None = None
     """The same over 30 days."""
+    windows: Literal["rolling", "calendar"] = "rolling"
+    """How the day and month limits count (docs/sidecar.md, "Rate limits"). `rolling`: a
+    bucket refilled continuously, a month being 30 days, so a tenant that spent it recovers
+    it gradually; up to twice the limit fits in one window's length. `calendar`: full again
+    at the start of each UTC day and month (a debt carries over), so each calendar month
+    holds at most its limit; twice the limit fits across a reset. Minute limits always
+    roll."""
 
 
 class Tier(_Model):
@@ -630,6 +638,19 @@ class SharedState(_Model):
     towards the N that fallback limits are divided by."""
     key_prefix: Name = "weighbridge"
     """Every key is `{key_prefix}:…`."""
+    quota_file: str | None = Field(default="weighbridge-quotas.sqlite3",
+                                   json_schema_extra={"x-default": "weighbridge-quotas.sqlite3 "
+                                                      "beside the configuration file"})
+    """With `local` state, the SQLite file the day and month limits' levels are kept in, so
+    that a restart or a crash hands out no quota again (docs/sidecar.md, "Rate limits"). A
+    relative path is taken from the configuration file's directory; the directory must be
+    writable. A sidecar given no configuration file (embedded in a test or the simulator),
+    or None, keeps them in memory only. With `redis`, Redis keeps them."""
+    quota_reserve_ahead: float = Field(default=0.01, ge=0, le=1)
+    """The part of a day or month limit the quota file is told is spent ahead of the
+    admissions that spend it, so that one write covers many: a crash costs a tenant at most
+    this part of each limit, and never hands it out twice. 0: one write per admission of
+    a tenant with such a limit."""
 
     @model_validator(mode="after")
     def _url_for_redis(self) -> SharedState:

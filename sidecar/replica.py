@@ -14,12 +14,19 @@ form the same pools.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from weighbridge.sidecar.core import ReplicaRecord
 from weighbridge.sidecar.estimator import OutputEstimator
-from weighbridge.sidecar.ratelimit import BucketSpec, LimitTable, TenantRateLimiter
+from weighbridge.sidecar.ratelimit import (
+    BucketSettings,
+    BucketSpec,
+    LimitTable,
+    ScopeKey,
+    StoredLevel,
+    TenantRateLimiter,
+)
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.scheduler import Scheduler
 
@@ -67,6 +74,8 @@ class Replica:
         """From here on the core records what the others need (``record_for_replicas``)."""
         self._core = core
         self._record = core.record_for_replicas()
+        # What replaced limiters had charged and nobody took yet.
+        self._charged: dict[tuple[ScopeKey, str], float] = {}
 
     # ------------------------------------------------------------------ limits
 
@@ -76,11 +85,35 @@ class Replica:
         core = self._core
         return core.limit_table.buckets(tenant, endpoint, tier, core.request_model(model))
 
-    def use_local_limits(self, scale: float) -> None:
+    @property
+    def limit_table(self) -> LimitTable:
+        return self._core.limit_table
+
+    def use_local_limits(self, scale: float,
+                         levels: Mapping[tuple[ScopeKey, str], StoredLevel],
+                         wall_offset_s: float) -> None:
         """Replace the core's limiter by one whose every limit is ``scale`` of the configured
-        (this replica's share while the shared limits are out of reach); buckets start full."""
+        (this replica's share while the shared limits are out of reach), each bucket at
+        ``scale`` of its level in ``levels`` (the shared ones as last read, at wall-clock
+        times ``now + wall_offset_s``), a day or month bucket not there empty. It keeps a
+        ledger of what it charges (``take_local_charges``)."""
         core = self._core
-        core.rate_limiter = TenantRateLimiter(core.limit_table, scale=scale)
+        self._take_charged(core.rate_limiter)
+        core.rate_limiter = TenantRateLimiter(
+            core.limit_table, settings=BucketSettings(
+                scale=scale, wall_offset_s=wall_offset_s, restored=dict(levels),
+                unseen_long_empty=True), ledger=True)
+
+    def _take_charged(self, limiter: TenantRateLimiter) -> None:
+        for bucket, amount in limiter.take_charged().items():
+            self._charged[bucket] = self._charged.get(bucket, 0.0) + amount
+
+    def take_local_charges(self) -> dict[tuple[ScopeKey, str], float]:
+        """The net amount this replica's own limiters charged each bucket since the last
+        call (an outage's admissions and settlements): owed to the shared buckets."""
+        self._take_charged(self._core.rate_limiter)
+        taken, self._charged = self._charged, {}
+        return taken
 
     def take_charges(self) -> list[tuple[QueuedRequest, int]]:
         """Settlements and refunds owed to the shared limits since the last call: (request,

@@ -38,10 +38,16 @@ What is shared, and how
 Faults
 ------
 An error, or an answer slower than ``timeout_ms``, marks the store down: one log line, the
-``weighbridge_shared_state_up`` gauge at 0, and the core falls back to 1/N of every limit in
-its own buckets. No request fails for it. The heartbeat keeps trying; the first answer marks
-the store up again (one log line) and admissions are shared again. Settlements owed to the
-shared buckets wait while it is down (up to ``MAX_PENDING_CHARGES``) and go when it is back.
+``weighbridge_shared_state_up`` gauge at 0, and the core falls back to its own buckets, each
+1/N of its limit, starting at 1/N of the level Redis last answered for it (every admission
+and settlement answers the levels of its buckets); a day or month bucket this replica never
+read starts empty, never full (a minute one full: a minute's worth at most). No request
+fails for it. The heartbeat keeps trying; the first answer marks the store up again (one log
+line) and admissions are shared again. What this replica's own buckets took meanwhile (the
+outage's admissions, their settlements) is owed to the shared buckets and goes with the
+next sync, as do the settlements of requests admitted by Redis before (up to
+``MAX_PENDING_CHARGES``): the outage's spending counts against the month. Redis keeps the
+levels as durably as it is configured to (docs/sidecar.md, "Rate limits": ``appendonly``).
 """
 
 from __future__ import annotations
@@ -62,13 +68,19 @@ from redis.exceptions import RedisError
 
 from weighbridge.redaction import redact_url
 from weighbridge.sidecar.config import SharedState as SharedStateConfig
-from weighbridge.sidecar.ratelimit import Admit, BucketSpec, ScopeKey
+from weighbridge.sidecar.ratelimit import (
+    Admit,
+    BucketSpec,
+    ScopeKey,
+    StoredLevel,
+    calendar_period,
+)
 from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
 from weighbridge.sidecar.replica import Replica, ReplicatedCore
 from weighbridge.sidecar.request import QueuedRequest
 
 __all__ = ["MAX_PENDING_CHARGES", "PREFIX_STREAM_LEN", "SharedState", "SharedStateCollector",
-           "bucket_key"]
+           "bucket_key", "period_kind"]
 
 log = logging.getLogger("weighbridge.sidecar")
 
@@ -83,65 +95,131 @@ SERVICE_SYNC_S = 0.03
 PREFIX_STREAM_LEN = 6000
 PREFIX_READ_COUNT = 500  # entries read per sync at most (a replica catching up reads on)
 
+# The UTC calendar in Lua (Howard Hinnant's days/civil algorithms), as
+# sidecar.ratelimit.calendar_period: `period(kind, now)` is the index of the day (kind 1) or
+# month (kind 2) holding `now` and when the next one starts.
+_CALENDAR = """
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local doy = math.floor((153 * ((m + 9) % 12) + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524)
+                          - math.floor(doe / 146096)) / 365)
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  local y = yoe + era * 400
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+local function period(kind, at)
+  local day = math.floor(at / 86400)
+  if kind == 1 then return day, (day + 1) * 86400 end
+  local y, m = civil_from_days(day)
+  local ny, nm = y, m + 1
+  if nm > 12 then ny, nm = y + 1, 1 end
+  return (y - 1970) * 12 + m - 1, days_from_civil(ny, nm, 1) * 86400
+end
+"""
+
 # The bucket arithmetic of sidecar.ratelimit.TokenBucket, in Lua, on Redis's clock: `level`
 # reads a bucket refilled to `now` (a missing key is a full bucket), `store` writes it back
 # with an expiry at the moment it would be full again (what a missing key means). A bucket
 # keeps the size it was stored with: a replica that meets it at another size (a reloaded
 # limit) refills it at the stored rate to the stored capacity, then keeps what was spent
 # (sidecar.ratelimit, "Reload"), once, inside the script, so no replica counts it twice.
-_BUCKET = """
+# `kind` 1 and 2 are calendar windows (a UTC day, a UTC month): full again, less a debt, in
+# a period after the one stored (`p`), no refill in between; 0 is a rolling bucket.
+_BUCKET = _CALENDAR + """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local function level(key, cap, rate)
-  local v = redis.call('HMGET', key, 'level', 'at', 'cap', 'rate')
+local function level(key, cap, rate, kind)
+  local v = redis.call('HMGET', key, 'level', 'at', 'cap', 'rate', 'p')
   if not v[1] then return cap end
   local l, at = tonumber(v[1]), tonumber(v[2])
-  local was_cap, was_rate = tonumber(v[3]) or cap, tonumber(v[4]) or rate
-  if now > at then l = math.min(was_cap, l + (now - at) * was_rate) end
+  local was_cap, was_rate, p = tonumber(v[3]) or cap, tonumber(v[4]) or rate, tonumber(v[5])
+  if p then
+    if kind > 0 and period(kind, now) ~= p then l = was_cap + math.min(0, l) end
+  elseif now > at then l = math.min(was_cap, l + (now - at) * was_rate) end
   return l + (cap - was_cap)
 end
-local function store(key, cap, rate, l)
+local function store(key, cap, rate, kind, l)
   redis.call('HSET', key, 'level', string.format('%.17g', l), 'at', string.format('%.17g', now),
              'cap', string.format('%.17g', cap), 'rate', string.format('%.17g', rate))
-  redis.call('PEXPIRE', key, math.ceil((cap - l) / rate * 1000) + 1000)
+  if kind > 0 then
+    local p, ends = period(kind, now)
+    redis.call('HSET', key, 'p', p)
+    -- A debt carries into the next period: kept until that one ends too.
+    if l < 0 then ends = ends + 32 * 86400 end
+    redis.call('PEXPIREAT', key, math.ceil(ends * 1000) + 1000)
+  else
+    redis.call('HDEL', key, 'p')
+    redis.call('PEXPIRE', key, math.ceil((cap - l) / rate * 1000) + 1000)
+  end
+end
+local function wait_for(kind, rate, missing)
+  if kind > 0 then
+    local _, ends = period(kind, now)
+    return math.max(ends - now, 1e-9)
+  end
+  return missing / rate
 end
 """
 
-# KEYS: the buckets; ARGV: capacity, rate per s, amount for each. Returns {1} (taken),
-# {0, index, wait_s} (the bucket at index is short for wait_s; nothing taken) or {-1, index}
-# (the amount exceeds that bucket's capacity: it can never fit).
+# KEYS: the buckets; ARGV: capacity, rate per s, kind, amount for each. Returns {status,
+# index, wait_s, now, levels...}: status 1 (taken; the levels after), 0 (the bucket at
+# index is short for wait_s; nothing taken; the levels read) or -1 (the amount exceeds the
+# bucket at index's capacity: it can never fit).
 _ADMIT = _BUCKET + """
 local levels = {}
 local wait, binding = 0, 0
 for i = 1, #KEYS do
-  local cap, rate, amount = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
-  if amount > cap * (1 + 1e-9) then return {-1, i} end
-  levels[i] = level(KEYS[i], cap, rate)
+  local cap, rate = tonumber(ARGV[4*i-3]), tonumber(ARGV[4*i-2])
+  local kind, amount = tonumber(ARGV[4*i-1]), tonumber(ARGV[4*i])
+  if amount > cap * (1 + 1e-9) then return {-1, i, '0', tostring(now)} end
+  levels[i] = level(KEYS[i], cap, rate, kind)
   local missing = amount - levels[i]
   if missing > 1e-9 * math.max(1, amount) then
-    local w = missing / rate
+    local w = wait_for(kind, rate, missing)
     if w > wait then wait, binding = w, i end
   end
 end
-if wait > 0 then return {0, binding, tostring(wait)} end
-for i = 1, #KEYS do
-  local cap, rate, amount = tonumber(ARGV[3*i-2]), tonumber(ARGV[3*i-1]), tonumber(ARGV[3*i])
-  store(KEYS[i], cap, rate, levels[i] - amount)
+local out = {0, binding, tostring(wait), string.format('%.17g', now)}
+if wait == 0 then
+  out[1] = 1
+  for i = 1, #KEYS do
+    local cap, rate = tonumber(ARGV[4*i-3]), tonumber(ARGV[4*i-2])
+    local kind, amount = tonumber(ARGV[4*i-1]), tonumber(ARGV[4*i])
+    levels[i] = levels[i] - amount
+    store(KEYS[i], cap, rate, kind, levels[i])
+  end
 end
-return {1}
+for i = 1, #KEYS do out[#out + 1] = string.format('%.17g', levels[i]) end
+return out
 """
 
-# KEYS: token buckets; ARGV: capacity, rate for each, then the delta (positive: a further
-# charge, which may go into debt; negative: a refund, never above capacity).
+# KEYS: buckets; ARGV: capacity, rate, kind and delta for each (positive: a further charge,
+# which may go into debt; negative: a refund, never above capacity). Returns {now,
+# levels...}.
 _ADJUST = _BUCKET + """
-local delta = tonumber(ARGV[2 * #KEYS + 1])
+local out = {string.format('%.17g', now)}
 for i = 1, #KEYS do
-  local cap, rate = tonumber(ARGV[2*i-1]), tonumber(ARGV[2*i])
-  local l = level(KEYS[i], cap, rate)
+  local cap, rate = tonumber(ARGV[4*i-3]), tonumber(ARGV[4*i-2])
+  local kind, delta = tonumber(ARGV[4*i-1]), tonumber(ARGV[4*i])
+  local l = level(KEYS[i], cap, rate, kind)
   if delta > 0 then l = l - delta else l = math.min(cap, l - delta) end
-  store(KEYS[i], cap, rate, l)
+  store(KEYS[i], cap, rate, kind, l)
+  out[#out + 1] = string.format('%.17g', l)
 end
-return #KEYS
+return out
 """
 
 # KEYS[1]: the estimates hash; ARGV[1]: alpha, then (field, tokens) pairs in arrival order.
@@ -206,6 +284,15 @@ return redis.call('ZCARD', KEYS[1])
 """
 
 
+def period_kind(spec: BucketSpec) -> int:
+    """The scripts' `kind` of a bucket: 0 rolling, 1 a UTC day, 2 a UTC month."""
+    return {None: 0, "day": 1, "month": 2}[spec.period]
+
+
+def _bucket_args(spec: BucketSpec, amount: float) -> list[float]:
+    return [spec.capacity, spec.rate, period_kind(spec), amount]
+
+
 def _part(text: str) -> str:
     """One part of a key, with the separator escaped (tenant names may hold ':')."""
     return text.replace("%", "%25").replace(":", "%3A")
@@ -268,6 +355,13 @@ class SharedState:
         self.prefixes_sent = 0  # prompts this replica told the others of
         self.prefixes_learned = 0  # prompts the others told this one of
         self._pending: list[_Pending] = []
+        # Each bucket's level as Redis last answered it, what an outage falls back to.
+        self.levels: dict[tuple[ScopeKey, str], StoredLevel] = {}
+        # Net charges this replica's own limiter took (an outage's admissions and their
+        # settlements), owed to the shared buckets until a sync delivers them.
+        self._owed: dict[tuple[ScopeKey, str], float] = {}
+        # Until Redis first answers, this replica's share of every limit, long windows empty.
+        self._fall_back()
         # The last total read per (pool, tier, tenant), and in which sync: a total not read
         # in the sync before is a new baseline (service elsewhere while the tenant had
         # nothing here is not held against it, as DRR keeps no credit for idle flows).
@@ -312,13 +406,28 @@ class SharedState:
                         "(%d replicas)", self._shown_url, " again" if self.errors else "",
                         self.replicas)
         else:
-            share = 1 / max(1, self.replicas)
-            self.replica.use_local_limits(share)
+            self._fall_back()
             log.warning("shared state at %s unreachable (%s): each limit falls back to "
-                        "1/%d of the configured in this replica", self._shown_url, why,
-                        max(1, self.replicas))
+                        "1/%d of the configured in this replica, from the levels last read",
+                        self._shown_url, why, max(1, self.replicas))
         if self.on_change is not None:
             self.on_change(up)
+
+    def _fall_back(self) -> None:
+        """This replica's own limiter: 1/N of every limit, each bucket at 1/N of the level
+        Redis last answered, a day or month bucket never read empty (never a full one)."""
+        self.replica.use_local_limits(1 / max(1, self.replicas), self.levels,
+                                      time.time() - self.clock())
+
+    def _read(self, specs: list[BucketSpec], now_s: str, levels: list[str]) -> None:
+        """Keep the levels Redis answered (at its clock's ``now_s``) for a fallback."""
+        if len(specs) != len(levels):
+            return  # reloaded in between: the next answer tells
+        at = float(now_s)
+        for spec, level in zip(specs, levels, strict=True):
+            period = None if spec.period is None else calendar_period(at, spec.period)[0]
+            self.levels[(spec.scope, spec.name)] = StoredLevel(
+                spec.scope, spec.name, float(level), at, spec.capacity, spec.rate, period)
 
     def _failed(self, e: BaseException) -> None:
         self.errors += 1
@@ -342,7 +451,7 @@ class SharedState:
         keys = [bucket_key(self._prefix, s.scope, s.name) for s in specs]
         args: list[float] = []
         for spec in specs:
-            args += [spec.capacity, spec.rate, 1 if spec.per_request else tokens]
+            args += _bucket_args(spec, 1 if spec.per_request else tokens)
         try:
             async with asyncio.timeout(self._timeout_s):
                 result = await self._admit(keys=keys, args=args)
@@ -350,6 +459,8 @@ class SharedState:
             self._failed(e)
             return None
         status = int(result[0])
+        if status >= 0:
+            self._read(specs, result[3], result[4:])
         if status == 1:
             return Admit(tokens)
         spec = specs[int(result[1]) - 1]
@@ -384,10 +495,28 @@ class SharedState:
         except (RedisError, OSError, TimeoutError) as e:
             self._failed(e)
             return
-        if replicas != self.replicas and not self.up:
-            self.replica.use_local_limits(1 / max(1, replicas))
+        changed = replicas != self.replicas and not self.up
         self.replicas = max(1, replicas)
+        if changed:
+            self._fall_back()  # the share of the N found (its charges still owed)
+        if not self.up:
+            # What the outage spent reaches the shared buckets before they admit again;
+            # admissions during a delivery are local still, so deliver until none is left.
+            while owed := self._owed_specs():
+                try:
+                    async with asyncio.timeout(max(self._timeout_s, 0.25)):
+                        await self._deliver(owed)
+                except (RedisError, OSError, TimeoutError) as e:
+                    self._failed(e)
+                    return
         self._mark(True)
+
+    async def _deliver(self, owed: list[tuple[BucketSpec, float]]) -> None:
+        levels = await self._adjust(
+            keys=[bucket_key(self._prefix, s.scope, s.name) for s, _ in owed],
+            args=[a for s, d in owed for a in _bucket_args(s, d)])
+        self._owed.clear()
+        self._read([s for s, _ in owed], levels[0], levels[1:])
 
     async def _syncs(self) -> None:
         interval = self.config.sync_ms / 1000
@@ -451,6 +580,7 @@ class SharedState:
             # the others judge from its totals as they stand then.
             replica.set_foreign_load({})
             return
+        owed = self._owed_specs()
         wanted = sorted(set(booked) | set(replica.queued_flows()))
         pending, self._pending = self._pending, []
         try:
@@ -458,6 +588,10 @@ class SharedState:
                 async with self._redis.pipeline(transaction=False) as pipe:
                     for charge in pending:
                         await self._queue_adjust(pipe, charge)
+                    if owed:
+                        await self._adjust(
+                            keys=[bucket_key(self._prefix, s.scope, s.name) for s, _ in owed],
+                            args=[a for s, d in owed for a in _bucket_args(s, d)], client=pipe)
                     for key, turns in booked.items():
                         pipe.hincrbyfloat(self._served_key, _field(*key), turns)
                     if wanted:
@@ -484,7 +618,15 @@ class SharedState:
             self._pending = pending + self._pending  # owed still, in order
             self._failed(e)
             return
-        results = results[len(pending) + len(booked):]
+        self._owed.clear()  # delivered
+        for charge, levels in zip(pending, results, strict=False):
+            specs = self._charge_specs(charge)
+            if specs:
+                self._read(specs, levels[0], levels[1:])
+        if owed:
+            levels = results[len(pending)]
+            self._read([s for s, _ in owed], levels[0], levels[1:])
+        results = results[len(pending) + bool(owed) + len(booked):]
         self._syncs_done += 1
         if wanted:
             totals = results.pop(0)
@@ -526,19 +668,33 @@ class SharedState:
                 continue  # not an entry of ours (another version): nothing to learn
             self.prefixes_learned += len(sent)
 
-    async def _queue_adjust(self, pipe: aioredis.client.Pipeline, charge: _Pending) -> None:
+    def _charge_specs(self, charge: _Pending) -> list[BucketSpec]:
         r = charge.request
-        specs = [s for s in self.buckets(r.tenant, r.endpoint, r.tier, r.model)
-                 if not s.per_request]
+        return [s for s in self.buckets(r.tenant, r.endpoint, r.tier, r.model)
+                if not s.per_request]
+
+    def _owed_specs(self) -> list[tuple[BucketSpec, float]]:
+        """The buckets owed a charge (this replica's own limiter's, taken now), as the
+        limits in force size them (one a reload removed is owed nothing: its key expires as
+        it is)."""
+        for bucket, charged in self.replica.take_local_charges().items():
+            self._owed[bucket] = self._owed.get(bucket, 0.0) + charged
+        table = self.replica.limit_table
+        out = []
+        for (scope, name), delta in self._owed.items():
+            spec = table.bucket(scope, name)
+            if spec is not None and abs(delta) > 1e-9:
+                out.append((spec, delta))
+        return out
+
+    async def _queue_adjust(self, pipe: aioredis.client.Pipeline, charge: _Pending) -> None:
+        specs = self._charge_specs(charge)
         if not specs:
             pipe.echo("")  # keep one result per charge
             return
-        args: list[float] = []
-        for spec in specs:
-            args += [spec.capacity, spec.rate]
-        args.append(charge.delta)
         await self._adjust(keys=[bucket_key(self._prefix, s.scope, s.name) for s in specs],
-                           args=args, client=pipe)
+                           args=[a for s in specs for a in _bucket_args(s, charge.delta)],
+                           client=pipe)
 
     # ------------------------------------------------------------------ views
 
@@ -549,6 +705,7 @@ class SharedState:
     def snapshot(self) -> dict[str, object]:
         return {"backend": "redis", "up": self.up, "replica": self.replica_id,
                 "replicas": self.replicas, "pending_charges": len(self._pending),
+                "owed_buckets": len(self._owed), "levels_read": len(self.levels),
                 "dropped_charges": self.dropped_charges, "errors": self.errors,
                 "prefixes_sent": self.prefixes_sent, "prefixes_learned": self.prefixes_learned}
 

@@ -238,10 +238,11 @@ def redis_answers(host: str, port: int) -> bool:
 
 
 def redis_process(directory: Path, name: str = "redis", host: str = "127.0.0.1",
-                  port: int | None = None) -> ServerProcess:
-    """A ``redis-server`` child (Debian's package) with its own directory and no
-    persistence, ready when it answers PING; stop and start it again on the same port, as an
-    outage is. ``url`` is ``redis://host:port/0``."""
+                  port: int | None = None, persistent: bool = False) -> ServerProcess:
+    """A ``redis-server`` child (Debian's package) with its own directory, ready when it
+    answers PING; stop and start it again on the same port, as an outage is. No persistence,
+    or with ``persistent`` an append-only file synced at every write (what a quota that must
+    outlive a crash of Redis needs). ``url`` is ``redis://host:port/0``."""
     path = shutil.which("redis-server")
     if path is None:
         raise LaunchError("redis-server not found on PATH: install Redis (Debian: apt-get "
@@ -251,7 +252,8 @@ def redis_process(directory: Path, name: str = "redis", host: str = "127.0.0.1",
     return ServerProcess(
         name=name, url=f"redis://{host}:{port}/0",
         argv=[path, "--port", str(port), "--bind", host, "--dir", str(directory),
-              "--save", "", "--appendonly", "no"],
+              "--save", "", "--appendonly", "yes" if persistent else "no",
+              "--appendfsync", "always"],
         ready=lambda: redis_answers(host, port), startup_timeout_s=20.0)
 
 

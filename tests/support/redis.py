@@ -1,9 +1,11 @@
 """A real ``redis-server`` (Debian's package; .ci/run installs it) on a free loopback port,
 started by ``weighbridge.launch.redis_process``, for the tests of state shared through Redis.
-``RedisServer`` can be stopped and started again on the same port, as an outage is."""
+``RedisServer`` can be stopped (or killed) and started again on the same port, as an outage
+is."""
 
 from __future__ import annotations
 
+import signal
 import tempfile
 from pathlib import Path
 from types import TracebackType
@@ -15,9 +17,10 @@ from weighbridge.launch import redis_process
 
 
 class RedisServer:
-    def __init__(self, directory: Path | None = None) -> None:
+    def __init__(self, directory: Path | None = None, *, persistent: bool = False) -> None:
+        """``persistent``: its data survives a kill (append-only, synced at every write)."""
         self.process = redis_process(Path(directory or tempfile.mkdtemp(
-            prefix="weighbridge-redis-")))
+            prefix="weighbridge-redis-")), persistent=persistent)
 
     @property
     def url(self) -> str:
@@ -37,6 +40,11 @@ class RedisServer:
         self.process.start()
 
     def stop(self) -> None:
+        self.process.stop()
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown, nothing flushed that was not already."""
+        self.process.signal(signal.SIGKILL)
         self.process.stop()
 
     def __enter__(self) -> RedisServer:

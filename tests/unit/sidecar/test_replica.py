@@ -13,7 +13,7 @@ from tests.unit.sidecar.test_prefix_routing import BLOCK, core_with
 from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
-from weighbridge.sidecar.ratelimit import Admit
+from weighbridge.sidecar.ratelimit import MONTH_S, Admit, StoredLevel
 from weighbridge.sidecar.replica import Replica, ReplicatedCore, pool_id
 from weighbridge.sidecar.request import QueuedRequest
 
@@ -78,7 +78,9 @@ def test_every_call_of_the_wrapper_stays_inside_the_interface() -> None:
     assert sum(replica.take_sent_tokens().values()) == 800  # both prompts, prefix or not
     replica.learn_sent_tokens(backend, 100, 0.0)
     assert replica.buckets("a", CHAT, "standard", None)
-    replica.use_local_limits(0.5)
+    replica.use_local_limits(0.5, {}, 0.0)
+    assert replica.take_local_charges() == {}
+    assert replica.limit_table is core.limit_table
 
 
 def test_the_record_starts_with_the_wrapper_and_covers_pools_made_later() -> None:
@@ -116,11 +118,32 @@ def test_local_limits_are_a_share_of_each_configured_limit() -> None:
     (bucket,) = [b for b in replica.buckets("a", CHAT, "standard", None)
                  if b.name == "tokens_per_minute"]
     assert bucket.capacity == 100_000
-    replica.use_local_limits(0.5)
+    replica.use_local_limits(0.5, {}, 0.0)
     assert isinstance(core.rate_limiter.admit("a", CHAT, 40_000, 0.0, "standard", None), Admit)
     tokens = core.rate_limiter.snapshot(0.0)["tenants"]["a"]["tokens_per_minute"]
     assert tokens["capacity"] == 50_000
-    assert tokens["level"] == 10_000  # started full
+    assert tokens["level"] == 10_000  # a minute bucket never read starts full
+
+
+def test_local_limits_start_from_the_levels_last_read_and_owe_what_they_take() -> None:
+    """An outage's buckets: a share of the level Redis last answered, a month never read
+    empty, and what they charge is owed to the shared buckets afterwards."""
+    config = make_config(tenants={
+        name: {"tier": "standard", "api_keys": [f"plain:k{name}"],
+               "limits": {"requests_per_month": 100}} for name in ("a", "b")})
+    core = SchedulingCore(config, gate_limits=GateLimits(max_inflight=4))
+    replica = Replica(core)
+    read = StoredLevel(("tenant", "a"), "requests_per_month", 12.0, 1_000.0, 100.0,
+                       100 / MONTH_S)
+    replica.use_local_limits(0.5, {(read.scope, read.name): read}, 1_000.0)
+    admitted = [core.rate_limiter.admit("a", CHAT, 10, 0.0, "standard", None)
+                for _ in range(10)]
+    assert sum(isinstance(r, Admit) for r in admitted) == 6  # 12 / 2, not 100 / 2
+    assert not isinstance(core.rate_limiter.admit("b", CHAT, 10, 0.0, "standard", None),
+                          Admit)  # never read: empty, not a full month
+    replica.use_local_limits(1.0, {}, 1_000.0)  # N changed: the charges are kept
+    assert replica.take_local_charges() == {(("tenant", "a"), "requests_per_month"): 6.0}
+    assert replica.take_local_charges() == {}
 
 
 def test_foreign_load_replaces_the_last_and_names_pools_by_their_backends() -> None:
