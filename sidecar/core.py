@@ -11,7 +11,8 @@ Ingress, per authenticated request::
 
     result = core.arrive(request_id=..., tenant=..., tier=..., endpoint=..., now=...,
                          prompt_tokens=..., max_tokens=..., user=..., priority=...,
-                         deadline_s=core.deadline_for(tier, now, header_ms))
+                         deadline_s=core.deadline_for(tier, now, header_ms),
+                         deadline_covers_output=core.deadline_covers_output(tier, header_ms))
     if isinstance(result, Reject): respond 429/503 with result.reason / retry_after_s
     else: wait for the request's dispatch (keep `result`, the QueuedRequest)
 
@@ -63,7 +64,7 @@ limits and the estimator, ``pools()``, ``record_for_replicas()`` and ``learn_sen
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import wraps
 from types import MappingProxyType
@@ -488,6 +489,23 @@ class SchedulingCore:
         slo = t.ttft_slo_ms if t.ttft_slo_ms is not None else t.e2e_slo_ms
         return None if slo is None else now + slo / 1000
 
+    def deadline_covers_output(self, tier: str, requested_ms: float | None = None) -> bool:
+        """Whether ``deadline_for``'s deadline is for the whole answer (the tier's end-to-end
+        SLO), not for its first token (a client's deadline or a TTFT SLO)."""
+        t = self.config.tiers[tier]
+        return requested_ms is None and t.ttft_slo_ms is None and t.e2e_slo_ms is not None
+
+    def _decode_s(self, request: QueuedRequest, backends: Iterable[str]) -> float:
+        """Seconds to decode the request's expected output after its first token: per
+        sequence at the median speed its pool's engines give one now; 0 while none is known
+        (a fresh sidecar serves before it judges)."""
+        speeds = sorted(speed for name in backends
+                        if (speed := self.gates[name].decode_tokens_per_s_per_seq))
+        if not speeds:
+            return 0.0
+        per_sequence = request.estimated_output_tokens / max(1, request.sequences)
+        return per_sequence / speeds[len(speeds) // 2]
+
     def rejected_on_arrival(self, reason: str, tenant: str = "", tier: str = "") -> None:
         """Count an arrival rejected before admission (unauthorized, bad input)."""
         self.ledger.rejected_on_arrival(tenant, tier, reason)
@@ -507,6 +525,7 @@ class SchedulingCore:
         user: str | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
+        deadline_covers_output: bool = False,
         model: str | None = None,
         admitted: Admit | Reject | None = None,
         prefix: PromptPrefix | None = None,
@@ -514,7 +533,9 @@ class SchedulingCore:
         """Rate limit, early rejection, bounded queue, in that order; a request that passes
         all three is queued and returned. ``admitted``: the verdict of the limits several
         replicas share (sidecar.shared), already taken for this request's estimate
-        (``estimated_tokens``); None: this process's own limiter decides."""
+        (``estimated_tokens``); None: this process's own limiter decides.
+        ``deadline_covers_output``: the deadline is for the whole answer
+        (``deadline_covers_output``), so early rejection adds the time to decode it."""
         if tenant not in self.config.tenants:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
@@ -563,7 +584,9 @@ class SchedulingCore:
             request.predicted_cached_tokens = max(
                 self._predicted_cached(name, request) for name in backends)
         scheduler = pool.scheduler
-        if scheduler.holds_requests and pool.predictor.deadline_unmeetable(request, now):
+        service_s = self._decode_s(request, backends) if deadline_covers_output else 0.0
+        if scheduler.holds_requests and pool.predictor.deadline_unmeetable(request, now,
+                                                                           service_s):
             wait = pool.predictor.predicted_wait_s(request)
             return self._turn_away(
                 request,

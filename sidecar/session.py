@@ -347,6 +347,8 @@ class Ingress:
             user=caller.identity,
             priority=arrival.body.get("priority") or 0,
             deadline_s=self.core.deadline_for(arrival.tier, now, arrival.deadline_ms),
+            deadline_covers_output=self.core.deadline_covers_output(arrival.tier,
+                                                                    arrival.deadline_ms),
             model=arrival.model, admitted=admitted, prefix=arrival.prefix)
         if isinstance(result, Reject):
             raise rejection(result)

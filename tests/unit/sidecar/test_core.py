@@ -146,6 +146,32 @@ def test_deadline_unmeetable_is_decided_at_arrival() -> None:
     balanced(core)
 
 
+def test_an_end_to_end_deadline_counts_the_time_to_decode_the_answer() -> None:
+    core = SchedulingCore(make_config())
+    assert core.deadline_covers_output("standard")  # e2e_slo_ms, no TTFT SLO
+    assert not core.deadline_covers_output("interactive")  # its TTFT SLO
+    assert not core.deadline_covers_output("standard", requested_ms=500)  # the client's
+    for _ in range(5):
+        arrive(core, "a", prompt_tokens=100)
+    core.meter.observe(0, 0.0, True)
+    core.meter.observe(10_000, 1.0, True)  # a wait of ~0.1 s before any new request
+    # Both engines decode 20 tokens/s per sequence (4 running, 80 tokens in a second).
+    for name in ("b1", "b2"):
+        core.on_backend_metrics(name, MetricsSample(0.0, 0, 4, 0.1, 0))
+        core.on_backend_metrics(name, MetricsSample(1.0, 0, 4, 0.1, 80))
+    # The expected output (the endpoint's initial estimate, 100 tokens) at 20 tokens/s: 5 s,
+    # past a deadline 4 s away however short the wait.
+    long = arrive(core, "b", now=1.0, deadline_s=5.0, deadline_covers_output=True,
+                  prompt_tokens=100, max_tokens=300)
+    assert isinstance(long, Reject) and long.reason == DEADLINE_UNMEETABLE
+    # 50 tokens (its max_tokens): 2.5 s, in time; and 100 against a first-token deadline.
+    assert isinstance(arrive(core, "b", now=1.0, deadline_s=5.0, deadline_covers_output=True,
+                             prompt_tokens=100, max_tokens=50), QueuedRequest)
+    assert isinstance(arrive(core, "b", now=1.0, deadline_s=5.0, prompt_tokens=100,
+                             max_tokens=300), QueuedRequest)
+    balanced(core)
+
+
 def test_cancel_while_queued_and_client_gone_while_streaming() -> None:
     core = SchedulingCore(make_config())
     queued = arrive(core)

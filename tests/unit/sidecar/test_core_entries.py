@@ -19,8 +19,8 @@ from weighbridge.sidecar.request import QueuedRequest
 # catalog, the ledger's count of early rejections, the prefix indexes, the output estimate;
 # and the two calls that defer, and the loop over ``next_dispatch`` (an entry).
 NOT_ENTRIES = {
-    "on_first_token", "on_tokens_streamed", "dispatch_ready",
-    "deadline_for", "rejected_on_arrival", "has_backend", "serves", "pool_for",
+    "on_first_token", "on_tokens_streamed", "dispatch_ready", "deadline_for",
+    "deadline_covers_output", "rejected_on_arrival", "has_backend", "serves", "pool_for",
     "on_backend_models", "request_model", "learn_sent_prefix", "learn_sent_tokens",
     "poll_period_s", "prefix_index_blocks", "prefix_cache_shares", "estimated_tokens",
 }
