@@ -32,6 +32,8 @@ STEP_LAG = "weighbridge_emulator_step_lag_seconds"
 SIDECAR_CACHED = "weighbridge_backend_prefix_cached_tokens"
 # The sidecar's dispatch attempts held by admission control, by backend and reason.
 SIDECAR_HOLDS = "weighbridge_admission_holds"
+# prefix_aware's choices of backend, by backend and reason (affinity, load, bounded).
+SIDECAR_ROUTING = "weighbridge_routing_decisions"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,10 +89,11 @@ def _series(metrics_text: str, family: str) -> Iterator[tuple[dict[str, str], fl
             yield dict(p.split("=", 1) for p in labels.rstrip("}").split(",") if "=" in p), value
 
 
-def holds_by_reason(metrics_text: str) -> dict[str, float]:
-    """From the sidecar's /metrics: its admission holds by reason, over every backend."""
+def holds_by_reason(metrics_text: str, family: str = SIDECAR_HOLDS) -> dict[str, float]:
+    """From the sidecar's /metrics: its admission holds (or another counter ``family``
+    labelled by reason) by reason, over every backend."""
     out: dict[str, float] = {}
-    for fields, value in _series(metrics_text, SIDECAR_HOLDS):
+    for fields, value in _series(metrics_text, family):
         reason = fields.get("reason", "?")
         out[reason] = out.get(reason, 0.0) + value
     return out
@@ -177,6 +180,7 @@ class ArmRun:
     # weighbridge: per backend, (predicted, reported) cached prompt tokens
     cached: dict[str, tuple[float, float]] = field(default_factory=dict)
     holds: dict[str, float] = field(default_factory=dict)  # weighbridge: by reason
+    routing: dict[str, float] = field(default_factory=dict)  # weighbridge: by reason
 
     @property
     def cpu_per_request_s(self) -> float:

@@ -87,6 +87,7 @@ from benchmarks._peer_figures import (
     ARMS,
     BASELINE,
     SERVE_WORKLOADS,
+    SIDECAR_ROUTING,
     WORKLOADS,
     ArmRun,
     FleetCounters,
@@ -503,6 +504,7 @@ def run_arm(arm: str, workload: str, engines: int, repeat: int, lengths: Lengths
                 metrics = httpx.get(front.url + "/metrics", timeout=10).text
                 result.cached = cached_tokens_by_backend(metrics)
                 result.holds = holds_by_reason(metrics)
+                result.routing = holds_by_reason(metrics, SIDECAR_ROUTING)
     return dataclasses.replace(result, fleet=engines, arm=arm, repeat=repeat)
 
 
@@ -547,6 +549,9 @@ def describe(run: ArmRun, took_s: float) -> str:
         f"{b} {p:.0f}/{r:.0f}" for b, (p, r) in sorted(run.cached.items()))
     if run.holds:
         cached += ", holds " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(run.holds.items()))
+    if run.routing:
+        cached += ", routed by " + ", ".join(f"{k} {v:.0f}"
+                                             for k, v in sorted(run.routing.items()))
     return (f"{run.fleet} engines, {run.workload}, {run.arm} #{run.repeat}: ok {run.ok}, "
             f"failed {run.failed}, hit {hit}, TTFT p50/p90/p99 {run.ttft.p50 * 1e3:.0f}/"
             f"{run.ttft.p90 * 1e3:.0f}/{run.ttft.p99 * 1e3:.0f} ms, engines "

@@ -9,6 +9,7 @@ import math
 import pytest
 
 from benchmarks._peer_figures import (
+    SIDECAR_ROUTING,
     ArmRun,
     FleetCounters,
     Latency,
@@ -221,3 +222,15 @@ weighbridge_admission_holds_total{backend="engine-1",reason="prefill_budget"} 12
 weighbridge_admission_holds_total{backend="engine-1",reason="kv"} 5.0
 """
     assert holds_by_reason(text) == {"prefill_budget": 42.0, "kv": 5.0}
+
+
+def test_the_sidecars_routing_decisions_by_reason() -> None:
+    text = """\
+# TYPE weighbridge_routing_decisions counter
+weighbridge_routing_decisions_total{backend="engine-0",reason="affinity"} 200.0
+weighbridge_routing_decisions_total{backend="engine-1",reason="affinity"} 17.0
+weighbridge_routing_decisions_total{backend="engine-1",reason="load"} 23.0
+weighbridge_routing_decisions_total{backend="engine-1",reason="bounded"} 0.0
+"""
+    assert holds_by_reason(text, SIDECAR_ROUTING) == {"affinity": 217.0, "load": 23.0,
+                                                      "bounded": 0.0}
