@@ -5,15 +5,24 @@ tokens not yet prefilled plus the expected remaining output of every request the
 in flight there, tie-broken by KV-cache usage. Request counts hide the difference between a
 backend running 30 short chats and one running 30 long generations; tokens do not.
 ``prefix_aware`` (the default) picks as ``least_tokens`` does, then lets the prefix cache move the
-request (``prefer``): among the backends that may take it, the one with the least token work
-once it has the request, its load plus the prompt it would compute (the part its cache is
-not predicted to hold, sidecar.prefix), so a conversation's turns go back to the engine
-that holds its history unless another is less loaded by more than the history; a
-bounded-load rule (consistent hashing with bounded loads'
-rule, in tokens) keeps a hot conversation or tenant from piling onto one engine: no backend
-whose load passes ``LOAD_BOUND`` times the mean load, plus the request's own prompt, is
-chosen while another can take it. ``least_requests`` and ``round_robin`` are the
-baselines. Unhealthy backends and those the
+request (``prefer``, whose pure core is ``affine``): among the backends that may take it, the
+one with the least token work once it has the request, its load and ``REQUEST_COST_TOKENS``
+per request in flight, less ``CACHE_WEIGHT`` times the prompt tokens its cache is predicted
+to hold (sidecar.prefix). A cached token weighs twice a token of load: sent elsewhere, the
+request waits for that token's prefill, and the fleet computes it once more, work that
+delays whoever comes next there. So among the backends offered, a prefix's holder keeps
+its requests while it prefills another prompt (vllm bench's prefix_repetition: weighed
+token for token, a holder busy with one 1,792-token prompt lost the next request of its
+1,536-token prefix to an idle engine, which recomputed it), and a conversation's turns go
+back to the engine holding its history unless another has less load by more than twice the
+history. A bounded-load rule (consistent hashing with
+bounded loads', in tokens) keeps a hot prefix, conversation or tenant from piling onto one
+engine: no backend whose load passes ``LOAD_BOUND`` times the mean load, plus the request's
+own prompt, is chosen while another can take it, whatever its cache holds.
+``cache_pays_prefill`` states the same trade for admission control's prefill limits: a
+backend they hold back may take a request whose prompt it holds more of than any open
+backend when the prefill its cache saves pays for the overshoot. ``least_requests`` and
+``round_robin`` are the baselines. Unhealthy backends and those the
 caller says cannot take work (closed admission gate) are skipped; ``pick`` returns None when
 no backend can take work.
 
@@ -42,6 +51,61 @@ LOAD_BOUND = 1.25
 # system prompt alone does not pull every request onto the engines that hold it while
 # others idle (chat_sessions at low load: two of four engines used without it).
 REQUEST_COST_TOKENS = 64
+# What a prompt token a backend's cache holds weighs against a token of its load for
+# prefix_aware: elsewhere the request waits for that token's prefill, and the fleet computes
+# it once more (work that delays the requests after it there).
+CACHE_WEIGHT = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One backend as prefix affinity weighs it for a request."""
+
+    load: int  # outstanding tokens: prompts not yet prefilled and expected output
+    inflight: int  # requests in flight there
+    cached: int  # prompt tokens of the request its cache is predicted to hold
+    index: int = 0  # its place among the backends: the last tie-break
+
+
+def work(candidate: Candidate) -> int:
+    """The token work a backend would have with the request, less the prompt (the same
+    everywhere): its load and ``REQUEST_COST_TOKENS`` a request in flight, less
+    ``CACHE_WEIGHT`` times the prompt tokens its cache saves."""
+    return (candidate.load + REQUEST_COST_TOKENS * candidate.inflight
+            - CACHE_WEIGHT * candidate.cached)
+
+
+def affine(candidates: Mapping[str, Candidate], prompt_tokens: int) -> tuple[str, str]:
+    """``prefix_aware``'s choice among the backends that may take a request of
+    ``prompt_tokens`` (module doc), and why: ``affinity`` (it holds the most of the
+    prompt), ``load`` (none holds any, or one holding less had less work), ``bounded``
+    (every backend holding the most is over the bound). Pure."""
+    mean = sum(c.load for c in candidates.values()) / len(candidates)
+    bound = LOAD_BOUND * mean + prompt_tokens
+    within = [name for name, c in candidates.items() if c.load <= bound]
+
+    def key(name: str) -> tuple[float, int, int]:
+        c = candidates[name]
+        return work(c), -c.cached, c.index
+
+    best = min(within, key=key)  # the least loaded is never over the mean: never empty
+    most = max(c.cached for c in candidates.values())
+    if most > 0 and candidates[best].cached == most:
+        return best, "affinity"
+    if most <= 0 or any(candidates[name].cached == most for name in within):
+        return best, "load"
+    return best, "bounded"
+
+
+def cache_pays_prefill(backlog: int, limit: int | None, computed: int, saved: int) -> bool:
+    """Whether a prefill limit that holds a backend back (``limit`` prompt tokens still in
+    prefill there, ``backlog`` now; None: no limit) lets a request through anyway, the
+    backend holding more of its prompt than any open one: when the prefill its cache saves
+    (``saved``: the tokens the request would compute on the best open backend, less the
+    ``computed`` ones it computes here) pays for what it takes past the limit. So a prefix's
+    holder is not passed over while it prefills another prompt, and the limit is overshot by
+    less than the one prompt's cached part."""
+    return limit is None or backlog + computed <= limit + saved
 
 
 @dataclass(slots=True)
@@ -159,31 +223,13 @@ class Router:
                prompt_tokens: int) -> tuple[str, str]:
         """``prefix_aware``: the backend for a request ``pick`` gave ``chosen``, among the
         backends that may take it, each with the prompt tokens its prefix cache is predicted
-        to hold (``cached``, ``chosen`` included). Each backend's cost is the token work it
-        would have with the request: its load plus the prompt it would compute (the prompt
-        less its cached part), so a held history weighs against load token for token, plus
-        ``REQUEST_COST_TOKENS`` per request in flight there; the cheapest within the load
-        bound takes it. Returns it and why: ``affinity`` (it holds
-        the most of the prompt), ``load`` (a less loaded backend holding less was cheaper;
-        also when none holds any: ``chosen``), ``bounded`` (the one holding the most was
-        over the bound)."""
+        to hold (``cached``, ``chosen`` included). Returns it and why (module doc)."""
         if len(cached) < 2 or max(cached.values()) <= 0:
             return chosen, "load"
-        loads = {name: self._by_name[name].outstanding_tokens for name in cached}
-        # The request's own prompt is slack: at low load one request more is no pile-up.
-        bound = LOAD_BOUND * sum(loads.values()) / len(loads) + prompt_tokens
-
-        def cost(name: str) -> tuple[int, int, int]:
-            b = self._by_name[name]
-            return (loads[name] + REQUEST_COST_TOKENS * b.inflight - cached[name],
-                    -cached[name], b.index)
-
-        best = min((name for name in cached if loads[name] <= bound), key=cost)
-        most = max(cached.values())
-        if cached[best] == most:
-            return best, "affinity"
-        holder = min((name for name in cached if cached[name] == most), key=cost)
-        return best, "bounded" if loads[holder] > bound else "load"
+        backends = self._by_name
+        return affine({name: Candidate(backends[name].outstanding_tokens,
+                                       backends[name].inflight, held, backends[name].index)
+                       for name, held in cached.items()}, prompt_tokens)
 
     # ------------------------------------------------------------------ requests
 

@@ -14,7 +14,7 @@ from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.request import QueuedRequest
-from weighbridge.sidecar.router import LOAD_BOUND, REQUEST_COST_TOKENS, Router
+from weighbridge.sidecar.router import CACHE_WEIGHT, LOAD_BOUND, REQUEST_COST_TOKENS, Router
 from weighbridge.vllm_metrics import BackendSample
 
 BLOCK = 16
@@ -114,11 +114,14 @@ def test_an_unknown_cache_predicts_nothing() -> None:
 def test_prefer_takes_the_cheapest_within_the_load_bound() -> None:
     router = Router(["x", "y", "z"], "prefix_aware")
     router.on_dispatched("r", "x", 50, 0)
-    # x's cost: its load of 50 and one request in flight, less what it holds.
+    # x's cost: its load of 50 and one request in flight, less CACHE_WEIGHT times what it
+    # holds.
     busy = 50 + REQUEST_COST_TOKENS
-    assert router.prefer({"x": busy + 1, "y": 0, "z": 0}, "y", 120) == ("x", "affinity")
+    assert router.prefer({"x": busy // CACHE_WEIGHT + 1, "y": 0, "z": 0}, "y", 120) \
+        == ("x", "affinity")
     # A cache worth less than x's load: the idle one is cheaper.
-    assert router.prefer({"x": busy - 1, "y": 0, "z": 0}, "y", 120) == ("y", "load")
+    assert router.prefer({"x": busy // CACHE_WEIGHT - 1, "y": 0, "z": 0}, "y", 120) \
+        == ("y", "load")
     assert router.prefer({"x": 0, "y": 0, "z": 0}, "y", 120) == ("y", "load")
     # Equal hits: the less loaded.
     assert router.prefer({"x": 64, "y": 64, "z": 0}, "z", 120) == ("y", "affinity")
