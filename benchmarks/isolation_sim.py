@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -57,7 +58,7 @@ from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.statistics import percentile
 
 __all__ = ["FLOODS", "ArmFigures", "IsolationPoint", "PointResult", "WindowEngine",
-           "ideal_cap", "run_point"]
+           "ideal_cap", "run_defaults", "run_ideal", "run_point"]
 
 Kv = Literal["ample", "tight"]
 EngineScheduling = Literal["fcfs", "priority"]
@@ -131,9 +132,11 @@ def ideal_cap(point: IsolationPoint) -> int:
     return max(1, fits - VICTIM_ROOM_SEQS)
 
 
-def plain_config(point: IsolationPoint) -> Config:
+def plain_config(point: IsolationPoint, admission: Mapping[str, object] | None = None
+                 ) -> Config:
     """Tiers, tenants and the backends only (no SLO, so nothing is turned away early); a
-    backend says whether it schedules by priority, a fact about the engine, not a knob."""
+    backend says whether it schedules by priority, a fact about the engine, not a knob.
+    ``admission``: settings to try against the defaults (benchmarks/queue_bound.py)."""
     tiers: dict[str, object] = {"shared": {"rank": 2}}
     if point.victim_tier == "higher":
         tiers["first"] = {"rank": 1}
@@ -144,6 +147,7 @@ def plain_config(point: IsolationPoint) -> Config:
         "backends": [{"name": f"engine-{i}", "url": f"http://127.0.0.1:{9 + i}",
                       "priority_scheduling": point.policy == "priority"}
                      for i in range(point.engines)],
+        **({"admission": dict(admission)} if admission else {}),
     })
 
 
@@ -218,10 +222,13 @@ def _lengths(prompt: int, output: int) -> Lengths:
 
 
 def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s: float,
-                 seed: int) -> tuple[ArmFigures, SimulationFigures]:
+                 seed: int, admission: Mapping[str, object] | None = None,
+                 engine_type: type[WindowEngine] | None = None
+                 ) -> tuple[ArmFigures, SimulationFigures, list[WindowEngine]]:
+    """The defaults arm (``admission`` settings on top, if any), and its engines."""
     end_s = warmup_s + window_s
     until_s = end_s + tail_s
-    config = plain_config(point)
+    config = plain_config(point, admission)
     tenants = (
         TenantSpec(name="flood", api_key=FLOOD_KEY, tier="shared",
                    lengths=_lengths(*point.flood_lengths),
@@ -232,7 +239,8 @@ def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s
     )
     workload = Workload(scenario="isolation-matrix", phases=(PhaseSpan("flood", 0, until_s),),
                         tenants=tenants, victim="victim")
-    engines = [WindowEngine(f"engine-{i}", point.engine(), warmup_s, end_s, seed_offset=i)
+    engines = [(engine_type or WindowEngine)(f"engine-{i}", point.engine(), warmup_s, end_s,
+                                             seed_offset=i)
                for i in range(point.engines)]
     sim = Simulation(config, list(engines),
                      WorkloadClients(workload, seed=seed, until_s=until_s),
@@ -245,7 +253,7 @@ def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s
                          sum(e.window_tokens for e in engines) / window_s,
                          len(ttfts), sum(1 for t in ttfts if math.isinf(t)))
     return figures, SimulationFigures(result.holds, sum(e.preemptions_total for e in engines),
-                                      result.wall_s)
+                                      result.wall_s), engines
 
 
 def run_ideal(point: IsolationPoint, warmup_s: float, window_s: float, seed: int, *,
@@ -262,7 +270,7 @@ def run_point(point: IsolationPoint, *, warmup_s: float = 10.0, window_s: float 
               tail_s: float = 10.0, seed: int = 1) -> PointResult:
     ideal = run_ideal(point, warmup_s, window_s, seed)
     paced = run_ideal(point, warmup_s, window_s, seed, paced=True)
-    defaults, sim = run_defaults(point, warmup_s, window_s, tail_s, seed)
+    defaults, sim, _engines = run_defaults(point, warmup_s, window_s, tail_s, seed)
     return PointResult(point=point, ideal_cap=ideal.cap,
                        ideal=_figures(ideal, point.engines),
                        paced=_figures(paced, point.engines), defaults=defaults,
