@@ -1,5 +1,6 @@
 # The weighbridge images, one per role (docs/architecture.md, "Installs"):
 #   docker build --target sidecar -t weighbridge-sidecar .   # the sidecar alone: `.[sidecar]`
+#   docker build --target epp -t weighbridge-epp .           # the endpoint picker: `.[epp]`
 #   docker build -t weighbridge .                            # everything: `.[all]`
 # docker-compose.yml runs the sidecar from the first and the engine emulator and the Locust
 # load generator from the second.
@@ -31,6 +32,13 @@ FROM source AS sidecar
 RUN pip install '.[sidecar]'
 EXPOSE 8000
 CMD ["weighbridge", "sidecar", "--help"]
+
+# The endpoint picker (weighbridge epp, docs/deploy-kubernetes.md): the sidecar and gRPC.
+FROM source AS epp
+RUN pip install '.[epp]'
+# 9002 ext_proc (gRPC, and its health service), 9090 /metrics and /admin.
+EXPOSE 9002 9090
+CMD ["weighbridge", "epp", "--help"]
 
 # Everything (the default target): the engine emulator and the Locust load generator.
 FROM source AS full
