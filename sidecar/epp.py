@@ -29,8 +29,10 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import math
 import signal
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -111,13 +113,20 @@ def _resolve(host: str) -> str:
     return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
 
 
+# A backend named by host name is resolved again after this long: a pod that restarts keeps
+# its name (a StatefulSet's) but not its address.
+RESOLVE_TTL_S = 10.0
+
+
 class Endpoints:
     """Each configured backend's ``ip:port``, read from the config in force (a reload may add
-    or remove backends), resolved once per URL."""
+    or remove backends), a host name resolved at most every ``RESOLVE_TTL_S``."""
 
-    def __init__(self, config: Callable[[], Config]) -> None:
+    def __init__(self, config: Callable[[], Config],
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._config = config
-        self._by_url: dict[str, str] = {}
+        self._clock = clock
+        self._by_url: dict[str, tuple[str, float]] = {}
 
     def of(self, backend: str) -> str:
         for b in self._config().backends:
@@ -126,9 +135,13 @@ class Endpoints:
         raise KeyError(backend)
 
     def _endpoint(self, url: str) -> str:
-        endpoint = self._by_url.get(url)
-        if endpoint is None:
-            endpoint = self._by_url[url] = endpoint_of(url)
+        now = self._clock()
+        known = self._by_url.get(url)
+        if known is not None and now < known[1]:
+            return known[0]
+        endpoint = endpoint_of(url)
+        literal = endpoint.lstrip("[").startswith(urlsplit(url).hostname or "")
+        self._by_url[url] = (endpoint, math.inf if literal else now + RESOLVE_TTL_S)
         return endpoint
 
     def backends_at(self, endpoints: list[str]) -> set[str]:

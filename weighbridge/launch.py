@@ -378,7 +378,10 @@ def envoy_config(port: int, admin_port: int, epp: tuple[str, int] | None,
             "request_header_mode": "SEND", "response_header_mode": "SEND",
             "request_body_mode": modes.request_body, "response_body_mode": modes.response_body,
             "request_trailer_mode": trailer(modes.request_body),
-            "response_trailer_mode": trailer(modes.response_body),
+            # Always: with the response body NONE and no trailers asked for, Envoy ends the
+            # picker's stream at the response headers (measured), so the request would end
+            # in the core while it still streams.
+            "response_trailer_mode": "SEND",
         },
         # Envoy drops the picker's envoy.lb metadata unless it is named here.
         "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]},
