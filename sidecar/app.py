@@ -273,7 +273,8 @@ class Sidecar:
 
     def _on_sample(self, backend: str, sample: BackendSample) -> None:
         self.stability.observe_backend(backend, sample.at_s,
-                                       sample.prompt_tokens_total + sample.generation_tokens_total)
+                                       sample.prompt_tokens_total + sample.generation_tokens_total,
+                                       sample.generation_tokens_total, sample.running)
 
     async def _tick(self) -> None:
         # Gates reopen with time alone (metrics go stale, the fallback cap applies). Every
@@ -306,6 +307,7 @@ class Sidecar:
             if waiter.done():
                 session.client_gone(now)  # as above: it never reached a backend
                 continue
+            self.metrics.routed(dispatch.backend, dispatch.request.computed_tokens)
             waiter.set_result(dispatch)
 
     # -- middleware and small endpoints ---------------------------------------------------------
@@ -476,7 +478,8 @@ class Sidecar:
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
         offered = self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences)
-        self.metrics.offer(tenant, tier, offered)
+        self.metrics.offer(tenant, tier, offered,
+                           self.core.catalog.backends_for(self.core.request_model(model)))
         trace.identify(tenant=tenant, tier=tier, model=model, max_tokens=max_tokens,
                        stream=bool(arrival.body.get("stream", False)))
         checks_ns = time.time_ns()

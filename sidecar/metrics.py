@@ -16,7 +16,12 @@ from prometheus_client.registry import Collector
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.core import CoreStats, SchedulingCore
 from weighbridge.sidecar.ledger import Tally
-from weighbridge.sidecar.stability import StabilityMeter
+from weighbridge.sidecar.stability import (
+    StabilityMeter,
+    current_pools,
+    learned_step_s,
+    step_budget,
+)
 
 # From a few milliseconds (queue-free TTFT) to a minute (a flood's backlog).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0, 7.5,
@@ -233,6 +238,42 @@ class CoreCollector(Collector):
         if (value := reading.ratio) is not None:
             ratio.add_metric([], value)
         yield from (offered, capacity, ratio)
+        yield from self._utilisation(now, stats)
+
+    def _utilisation(self, now: float, stats: CoreStats) -> Iterator[Metric]:
+        """rho per backend and per pool (weighbridge.sidecar.stability); a pool is labelled by
+        its backends, so there are at most as many as distinct sets of served models."""
+        core = self.core
+        budget = step_budget(core.config.admission)
+        learned = {name: learned_step_s(gate) for name, gate in core.gates.items()}
+        reading = self.stability.utilisation(now, learned, set(stats.healthy_backends),
+                                             current_pools(core.catalog), budget)
+        by_backend = GaugeMetricFamily(
+            "weighbridge_backend_utilisation_ratio",
+            "Utilisation rho: tokens routed to the backend per second (computed prompt + "
+            "expected output) x its full-step time / the step budget; absent while its step "
+            "time is unknown.", labels=["backend"])
+        by_pool = GaugeMetricFamily(
+            "weighbridge_pool_utilisation_ratio",
+            "Utilisation rho: tokens arriving for the pool per second (prompt + expected "
+            "output) over the sum of its healthy backends' step budget / full-step time; "
+            "absent while none has a step time.", labels=["pool"])
+        step = GaugeMetricFamily(
+            "weighbridge_backend_step_seconds",
+            "The backend's full-step time (a step of step_budget_tokens) over the stability "
+            "window, the t_step of rho; absent while unknown.", labels=["backend"])
+        for backend, value in reading.backends.items():
+            by_backend.add_metric([backend], value)
+        for pool, value in reading.pools.items():
+            by_pool.add_metric([pool], value)
+        for backend, learned_s in learned.items():
+            if (seconds := self.stability.step_s(backend, now, learned_s, budget)) is not None:
+                step.add_metric([backend], seconds)
+        budget_gauge = GaugeMetricFamily("weighbridge_step_budget_tokens",
+                                         "B: the engines' step budget rho is counted in "
+                                         "(admission.step_budget_tokens, else 2048).")
+        budget_gauge.add_metric([], budget)
+        yield from (by_backend, by_pool, step, budget_gauge)
 
     def _backends(self, now: float, stats: CoreStats) -> Iterator[Metric]:
         b = ["backend"]
@@ -481,9 +522,15 @@ class SidecarMetrics:
             series = self._series[(tenant, tier)] = RequestSeries(self, tenant, tier)
         return series
 
-    def offer(self, tenant: str, tier: str, tokens: int) -> None:
+    def offer(self, tenant: str, tier: str, tokens: int,
+              pool: frozenset[str] | None = None) -> None:
+        """A request of ``tokens`` reached the checks, for ``pool`` (its model's backends)."""
         self.series(tenant, tier).offered.inc(tokens)
-        self.stability.offer(tokens)
+        self.stability.offer(tokens, pool)
+
+    def routed(self, backend: str, tokens: int) -> None:
+        """A request of ``tokens`` (computed prompt + expected output) went to ``backend``."""
+        self.stability.route(backend, tokens)
 
     def streamed(self, tenant: str, tier: str, prompt_tokens: int) -> StreamedTokens:
         return StreamedTokens(self.series(tenant, tier), prompt_tokens, self._streaming)

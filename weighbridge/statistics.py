@@ -1,5 +1,5 @@
-"""The statistics every part shares, each defined once: percentiles, Jain's fairness index and
-the stability ratio.
+"""The statistics every part shares, each defined once: percentiles, Jain's fairness index,
+the stability ratio and the step-budget utilisation.
 
 Pure functions on plain numbers. The run analysis computes the same percentile over whole
 columns with numpy (``weighbridge.analysis.percentiles``: the same definition, vectorised, and
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["jain_index", "percentile", "stability_ratio"]
+__all__ = ["jain_index", "percentile", "stability_ratio", "step_capacity", "utilisation"]
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -55,3 +55,23 @@ def stability_ratio(offered: float, served: float) -> float | None:
     if served > 0:
         return offered / served
     return math.inf if offered > 0 else None
+
+
+def utilisation(offered_tokens_per_s: float, capacities_tokens_per_s: Sequence[float]
+                ) -> float | None:
+    """rho, the seed's stability condition λ(m_prefill + m_decode) < B / t_step as one number:
+    offered tokens/s over the sum of the engines' B / t_step (one engine: offered x t_step /
+    B). Below 1 the offered work fits in the step budget; it reaches 1 as the steps fill.
+    None without a capacity (no engine's step time is known: nothing to judge against)."""
+    capacity = math.fsum(c for c in capacities_tokens_per_s if c > 0 and math.isfinite(c))
+    if capacity <= 0:
+        return None
+    return offered_tokens_per_s / capacity
+
+
+def step_capacity(budget_tokens: float, step_s: float | None) -> float | None:
+    """B / t_step: the tokens per second an engine computes with every step full; None while
+    its step time is unknown (or not positive)."""
+    if step_s is None or not step_s > 0 or budget_tokens <= 0:
+        return None
+    return budget_tokens / step_s

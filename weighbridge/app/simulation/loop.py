@@ -20,6 +20,10 @@ shell would:
 * every ``admission.metrics_poll_ms`` each engine is scraped (``core.on_backend_metrics``
   with the engine's state at that instant, stamped with the send time as the poller does)
   and the periodic dispatch tick runs, so the gates see metrics exactly as stale as live;
+* the stability meter (``weighbridge.sidecar.stability``) is told what arrives for each pool
+  and what is routed to each backend, as the sidecar's shell tells it, and sampled at each
+  poll; with ``watch_utilisation`` each poll also records rho beside the backlog
+  (``UtilisationSample``), what /metrics would show at that instant;
 * a client's ``timeout_s`` or the run's end cut a request off: a queued one leaves the queue
   (``core.cancel``), one in flight is aborted at its engine and ended with what streamed
   (``core.on_client_gone``), both through the request's session as live.
@@ -65,8 +69,14 @@ from weighbridge.sidecar.session import (
     RequestSession,
     Usage,
 )
+from weighbridge.sidecar.stability import (
+    StabilityMeter,
+    current_pools,
+    learned_step_s,
+    step_budget,
+)
 
-__all__ = ["Simulation", "SimulationResult"]
+__all__ = ["Simulation", "SimulationResult", "UtilisationSample"]
 
 # Event kinds; at equal times events run in the order they were scheduled.
 _ARRIVE, _ENTER, _STEP, _POLL, _TIMEOUT = range(5)
@@ -121,6 +131,18 @@ def _dispatch_order(flight: _Flight) -> int:
     return flight.dispatch_no
 
 
+@dataclass(frozen=True, slots=True)
+class UtilisationSample:
+    """rho at one poll (``StabilityMeter.utilisation``: absent names are unknown) and the
+    backlog it is meant to warn of."""
+
+    at_s: float
+    backends: dict[str, float]  # backend -> rho
+    pools: dict[str, float]  # pool label -> rho
+    queued_requests: int  # in the sidecar's queues, every pool
+    engine_waiting: int  # in the engines' waiting queues, summed
+
+
 @dataclass
 class SimulationResult:
     records: list[RequestRecord]
@@ -130,16 +152,18 @@ class SimulationResult:
     wall_s: float  # CPU-bound wall time the loop took
     holds: dict[str, int] = field(default_factory=dict)  # dispatch holds by backend/reason
     ledger: dict[str, Any] = field(default_factory=dict)
+    utilisation: list[UtilisationSample] = field(default_factory=list)  # watch_utilisation
 
 
 class Simulation:
     def __init__(self, config: Config, engines: list[SimEngine], clients: Clients, *,
                  run_id: str, scenario: str, until_s: float, drain: bool = False,
-                 coast: bool = True) -> None:
+                 coast: bool = True, watch_utilisation: bool = False) -> None:
         """``drain``: end as soon as every request has ended (a trace replay), not at
         ``until_s`` (a scenario runs to its end, as a live run does). ``coast``: take runs
         of plain decode steps at once (``_step_end``); False: every step is an event of its
-        own, the reference the coasting is tested against."""
+        own, the reference the coasting is tested against. ``watch_utilisation``: record rho
+        and the backlog at every poll (``SimulationResult.utilisation``)."""
         names = [b.name for b in config.backends]
         if names != [e.name for e in engines]:
             raise ValueError(f"engines {[e.name for e in engines]} do not match the config's "
@@ -160,6 +184,9 @@ class Simulation:
         self.drain = drain
         self._coast = coast
         self.poll_s = self.core.poll_period_s()  # derived from the engines unless configured
+        self.stability = StabilityMeter()
+        self._watch = watch_utilisation
+        self._utilisation: list[UtilisationSample] = []
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
         self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
@@ -246,7 +273,7 @@ class Simulation:
             records=self.records, end_s=until,
             engine_steps=sum(e.steps for e in self.engines), events=self._events,
             wall_s=time.perf_counter() - started, holds=holds,
-            ledger=self.core.ledger.snapshot())
+            ledger=self.core.ledger.snapshot(), utilisation=self._utilisation)
 
     # ------------------------------------------------------------------ clients
 
@@ -268,6 +295,12 @@ class Simulation:
                     caller, plan.endpoint, headers, _body(client),
                     Prompt(plan.prompt_tokens, None if ids is None else PromptPrefix(ids)))
             self._flush()
+            core = self.core
+            # Offered load counts every request that reaches the checks, as the shell does.
+            self.stability.offer(
+                core.estimated_tokens(caller.tenant, arrival.endpoint, arrival.prompt_tokens,
+                                      arrival.max_tokens, arrival.sequences),
+                core.catalog.backends_for(core.request_model(arrival.model)))
             session = ingress.arrive(arrival, plan.request_id, now)
         except ApiError as e:
             self._answer(client, meter, now, e)
@@ -360,6 +393,7 @@ class Simulation:
                 self._record(client, flight.meter, now)
                 continue
             flight.meter.response(now, 200, headers)
+            self.stability.route(d.backend, d.request.computed_tokens)
             flight.engine, flight.seq = engine, seq
             self._dispatches += 1
             flight.dispatch_no = self._dispatches
@@ -396,11 +430,31 @@ class Simulation:
     def _poll(self, now: float) -> None:
         core = self.core
         self._flush()  # the gates count first tokens against each scrape
+        stability = self.stability
         for engine in self.engines:
-            core.on_backend_metrics(engine.name, engine.sample(now))
+            sample = engine.sample(now)
+            core.on_backend_metrics(engine.name, sample)
+            stability.observe_backend(
+                engine.name, now, sample.prompt_tokens_total + sample.generation_tokens_total,
+                sample.generation_tokens_total, sample.running)
+        stability.sample(now)
+        if self._watch:
+            self._watch_utilisation(now)
         self._dispatch(now)
         self.poll_s = core.poll_period_s()  # learned step times may change it
         self._push(now + self.poll_s, _POLL, None)
+
+    def _watch_utilisation(self, now: float) -> None:
+        core = self.core
+        stats = core.stats(now)
+        reading = self.stability.utilisation(
+            now, {name: learned_step_s(gate) for name, gate in core.gates.items()},
+            set(stats.healthy_backends), current_pools(core.catalog),
+            step_budget(core.config.admission))
+        self._utilisation.append(UtilisationSample(
+            now, reading.backends, reading.pools,
+            sum(tally.queued for tally in stats.tallies.values()),
+            sum(engine.model.num_waiting for engine in self.engines)))
 
     # ------------------------------------------------------------------ engines -> clients
 
