@@ -3,7 +3,9 @@
 Little's Law (L = λW) checks the accounting: the time-average number in the system over
 the completion rate times the mean time in system is 1 when nothing is lost or counted
 twice. The stability margin compares the offered token load with what the engines process:
-held above 1, the backlog and every latency grow without bound.
+held above 1, the backlog and every latency grow without bound. Utilisation rho puts the
+offered load against the engines' capacity B / t_step (step budget over the time of a full
+step): it grows with the load and warns before the backlog does.
 """
 
 from __future__ import annotations
@@ -60,6 +62,27 @@ STABILITY = Panel(
      Query("weighbridge_offered_token_load_ratio:rate1m", "client 1m")),
     min=0, decimals=2, thresholds=(Threshold(1, "orange"), Threshold(1.1, "red")))
 
+UTILISATION = Panel(
+    "Utilisation rho: offered over B / t_step",
+    "Offered tokens per second over the engines' capacity, the step budget B over the time "
+    "of a full step (learned from their scrapes): per pool (what arrives for the model's "
+    "backends, summed over the sidecar's replicas) and per backend (what the sidecar routes "
+    "there). It grows with the load; WeighbridgeUtilisationHigh fires on a pool held above "
+    "0.9, before the backlog grows. Absent while no step time is known.",
+    "none",
+    (Query("pool:weighbridge_utilisation_ratio:sum", "pool {{pool}}"),
+     Query(f"backend:weighbridge_utilisation_ratio:sum{{{BACKEND_MATCH}}}", "{{backend}}")),
+    min=0, decimals=2, thresholds=(Threshold(0.9, "orange"), Threshold(1, "red")))
+
+STEP_TIME = Panel(
+    "Full-step time t_step",
+    "Each backend's time for a step that fills the step budget (weighbridge_step_budget_"
+    "tokens), fitted over the sidecar's 10 s window: the t_step of rho.",
+    "s",
+    (Query(by("backend", f"weighbridge_backend_step_seconds{{{BACKEND_MATCH}}}", "max"),
+           "{{backend}}"),),
+    min=0)
+
 INFLIGHT_TOKENS = Panel(
     "In-flight tokens",
     "Prompt + expected remaining output the sidecar has in flight per backend (what "
@@ -103,11 +126,11 @@ SERVED_RATE = Panel(
 QUEUEING = Dashboard(
     uid="weighbridge-queueing",
     title="weighbridge / Queueing theory",
-    description="Little's Law checks, offered load against capacity (the stability margin) "
-                "and in-flight work.",
+    description="Little's Law checks, offered load against capacity (the stability margin), "
+                "utilisation rho and in-flight work.",
     variables=STANDARD,
     rows=(
-        Row("Stability", (OFFERED_VS_CAPACITY, STABILITY)),
+        Row("Stability", (OFFERED_VS_CAPACITY, STABILITY, UTILISATION, STEP_TIME)),
         Row("Little's Law", (LITTLE_RATIO, LITTLE_TERMS)),
         Row("Work in the system", (INFLIGHT_TOKENS, IN_SYSTEM, UNACCOUNTED, SERVED_RATE)),
     ),
