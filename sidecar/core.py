@@ -734,6 +734,17 @@ class SchedulingCore:
         backend = self._router.pick(allowed.__contains__)
         assert backend is not None  # the request's tenant is allowed on some healthy backend
         if self._router.policy == "prefix_aware" and request.prefix is not None:
+            # A backend in headroom whose rules let the tenant in may hold its prefix: the
+            # headroom pass would send it there, so prefix affinity may too (a flooded
+            # victim's session otherwise left its cache whenever its backend was at the
+            # prefill backlog).
+            headroom = [name for name, s in standings.items()
+                        if s.verdict.mode == "headroom"] if pool.scheduler.uses_headroom else []
+            if headroom:
+                verdicts = self._verdicts(pool, headroom, HEADROOM_RULES, standings, slots,
+                                          fair, now)
+                allowed = allowed | {name for name, let_in in verdicts.items()
+                                     if let_in is None or let_in(request.tenant)}
             backend = self._affine(request, backend, allowed)
         return self._dispatch(pool, request, backend, now, slots)
 
@@ -752,6 +763,8 @@ class SchedulingCore:
         request, allowed = chosen
         backend = self._router.pick(allowed.__contains__)
         assert backend is not None  # the request's tenant is allowed on some healthy backend
+        if self._router.policy == "prefix_aware" and request.prefix is not None:
+            backend = self._affine(request, backend, allowed)
         return self._dispatch(pool, request, backend, now, slots)
 
     def _next_at(self, pool: _Pool, names: list[str], rules: tuple[TenantRule, ...],
@@ -793,8 +806,9 @@ class SchedulingCore:
             standing, limits = standings[name], self.gates[name].limits
             # The light tenants are read (and the stale ones forgotten) once, and only where
             # a rule needs them.
-            if light is None and (standing.kv_tight or (standing.verdict.reason == "headroom"
-                                                        and not limits.headroom_always)):
+            reason = standing.verdict.reason
+            if light is None and (standing.kv_tight or reason == "prefill_backlog"
+                                  or (reason == "headroom" and not limits.headroom_always)):
                 light = frozenset(self._light_tenants(pool, now))
             verdicts[name] = eligible(rules, Pass(
                 standing, pool.scheduler, slots, self._kv[name],
@@ -805,7 +819,7 @@ class SchedulingCore:
 
     def _affine(self, request: QueuedRequest, chosen: str, allowed: frozenset[str]) -> str:
         """prefix_aware: the backend the request's prefix is cached on, within the router's
-        bounded load, among those whose open rules let its tenant in (``allowed``)."""
+        bounded load, among those whose rules let its tenant in (``allowed``)."""
         assert request.prefix is not None
         cached = {name: self._predicted_cached(name, request) for name in allowed}
         backend, reason = self._router.prefer(cached, chosen, request.prompt_tokens)
