@@ -18,10 +18,11 @@ Durable levels (``durable=True``): the day and month levels outlive the process,
 the shell keeps (``sidecar.quotas``: SQLite). The store must hold a level at most the
 bucket's true level at all times, so that a crash hands out nothing: ``reservations`` says
 which levels the store must hold *before* a request may take its amount (each written
-``reserve_ahead`` of the limit further down, so that one write covers many admissions), and
-``admit`` refuses what no written level covers. Settlements and refunds move the level after
-the fact: ``unsaved`` lists the levels to write behind them. A bucket met again is
-``restored`` from the store's level, refilled by the wall-clock time since it was written.
+``reserve_ahead`` of the limit further down, in whole requests or tokens, so that one write
+covers many admissions), and ``admit`` refuses what no written level covers. Settlements
+and refunds move the level after the fact: ``unsaved`` lists the levels to write behind
+them. A bucket met again is ``restored`` from the store's level, refilled by the wall-clock
+time since it was written.
 
 Token limits charge the *estimate* (prompt + expected output) at admission and are settled
 with the real count at the end (``limited_tokens``: a prompt token the engine found cached
@@ -44,6 +45,7 @@ settled with what was actually consumed instead (see ``settle``).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -153,6 +155,7 @@ class TokenBucket:
     index: int = 0  # the calendar period ``level`` belongs to
     # The level a durable store holds, refilled alike (module doc); None: not kept.
     durable: float | None = None
+    durable_at: float = 0.0  # when that level was written (on this clock)
 
     @classmethod
     def full(cls, limit: float, window_s: float, now: float) -> TokenBucket:
@@ -207,10 +210,14 @@ class TokenBucket:
         return missing / self.rate
 
     def covered(self, amount: float, now: float) -> bool:
-        """Whether taking ``amount`` keeps the level at or above what the store holds."""
+        """Whether taking ``amount`` keeps the level at or above what the store holds. A
+        full bucket does not refill while the stored level does: the refill since the level
+        was written is the store's to keep (a crash may return those milliseconds' worth)."""
         self.refill(now)
-        return self.durable is None or \
-            self.level - amount >= self.durable - _TOLERANCE * max(1.0, amount)
+        if self.durable is None:
+            return True
+        slack = _TOLERANCE * max(1.0, amount) + self.rate * max(0.0, now - self.durable_at)
+        return self.level - amount >= self.durable - slack
 
     def take(self, amount: float, now: float) -> None:
         """Charge unconditionally; the level may go negative (debt)."""
@@ -483,6 +490,11 @@ class TenantRateLimiter:
                            bucket.capacity / scale, bucket.rate / scale,
                            bucket.period_index(now))
 
+    def _ahead(self, bucket: TokenBucket) -> float:
+        """What a reservation writes beyond the amount: whole requests or tokens, so that a
+        crash costs none of a small limit (12 a month: 0, not 0.12 that rounds to one)."""
+        return float(math.floor(self._reserve_ahead * bucket.capacity))
+
     def reservations(self, tenant: str, endpoint: str, tokens: int, now: float,
                      tier: str | None = None, model: str | None = None) -> list[StoredLevel]:
         """The levels the store must hold before this request may be admitted: empty when
@@ -496,8 +508,7 @@ class TenantRateLimiter:
                     if bucket.covered(amount, now):
                         continue
                     after = bucket.level - amount
-                    target = max(after - self._reserve_ahead * bucket.capacity,
-                                 min(0.0, after))
+                    target = max(after - self._ahead(bucket), min(0.0, after))
                     writes.append(self._stored(key, name, bucket, target, now))
         return writes
 
@@ -513,6 +524,7 @@ class TenantRateLimiter:
             bucket.durable = scale * restored_level(
                 stored, bucket.capacity / scale, now + self.settings.wall_offset_s,
                 bucket.period_index(now))
+            bucket.durable_at = stored.at_s - self.settings.wall_offset_s
 
     def unsaved(self, now: float, *, exact: bool = False) -> list[StoredLevel]:
         """The levels to write behind settlements and refunds: a bucket whose level fell
@@ -531,8 +543,8 @@ class TenantRateLimiter:
                         out.append(self._stored(key, name, bucket, bucket.level, now))
                 elif gap < -_TOLERANCE:
                     out.append(self._stored(key, name, bucket, bucket.level, now))
-                elif gap > max(1.0, 2 * self._reserve_ahead * bucket.capacity):
-                    target = bucket.level - self._reserve_ahead * bucket.capacity
+                elif gap > max(1.0, 2 * self._ahead(bucket)):
+                    target = bucket.level - self._ahead(bucket)
                     out.append(self._stored(key, name, bucket, target, now))
         return out
 

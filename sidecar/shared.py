@@ -425,9 +425,15 @@ class SharedState:
             return  # reloaded in between: the next answer tells
         at = float(now_s)
         for spec, level in zip(specs, levels, strict=True):
+            key = (spec.scope, spec.name)
+            last = self.levels.get(key)
+            # Answers to concurrent calls arrive in any order: the script that ran last (on
+            # Redis's clock; the lower level within one microsecond) is the level now.
+            if last is not None and (last.at_s, -last.level) >= (at, -float(level)):
+                continue
             period = None if spec.period is None else calendar_period(at, spec.period)[0]
-            self.levels[(spec.scope, spec.name)] = StoredLevel(
-                spec.scope, spec.name, float(level), at, spec.capacity, spec.rate, period)
+            self.levels[key] = StoredLevel(spec.scope, spec.name, float(level), at,
+                                           spec.capacity, spec.rate, period)
 
     def _failed(self, e: BaseException) -> None:
         self.errors += 1

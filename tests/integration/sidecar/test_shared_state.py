@@ -1,8 +1,9 @@
 """State shared through a real redis-server (sidecar/shared.py): the shared buckets decide as
 the in-process ones do, limits hold across replicas, a replica orders its queue by the
-tenants' service on every replica, and an outage falls back to 1/N of every limit and comes
-back. Replicas here are scheduling cores in one process, each with its own ``SharedState``:
-the paths under test are the Redis scripts and the exchange, not HTTP."""
+tenants' service on every replica, and an outage falls back to 1/N of the levels last read
+(never a full month) and what it spent counts when Redis is back. Replicas here are
+scheduling cores in one process, each with its own ``SharedState``: the paths under test are
+the Redis scripts and the exchange, not HTTP."""
 
 from __future__ import annotations
 
@@ -20,19 +21,22 @@ from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.sidecar.config import SharedState as SharedStateConfig
 from weighbridge.sidecar.core import SchedulingCore
-from weighbridge.sidecar.ratelimit import Admit
+from weighbridge.sidecar.ratelimit import Admit, calendar_period
 from weighbridge.sidecar.rejection import Reject
 from weighbridge.sidecar.request import QueuedRequest
-from weighbridge.sidecar.shared import SharedState
+from weighbridge.sidecar.shared import _CALENDAR, SharedState
 
 pytestmark = pytest.mark.timeout(120)
 
 CHAT = "/v1/chat/completions"
+JAN_2026 = 1_767_225_600.0
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[RedisServer]:
-    with RedisServer() as redis_server:
+    # Persistent, as a deployment that keeps monthly quotas configures it: its levels
+    # survive the kills below.
+    with RedisServer(persistent=True) as redis_server:
         yield redis_server
 
 
@@ -221,33 +225,68 @@ async def _fairness(here: Replica, elsewhere: Replica) -> None:
     assert order[:3] == ["a", "a", "a"]
 
 
-async def test_an_outage_falls_back_to_a_share_of_each_limit_and_recovers(
+async def test_an_outage_falls_back_to_the_levels_last_read_and_hands_out_nothing_more(
         server: RedisServer) -> None:
-    async with two_replicas(server, requests_per_minute=20) as (one, _):
-        await _outage(server, one)
+    """8 of a month's 20 spent, then Redis killed: the replica that read the level 12 takes
+    its share, 12 / 2 = 6, not a fresh 10 of 20; once Redis is back those 6 count, and the
+    month ends at exactly 20 across both replicas."""
+    async with two_replicas(server, requests_per_month=20) as (one, two):
+        await _outage(server, one, two)
 
 
-async def _outage(server: RedisServer, one: Replica) -> None:
+async def _outage(server: RedisServer, one: Replica, two: Replica) -> None:
     await one._beat()
     assert one.up and one.replicas == 2
     # Several pooled connections, as a replica under load has.
     warm = await asyncio.gather(*(one.admit("a", CHAT, "standard", None, 1) for _ in range(8)))
     assert all(isinstance(r, Admit) for r in warm)
-    server.stop()
+    server.kill()
     try:
         first = await send(one)  # the failed round trip marks the store down ...
         assert not one.up and isinstance(first, QueuedRequest)  # ... and never fails it
         results = [await send(one) for _ in range(15)]
-        # 20 / 2 replicas = 10 in this replica's own bucket (the first one included).
-        assert sum(isinstance(r, QueuedRequest) for r in results) == 10 - 1
+        assert sum(isinstance(r, QueuedRequest) for r in results) == 6 - 1
+        # The other replica never read tenant a's month: in an outage it starts empty.
+        assert isinstance(await send(two), Reject) and not two.up
     finally:
         server.start()
-    await one._beat()
-    assert one.up
-    # Shared again: the restarted Redis has fresh buckets (no persistence here).
-    assert isinstance(await one.admit("a", CHAT, "standard", None, 10), Admit)
+    await one._beat()  # delivers the 6 before it admits through Redis again
+    await two._beat()
+    assert one.up and two.up
+    # Month refill over this test (20 per 30 days, well under a request in its seconds).
+    after = [await send(replica) for replica in (one, two) * 10]
+    assert sum(isinstance(r, QueuedRequest) for r in after) == 20 - 8 - 6
     # No connection from before the outage is left to fail once and mark the store down
     # again: a burst right after finds the store up throughout.
     errors = one.errors
-    burst = await asyncio.gather(*(one.admit("a", CHAT, "standard", None, 1) for _ in range(8)))
+    burst = await asyncio.gather(*(one.admit("b", CHAT, "standard", None, 1) for _ in range(8)))
     assert all(isinstance(r, Admit) for r in burst) and one.up and one.errors == errors
+
+
+async def test_the_scripts_calendar_is_the_utc_calendar(server: RedisServer) -> None:
+    """The Lua calendar the shared buckets reset by, against sidecar.ratelimit's."""
+    script = _CALENDAR + """
+local i, e = period(tonumber(ARGV[1]), tonumber(ARGV[2]))
+return {i, string.format('%.17g', e)}
+"""
+    walls = [0.0, 951_782_400.0 - 0.5, 951_782_400.0, 4_102_444_799.0]  # 2000-02-29 ...
+    walls += [JAN_2026 + day * 86_400 + 0.25 for day in range(0, 800, 7)]
+    with server.client() as client:
+        for wall in walls:
+            for kind, period in ((1, "day"), (2, "month")):
+                index, ends = client.eval(script, 0, kind, repr(wall))
+                assert (int(index), float(ends)) == calendar_period(wall, period), wall
+
+
+async def test_a_calendar_month_in_redis_waits_for_the_first(server: RedisServer) -> None:
+    async with two_replicas(server, requests_per_month=2, windows="calendar") as (one, _):
+        assert isinstance(await one.admit("a", CHAT, "standard", None, 1), Admit)
+        assert isinstance(await one.admit("a", CHAT, "standard", None, 1), Admit)
+        rejected = await one.admit("a", CHAT, "standard", None, 1)
+        assert isinstance(rejected, Reject) and rejected.retry_after_s is not None
+        with server.client() as client:
+            now = float(client.time()[0])
+        # Retry-After is the next first of the month, UTC (a second of slack for the
+        # round trips between Redis's clock and this read of it).
+        assert rejected.retry_after_s == pytest.approx(
+            calendar_period(now, "month")[1] - now, abs=1.0)
