@@ -22,8 +22,8 @@ shell would:
   and the periodic dispatch tick runs, so the gates see metrics exactly as stale as live;
 * the stability meter (``weighbridge.sidecar.stability``) is told what arrives for each pool
   and what is routed to each backend, as the sidecar's shell tells it, and sampled at each
-  poll; with ``watch_utilisation`` each poll also records rho beside the backlog
-  (``UtilisationSample``), what /metrics would show at that instant;
+  poll; with ``utilisation_every_s`` the first poll of each such period also records rho
+  beside the backlog (``UtilisationSample``), what /metrics would show at that instant;
 * a client's ``timeout_s`` or the run's end cut a request off: a queued one leaves the queue
   (``core.cancel``), one in flight is aborted at its engine and ended with what streamed
   (``core.on_client_gone``), both through the request's session as live.
@@ -139,6 +139,7 @@ class UtilisationSample:
     at_s: float
     backends: dict[str, float]  # backend -> rho
     pools: dict[str, float]  # pool label -> rho
+    step_s: dict[str, float]  # backend -> its full-step time, where known
     queued_requests: int  # in the sidecar's queues, every pool
     engine_waiting: int  # in the engines' waiting queues, summed
 
@@ -152,18 +153,19 @@ class SimulationResult:
     wall_s: float  # CPU-bound wall time the loop took
     holds: dict[str, int] = field(default_factory=dict)  # dispatch holds by backend/reason
     ledger: dict[str, Any] = field(default_factory=dict)
-    utilisation: list[UtilisationSample] = field(default_factory=list)  # watch_utilisation
+    utilisation: list[UtilisationSample] = field(default_factory=list)  # utilisation_every_s
 
 
 class Simulation:
     def __init__(self, config: Config, engines: list[SimEngine], clients: Clients, *,
                  run_id: str, scenario: str, until_s: float, drain: bool = False,
-                 coast: bool = True, watch_utilisation: bool = False) -> None:
+                 coast: bool = True, utilisation_every_s: float | None = None) -> None:
         """``drain``: end as soon as every request has ended (a trace replay), not at
         ``until_s`` (a scenario runs to its end, as a live run does). ``coast``: take runs
         of plain decode steps at once (``_step_end``); False: every step is an event of its
-        own, the reference the coasting is tested against. ``watch_utilisation``: record rho
-        and the backlog at every poll (``SimulationResult.utilisation``)."""
+        own, the reference the coasting is tested against. ``utilisation_every_s``: record
+        rho and the backlog this often, at a poll (``SimulationResult.utilisation``);
+        None: never."""
         names = [b.name for b in config.backends]
         if names != [e.name for e in engines]:
             raise ValueError(f"engines {[e.name for e in engines]} do not match the config's "
@@ -185,7 +187,8 @@ class Simulation:
         self._coast = coast
         self.poll_s = self.core.poll_period_s()  # derived from the engines unless configured
         self.stability = StabilityMeter()
-        self._watch = watch_utilisation
+        self._watch_every = utilisation_every_s
+        self._next_watch = 0.0
         self._utilisation: list[UtilisationSample] = []
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
@@ -438,22 +441,27 @@ class Simulation:
                 engine.name, now, sample.prompt_tokens_total + sample.generation_tokens_total,
                 sample.generation_tokens_total, sample.running)
         stability.sample(now)
-        if self._watch:
+        if self._watch_every is not None and now >= self._next_watch:
+            self._next_watch = now + self._watch_every
             self._watch_utilisation(now)
         self._dispatch(now)
         self.poll_s = core.poll_period_s()  # learned step times may change it
         self._push(now + self.poll_s, _POLL, None)
 
     def _watch_utilisation(self, now: float) -> None:
-        core = self.core
-        stats = core.stats(now)
-        reading = self.stability.utilisation(
-            now, {name: learned_step_s(gate) for name, gate in core.gates.items()},
-            set(stats.healthy_backends), current_pools(core.catalog),
-            step_budget(core.config.admission))
+        """Read what /metrics would (not through ``core.stats``: an entry of the core folds
+        the held tokens, so watching would change the run it watches)."""
+        core, stability = self.core, self.stability
+        learned = {name: learned_step_s(gate) for name, gate in core.gates.items()}
+        budget = step_budget(core.config.admission)
+        reading = stability.utilisation(
+            now, learned, {name for name in learned if core.router.is_healthy(name)},
+            current_pools(core.catalog), budget)
+        steps = {name: step for name, s in learned.items()
+                 if (step := stability.step_s(name, now, s, budget)) is not None}
         self._utilisation.append(UtilisationSample(
-            now, reading.backends, reading.pools,
-            sum(tally.queued for tally in stats.tallies.values()),
+            now, reading.backends, reading.pools, steps,
+            sum(tally.queued for tally in core.ledger.tallies().values()),
             sum(engine.model.num_waiting for engine in self.engines)))
 
     # ------------------------------------------------------------------ engines -> clients
