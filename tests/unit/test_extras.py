@@ -41,7 +41,7 @@ def test_missing_extras_in_the_order_asked() -> None:
 
 def test_this_environment_has_every_extra() -> None:
     assert extras.missing_here(["sidecar", "emulator", "loadgen", "analysis",
-                                "dashboards"]) == []
+                                "dashboards", "epp"]) == []
 
 
 def test_the_table_names_every_command() -> None:
