@@ -19,7 +19,8 @@ PREFIX_CACHE_KEYS = ("computed_prompt_tokens", "cached_prompt_tokens", "prefix_c
 TIER_KEYS = ("requests", "ttft_p50_s", "ttft_p99_s", "slo_attainment", "goodput_tokens_per_s")
 FAIRNESS_KEYS = ("jain_index", "max_min_share_ratio", "max_service_difference")
 ISOLATION_KEYS = ("quiet_ttft_p99_s", "flood_ttft_p99_s", "flood_over_quiet", "leakage")
-STABILITY_KEYS = ("offered_tokens_per_s", "served_tokens_per_s", "stability_ratio")
+STABILITY_KEYS = ("offered_tokens_per_s", "served_tokens_per_s", "stability_ratio",
+                  "utilisation")
 MODEL_KEYS = ("requests", "ok", "rejected", "failed", "ttft_p50_s", "ttft_p99_s",
               "output_tokens_per_s", "token_share")
 

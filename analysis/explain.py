@@ -146,6 +146,10 @@ def stability(st: dict[str, Any], key: str) -> str | None:
         return None
     if key == "stability_ratio":
         return "nothing was offered or served"
+    if key == "utilisation":
+        return ("run.json records no step time and budget (options.utilisation: weighbridge "
+                "simulate writes them; a live sidecar exports "
+                "weighbridge_pool_utilisation_ratio)")
     return "the run has no duration"
 
 

@@ -21,7 +21,7 @@ from weighbridge.records import ADDED_FIELDS, FIELD_NAMES, RECORD_SCHEMA
 from weighbridge.rundir import REQUESTS_PARQUET, RunInfo, read_records, read_run_info
 
 # Labels repeat across rows: categorical columns make group-bys cheap.
-CATEGORICAL = ("tenant", "tier", "endpoint", "phase", "status", "reason", "model")
+CATEGORICAL = ("tenant", "tier", "endpoint", "phase", "status", "reason", "model", "backend")
 NUMERIC = ("max_tokens", "scheduled_s", "sent_s", "first_token_s", "last_token_s", "end_s",
            "prompt_tokens", "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "queue_s",
            "cached_tokens")

@@ -65,7 +65,7 @@ def analyse(run: Run, window_s: float = DEFAULT_WINDOW_S,
                           backlog_fraction, window_s),
         isolation=isolation(frame, info),
         littles_law=per_tenant(frame, names, run.duration_s),
-        stability=stability(frame, run.duration_s),
+        stability=stability(frame, run.duration_s, info.options),
         models=model_stats(frame, run.duration_s),
     )
 
@@ -94,6 +94,8 @@ def summary(a: Analysis) -> dict[str, Any]:
             "served_tokens_per_s": a.stability.served_tokens_per_s,
             "stability_ratio": a.stability.ratio,
             "stable": a.stability.stable,
+            "utilisation": a.stability.utilisation,
+            "utilisation_by_backend": a.stability.utilisation_by_backend,
         },
     }
     if a.models:

@@ -224,14 +224,22 @@ def stability_table(s: dict[str, Any]) -> Table:
     st = s["stability"]
     verdict = {True: "stable", False: "UNSTABLE",
                None: explain.undefined(explain.stability(st, "stability_ratio") or "")}
-    return Table("Stability", ("offered tok/s", "served tok/s", "offered / served", "verdict"),
-                 [(*(cell(st[k], unit_of(k), explain.stability(st, k))
+    notes = ["Offered and served count every prompt token, cached ones too (as vLLM's "
+             "vllm:prompt_tokens_total does): the load asked for, not the compute it took.",
+             "\u03c1: offered tokens/s over the engines' capacity, the step budget B over the time "
+             "of a full step t_step summed over the backends (the seed's λ(m_p + m_d) < "
+             "B / t_step); it warns before the ratio does, which stays near 1 until the "
+             "backlog grows."]
+    by_backend = st.get("utilisation_by_backend") or {}
+    if by_backend:
+        notes.append("\u03c1 per backend (the tokens it computed): " + ", ".join(
+            f"{b} {v:.2f}" for b, v in sorted(by_backend.items())) + ".")
+    return Table("Stability", ("offered tok/s", "served tok/s", "offered / served",
+                               "\u03c1 offered / (B / t_step)", "verdict"),
+                 [(*(cell(st.get(k), unit_of(k), explain.stability(st, k))
                      for k in ("offered_tokens_per_s", "served_tokens_per_s",
-                               "stability_ratio")), verdict[st["stable"]])],
-                 ["Offered and served count every prompt token, cached ones too (as vLLM's "
-                  "vllm:prompt_tokens_total does): the load asked for, not the compute it "
-                  "took."],
-                 group=HEALTH)
+                               "stability_ratio", "utilisation")), verdict[st["stable"]])],
+                 notes, group=HEALTH)
 
 
 def _size(r: Difference) -> tuple[int, float, str]:

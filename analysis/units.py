@@ -96,7 +96,7 @@ UNITS: dict[str, Unit] = {
     "token_time_in_system_s": MILLISECONDS, "token_ratio": INDEX,
     # stability
     "offered_tokens_per_s": TOKENS_PER_S, "served_tokens_per_s": TOKENS_PER_S,
-    "stability_ratio": INDEX,
+    "stability_ratio": INDEX, "utilisation": INDEX,
     # models
     "output_tokens_per_s": TOKENS_PER_S, "token_share": PERCENT,
 }

@@ -139,7 +139,7 @@ class UtilisationSample:
     at_s: float
     backends: dict[str, float]  # backend -> rho
     pools: dict[str, float]  # pool label -> rho
-    step_s: dict[str, float]  # backend -> its full-step time, where known
+    step_s: dict[str, float]  # backend -> its full-step time, where the window decoded
     queued_requests: int  # in the sidecar's queues, every pool
     engine_waiting: int  # in the engines' waiting queues, summed
 
@@ -457,8 +457,8 @@ class Simulation:
         reading = stability.utilisation(
             now, learned, {name for name in learned if core.router.is_healthy(name)},
             current_pools(core.catalog), budget)
-        steps = {name: step for name, s in learned.items()
-                 if (step := stability.step_s(name, now, s, budget)) is not None}
+        steps = {name: step for name in learned
+                 if (step := stability.step_s(name, now, None, budget)) is not None}
         self._utilisation.append(UtilisationSample(
             now, reading.backends, reading.pools, steps,
             sum(tally.queued for tally in core.ledger.tallies().values()),

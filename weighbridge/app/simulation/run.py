@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import statistics
 import subprocess
 from collections import Counter
 from collections.abc import Callable
@@ -40,11 +41,15 @@ from weighbridge.rundir import (
     write_run_info,
 )
 from weighbridge.sidecar.config import Config, Policy, parse_config
+from weighbridge.sidecar.stability import step_budget
 
 __all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "engines_for", "policy_stack",
            "run_policy", "scenario_load", "sidecar_for", "trace_load"]
 
 BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.app.demo.baseline_stack)
+# How often a run reads the sidecar's utilisation, for run.json's options.utilisation (the
+# report's rho): a Prometheus scrape's cadence, a negligible share of a run's events.
+UTILISATION_EVERY_S = 5.0
 POLICIES = (*(policy.value for policy in Policy), BASELINE)
 
 
@@ -214,6 +219,18 @@ def _git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
+def _utilisation_option(config: Config, result: SimulationResult) -> dict[str, Any]:
+    """What the report's rho needs (weighbridge.analysis.stability): the step budget, and
+    each backend's full-step time, the median of the sidecar's readings over the run."""
+    steps: dict[str, list[float]] = {}
+    for sample in result.utilisation:
+        for backend, step_s in sample.step_s.items():
+            steps.setdefault(backend, []).append(step_s)
+    return {"step_budget_tokens": step_budget(config.admission),
+            "full_step_s": {backend: statistics.median(values)
+                            for backend, values in sorted(steps.items())}}
+
+
 def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
                *, label: str | None = None,
                engines: Callable[[StackSpec], list[SimEngine]] = engines_for) -> RunOutcome:
@@ -229,7 +246,8 @@ def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
     load = trace_load(inputs, config, run_id) if inputs.trace is not None \
         else scenario_load(inputs, run_id)
     simulation = Simulation(config, engines(stack), load.clients, run_id=run_id,
-                            scenario=load.scenario, until_s=load.until_s, drain=load.drain)
+                            scenario=load.scenario, until_s=load.until_s, drain=load.drain,
+                            utilisation_every_s=UTILISATION_EVERY_S)
     result = simulation.run()
     run_dir.mkdir(parents=True, exist_ok=True)
     write_parquet(result.records, run_dir / REQUESTS_PARQUET)
@@ -240,7 +258,8 @@ def run_policy(inputs: Inputs, policy: str | None, run_dir: Path,
         phases=[p.model_copy(update={"end_s": min(p.end_s, result.end_s)})
                 for p in load.phases if p.start_s < result.end_s],
         options={**load.options, "simulated": True, "policy": name, "stack": stack.name,
-                 "engines": stack.engines.count, "model": stack.engines.emulator.model_name},
+                 "engines": stack.engines.count, "model": stack.engines.emulator.model_name,
+                 "utilisation": _utilisation_option(config, result)},
         generator={"simulated": True, "requests": len(result.records),
                    "statuses": dict(sorted(statuses.items())),
                    "engine_steps": result.engine_steps, "events": result.events,
