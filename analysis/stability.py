@@ -15,8 +15,8 @@ over the time ``t_step`` of a full step. The records hold neither, so rho needs 
 ``run.json``'s ``options.utilisation`` (``step_budget_tokens`` and ``full_step_s`` per
 backend, which ``weighbridge simulate`` writes from the sidecar's own meter); without them
 it is undefined, never guessed: the records' inter-token gaps give the *mean* step at the
-run's load, which is shorter than a full one, so rho from them would read low (0.3 at 85 % of
-capacity in the ramp of tests/unit/simulation/test_utilisation_ramp.py). Per backend, the
+run's load, which is shorter than a full one, so rho from them would read low (0.49 at 85 % of
+capacity in the setting of tests/unit/simulation/test_utilisation_ramp.py). Per backend, the
 offered work is the tokens of the requests it served: prompt less its cached tokens, plus
 output.
 """

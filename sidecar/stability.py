@@ -24,8 +24,9 @@ held above 0.9.
 
 ``t_step`` is the *full* step's time, not the mean step's (``EngineShape.step_s``, what
 the admission gate learns): an engine under light load runs small steps, which are fast,
-so with the mean step rho is the share of each step filled, which stayed at 0.3 at 85 %
-of capacity in the ramp test and rose only at the knee, together with the queue.
+so with the mean step rho is the share of each step filled: in the ramp test's setting it
+read 0.12 at half of capacity and 0.49 at 85 % (0.30 with 512-token prompts and 64-token
+outputs), and rose to 1 only at the knee, together with the queue.
 
 * Per backend, the offered work is what the sidecar routes there: at dispatch, the prompt
   tokens the engine computes (less its predicted prefix-cache hits) plus the expected
@@ -121,7 +122,7 @@ class StepTime:
     weights read) plus a part per token, so a fit ``t = t_fixed + t_token x n`` over the
     window's points, read at ``n = B``. Under light load the engine runs small, fast steps,
     so the mean step time alone makes rho the share of each step filled, which stays low
-    until the very knee (0.3 at 85 % of capacity in the ramp test) and cannot warn.
+    until the very knee (module doc) and cannot warn.
     The fit is held between two bounds the data give whatever its noise: at least the mean
     step (a full step is no faster than a part-empty one) and at most ``B`` times the
     mean seconds per token (the fixed part is not negative), where rho equals the offered
