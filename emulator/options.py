@@ -111,7 +111,11 @@ class EmulatorOptions(BaseModel):
     max_model_len: int = Field(default=4096, ge=1,
                                description="Longest prompt + output accepted.")
     scheduling_policy: Literal["fcfs", "priority"] = Field(default="fcfs", description=(
-        "Waiting-queue order: fcfs or priority (by the request's priority field)."))
+        "Waiting-queue order: fcfs or priority (by the request's priority field). Under "
+        "fcfs a request's priority is accepted and ignored, as vLLM 0.32 does."))
+    refuse_priority_under_fcfs: bool = Field(default=False, description=(
+        "Under fcfs, answer a request with a non-zero priority 400 \"Got priority N but "
+        "Priority scheduling is not enabled.\", as vLLM's V0 engine did."))
     long_prefill_token_threshold: int = Field(default=0, ge=0, description=(
         "Most prompt tokens one sequence prefills per step (0: no cap), as vLLM's flag of "
         "the same name."))

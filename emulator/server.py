@@ -205,6 +205,11 @@ class EmulatorSettings:
     enable_prompt_tokens_details: bool = False
     # vLLM's --tokenizer: what counts and numbers prompt tokens (emulator/tokenizer.py).
     tokenizer: Tokenizer = RULE
+    # vLLM's VLLM_SERVER_DEV_MODE=1: /server_info serves the engine's configuration.
+    dev_mode: bool = False
+    # A non-zero priority under fcfs: 400, as vLLM's V0 engine answered, instead of accepted
+    # and ignored, as vLLM 0.32's V1 engine does (tests/conformance/test_scheduling_policy.py).
+    refuse_priority_under_fcfs: bool = False
 
     def __post_init__(self) -> None:
         if self.lora_modules and not self.enable_lora:
@@ -238,6 +243,8 @@ class Emulator:
         self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/metrics", self.metrics_endpoint)
         self.app.router.add_post("/admin/slowdown", self.slowdown)
+        if settings.dev_mode:
+            self.app.router.add_get("/server_info", self.server_info)
         self.app.cleanup_ctx.append(self._engine_task)
 
     async def _engine_task(self, _app: web.Application) -> AsyncIterator[None]:
@@ -266,6 +273,35 @@ class Emulator:
 
     async def health(self, _request: web.Request) -> web.Response:
         return web.Response(status=200)
+
+    async def server_info(self, _request: web.Request) -> web.Response:
+        """vLLM's development endpoint, the parts of ``vllm_config`` the emulator has (the
+        JSON form, ``?config_format=json``, which is what a client can read a field of)."""
+        engine = self.settings.engine
+        return _json_response({
+            "vllm_config": {
+                "model_config": {"served_model_name": self.settings.model_name,
+                                 "max_model_len": engine.max_model_len},
+                "cache_config": {"block_size": engine.block_size,
+                                 "num_gpu_blocks_override": engine.num_kv_blocks,
+                                 "enable_prefix_caching": engine.enable_prefix_caching},
+                "scheduler_config": {"policy": engine.scheduling_policy,
+                                     "max_num_seqs": engine.max_num_seqs,
+                                     "max_num_batched_tokens": engine.max_num_batched_tokens},
+            },
+            "vllm_env": {"VLLM_SERVER_DEV_MODE": True},
+            "system_env": {},
+        })
+
+    def _priority(self, requested: int) -> int:
+        """The priority the engine queues a request with: its own under ``priority``; under
+        fcfs none (vLLM's FCFS queue ignores it), or a refusal (its V0 engine's)."""
+        if self.settings.engine.scheduling_policy == "priority":
+            return requested
+        if requested and self.settings.refuse_priority_under_fcfs:
+            raise ApiError(400, f"Got priority {requested} but Priority scheduling is not "
+                           "enabled.")
+        return 0
 
     async def version(self, _request: web.Request) -> web.Response:
         return _json_response({"version": "0.32.0"})
@@ -335,7 +371,7 @@ class Emulator:
             target_output_tokens=self.eos.output_tokens(req.max_tokens, req.ignore_eos),
             max_tokens=req.max_tokens,
             arrival_s=self.runner.clock(),
-            priority=req.priority if s.engine.scheduling_policy == "priority" else 0,
+            priority=self._priority(req.priority),
             lora=req.lora,
             prompt_ids=req.prompt_ids,
         )
@@ -378,8 +414,7 @@ class Emulator:
         now = self.runner.clock()
         seqs = [Sequence(request_id=f"{request_id}-{i}", prompt_tokens=tokens,
                          target_output_tokens=1, max_tokens=1, arrival_s=now, pooling=True,
-                         priority=req.priority if s.engine.scheduling_policy == "priority"
-                         else 0, lora=req.lora,
+                         priority=self._priority(req.priority), lora=req.lora,
                          prompt_ids=ids)
                 for i, (tokens, ids) in enumerate(zip(req.prompt_tokens, req.input_ids,
                                                       strict=True))]

@@ -21,7 +21,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,11 @@ from weighbridge.redaction import redact_url
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.config import EMBEDDINGS, Config, ConfigError
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
+from weighbridge.sidecar.engine_policy import (
+    EnginePolicies,
+    EnginePolicyCollector,
+    policy_of_server_info,
+)
 from weighbridge.sidecar.listener import ClientSite, ensure_descriptors, refuse_over_capacity
 from weighbridge.sidecar.metrics import SidecarMetrics, StreamedTokens
 from weighbridge.sidecar.openapi import description_json
@@ -75,6 +80,8 @@ UPSTREAM_KEEPALIVE_S = 4.0
 # A backend's /v1/models answered to a client's listing: longer than a probe, as the client
 # waits for the whole fleet's list anyway.
 MODELS_TIMEOUT_S = 10.0
+# Reads of an engine's /server_info at start-up while it does not answer (1 + 2 + ... s).
+POLICY_READS = 6
 # A config file at least this large is read in a process of its own on reload: from about
 # 100 tenants on, its pure-Python YAML costs more CPU than a new interpreter does
 # (benchmarks/RESULTS.md, reload_ttft).
@@ -88,6 +95,10 @@ def _quota_file(config: Config, config_path: str | None) -> Path | None:
     if config.state.backend != "local" or name is None or config_path is None:
         return None
     return Path(config_path).parent / name  # an absolute name stays as it is
+
+
+def _priority_flags(config: Config) -> dict[str, bool]:
+    return {b.name: b.priority_scheduling for b in config.backends}
 
 
 def _file_bytes(path: str) -> int:
@@ -132,6 +143,8 @@ class Sidecar:
         quota_file = _quota_file(config, config_path)
         self.quotas = (None if quota_file is None else DurableQuotas(
             quota_file, self.core, clock, config.state.quota_reserve_ahead))
+        # Whether each engine runs the policy its priority_scheduling says (sidecar.engine_policy).
+        self.engine_policies = EnginePolicies(_priority_flags(config))
         # Text prompts counted by the served model's tokenizer, where a model names one.
         self.tokenizers = PromptTokenizers(lambda: self.config)
         self.metrics = self._metrics(None)
@@ -194,6 +207,9 @@ class Sidecar:
         self.holder.adopt(new, plan.version)
         if self.pool is not None:
             self.pool.reconfigure(new)
+        self.engine_policies.reconfigure(_priority_flags(new))
+        if self.upstream is not None:
+            self._in_background(self._read_policies())  # an added backend's, or a flag's
         self.ingress.config = new
         removed = Reject(TENANT_REMOVED, None, "a configuration reload removed this request's "
                          "tenant")
@@ -209,9 +225,42 @@ class Sidecar:
 
     def reload_on_signal(self) -> None:
         """SIGHUP: a reload whose refusal is logged (there is nobody else to tell)."""
-        task = asyncio.get_running_loop().create_task(self._reload_logged())
+        self._in_background(self._reload_logged())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)  # held until done: the loop keeps only a weak reference
         task.add_done_callback(self._background.discard)
+
+    async def _read_policies(self) -> None:
+        """Each engine's scheduling policy from its /server_info, where it serves one (vLLM
+        with VLLM_SERVER_DEV_MODE=1), against its priority_scheduling."""
+        assert self.pool is not None and self.upstream is not None
+        pool, upstream = self.pool, self.upstream
+
+        async def read(name: str) -> None:
+            if self.engine_policies.backends[name].source == "server_info":
+                return  # read already
+            for attempt in range(POLICY_READS):
+                try:
+                    status, body = await upstream.get(
+                        pool.url(name, "/server_info?config_format=json"), MODELS_TIMEOUT_S)
+                    break
+                except (TimeoutError, UpstreamError, UpstreamConnectError, OSError):
+                    await asyncio.sleep(2.0 ** attempt)  # an engine still starting
+                except KeyError:
+                    return  # reloaded away
+            else:
+                return  # never reached: the first refusal, if any, tells
+            policy = policy_of_server_info(body) if status == 200 else None
+            if policy is not None:
+                self._policy_seen(self.engine_policies.learned(name, policy, "server_info"))
+
+        await asyncio.gather(*(read(name) for name in list(self.engine_policies.backends)))
+
+    def _policy_seen(self, warning: str | None) -> None:
+        if warning is not None:
+            log.warning("%s", warning)
 
     async def _reload_logged(self) -> None:
         try:
@@ -245,6 +294,7 @@ class Sidecar:
             await self.shared.start()
         if self.quotas is not None:
             await self.quotas.start()
+        self._in_background(self._read_policies())
         tick = asyncio.create_task(self._tick(), name="dispatch-tick")
         try:
             yield
@@ -267,6 +317,7 @@ class Sidecar:
         metrics = SidecarMetrics(self.core, pool, self.stability, self.clock)
         metrics.registry.register(SharedStateCollector(self.shared))
         metrics.registry.register(QuotaFileCollector(self.quotas))
+        metrics.registry.register(EnginePolicyCollector(self.engine_policies))
         metrics.registry.register(ConfigCollector(self.holder))
         metrics.registry.register(TokenizerCollector(self.tokenizers))
         return metrics
@@ -382,6 +433,8 @@ class Sidecar:
                 sample = backend.last_sample
                 state["backends"][name].update({
                     "url": redact_url(backend.config.url),
+                    "scheduling_policy": self.engine_policies.backends[name].snapshot()
+                    if name in self.engine_policies.backends else None,
                     "healthy": backend.healthy,
                     "scrape_errors": backend.scrape_errors,
                     "last_scrape": None if sample is None else {
@@ -573,6 +626,11 @@ class Sidecar:
                     session.crashed(self.clock())
                     self.wake()
                     raise
+                if dispatch.vllm_priority and isinstance(response, web.Response) and \
+                        isinstance(response.body, bytes):
+                    # An engine that refuses priorities shows it runs fcfs (engine_policy).
+                    self._policy_seen(self.engine_policies.answered(
+                        dispatch.backend, outcome.status, response.body))
                 self._finish(session, dispatch, outcome, streamed, trace)
                 return response
             error = session.given_up(self.clock())

@@ -29,6 +29,8 @@ NUM_KV_BLOCKS = 64
 # flags (no LoRA test streams, no stream-interval test reads the cache, a LoRA adapter is
 # cached like its base), and a real vLLM start-up costs 30-60 s: one for the three.
 SERVER_STREAM_INTERVAL = 4
+# vLLM's development endpoints (/server_info), which both backends of the default pair serve.
+DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,9 @@ def emulator_backend(**flags: Any) -> Iterator[Backend]:
         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS, "max_model_len": MAX_MODEL_LEN,
         "block_size": BLOCK_SIZE, "num_kv_blocks": NUM_KV_BLOCKS, "vocab_size": vocab_size(),
         **flags}
-    with emulator_process(**shape) as proc:
+    proc = emulator_process(**shape)
+    proc.env = DEV_MODE  # as the real server: /server_info served
+    with proc:
         yield Backend("emulator", proc.url, "conformance")
 
 

@@ -33,7 +33,9 @@ def emulator_backend() -> Iterator[Backend]:
 
 @pytest.fixture(scope="session")
 def vllm_backend() -> Iterator[Backend]:
-    with real_vllm(enable_prompt_tokens_details=True) as server:
+    # Its development endpoints too: /server_info names the scheduling policy.
+    with real_vllm(enable_prompt_tokens_details=True,
+                   extra_env=backends.DEV_MODE) as server:
         yield Backend("vllm", server.url, server.model_name)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -116,7 +117,11 @@ def emulator(
                                 stream_interval=options.stream_interval,
                                 enable_prompt_tokens_details=(
                                     options.enable_prompt_tokens_details),
-                                tokenizer=tokenizer)
+                                tokenizer=tokenizer,
+                                # As vLLM reads its development switch.
+                                dev_mode=os.environ.get("VLLM_SERVER_DEV_MODE", "0")
+                                not in ("", "0"),
+                                refuse_priority_under_fcfs=options.refuse_priority_under_fcfs)
     typer.echo(f"weighbridge emulator: {options.model_name} on http://{host}:{port} "
                f"(profile {options.profile}, {engine.max_num_seqs} seqs, "
                f"B={engine.max_num_batched_tokens}, {engine.num_kv_blocks}x{engine.block_size} "
