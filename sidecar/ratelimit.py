@@ -134,8 +134,8 @@ def restored_level(stored: StoredLevel, capacity: float, wall_s: float,
     capacity's change (the "Reload" rule); a calendar window begun since is full, less any
     debt."""
     level = stored.level
-    if stored.period is not None:
-        if period is not None and period != stored.period:
+    if stored.period is not None and period is not None:
+        if period != stored.period:
             level = stored.capacity + min(0.0, level)
     elif wall_s > stored.at_s:
         level = min(stored.capacity, level + (wall_s - stored.at_s) * stored.rate)

@@ -146,8 +146,8 @@ local function level(key, cap, rate, kind)
   if not v[1] then return cap end
   local l, at = tonumber(v[1]), tonumber(v[2])
   local was_cap, was_rate, p = tonumber(v[3]) or cap, tonumber(v[4]) or rate, tonumber(v[5])
-  if p then
-    if kind > 0 and period(kind, now) ~= p then l = was_cap + math.min(0, l) end
+  if p and kind > 0 then
+    if period(kind, now) ~= p then l = was_cap + math.min(0, l) end
   elseif now > at then l = math.min(was_cap, l + (now - at) * was_rate) end
   return l + (cap - was_cap)
 end
