@@ -225,12 +225,13 @@ class DurableQuotas:
         """Admit inside this: the levels the request needs are on disk before, and no other
         admission moves them in between."""
         limiter = self._active()
-        if limiter is None:
-            yield
+        model = self._core.request_model(model)
+        if limiter is None or not limiter.keeps_levels(tenant, endpoint, tier, model):
+            yield  # no level of its is kept: it need not wait for another's write
             return
         async with self._lock:
             levels = limiter.reservations(tenant, endpoint, tokens, self._clock(), tier,
-                                          self._core.request_model(model))
+                                          model)
             await self._write(limiter, levels)
             yield
 

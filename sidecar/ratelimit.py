@@ -495,6 +495,15 @@ class TenantRateLimiter:
         crash costs none of a small limit (12 a month: 0, not 0.12 that rounds to one)."""
         return float(math.floor(self._reserve_ahead * bucket.capacity))
 
+    def keeps_levels(self, tenant: str, endpoint: str, tier: str | None,
+                     model: str | None) -> bool:
+        """Whether a request draws on a level the store keeps (a day or month limit of a
+        durable limiter): only such a request needs ``reservations``."""
+        return self.settings.durable and any(
+            getattr(limits, name) is not None
+            for _, limits in self.table.scopes(tenant, endpoint, tier, model)
+            for name in LONG_WINDOWS)
+
     def reservations(self, tenant: str, endpoint: str, tokens: int, now: float,
                      tier: str | None = None, model: str | None = None) -> list[StoredLevel]:
         """The levels the store must hold before this request may be admitted: empty when

@@ -38,7 +38,9 @@ def test_levels_round_trip_and_a_second_process_is_refused(tmp_path: Path) -> No
 def core() -> SchedulingCore:
     config = make_config(tenants={"a": {"tier": "standard", "api_keys": ["plain:ka"],
                                         "limits": {"requests_per_month": 3,
-                                                   "tokens_per_day": 10_000}}})
+                                                   "tokens_per_day": 10_000}},
+                                  "b": {"tier": "standard", "api_keys": ["plain:kb"],
+                                        "limits": {"requests_per_minute": 100}}})
     return SchedulingCore(config, gate_limits=GateLimits(max_inflight=10))
 
 
@@ -91,3 +93,18 @@ def test_a_settlement_is_written_behind_it(tmp_path: Path) -> None:
         return stored[(("tenant", "a"), "tokens_per_day")].level
 
     assert asyncio.run(run()) == pytest.approx(10_000 - 2_100)
+
+
+def test_a_request_without_a_kept_level_never_waits_for_a_write(tmp_path: Path) -> None:
+    async def run() -> None:
+        scheduling = core()
+        quotas = DurableQuotas(tmp_path / "q.sqlite3", scheduling, lambda: 0.0, 0.0,
+                               wall=lambda: WALL)
+        await quotas.start()
+        async with quotas._lock:  # a write in progress
+            async with asyncio.timeout(5):  # a bound on a hang, not a measurement
+                async with quotas.admission("b", CHAT, "standard", None, 600):
+                    assert isinstance(arrive(scheduling, "b"), QueuedRequest)
+        await quotas.stop()
+
+    asyncio.run(run())
