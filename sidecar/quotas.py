@@ -167,9 +167,12 @@ class DurableQuotas:
             stored = await self._run(self.file.open)
         except (OSError, sqlite3.Error) as e:
             self.errors += 1
-            log.error("quota file %s cannot be used (%s): the day and month limits are kept "
-                      "in memory only, and a restart refills them", self.file.path,
-                      type(e).__name__ + (f": {e}" if str(e) else ""))
+            # An error where a limit is lost by it, a note where none is configured yet.
+            level = logging.ERROR if self._core.limit_table.keeps_long_windows() else \
+                logging.INFO
+            log.log(level, "quota file %s cannot be used (%s): the day and month limits are "
+                    "kept in memory only, and a restart refills them", self.file.path,
+                    type(e).__name__ + (f": {e}" if str(e) else ""))
             return
         self.opened = self.up = True
         self.restored = len(stored)

@@ -363,6 +363,14 @@ class LimitTable:
                 out.append((("model", tenant, model), limits))
         return out
 
+    def keeps_long_windows(self) -> bool:
+        """Whether any scope has a day or month limit."""
+        every = (*self._tenants.values(), *self._tiers.values(), *self._endpoints.values(),
+                 *self._endpoint_defaults.values(), *self._models.values(),
+                 *self._model_defaults.values())
+        return any(getattr(limits, name) is not None for limits in every
+                   for name in LONG_WINDOWS)
+
     def limits_for(self, scope: ScopeKey) -> RateLimits | None:
         """The limits of one scope (as ``scopes`` names it), or None if none applies."""
         kind, owner, *thing = scope

@@ -104,8 +104,16 @@ def test_the_config_map_is_a_weighbridge_config(mode: str) -> None:
     assert config.backends and config.tenants
     assert "plain:" not in text  # keys as digests only, in a shipped manifest
     pod = deployment["spec"]["template"]["spec"]
-    (volume,) = pod["volumes"]
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
     assert volume["configMap"]["name"] == config_map["metadata"]["name"]
-    (mount,) = pod["containers"][0]["volumeMounts"]
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
     args = pod["containers"][0]["args"]
     assert args[args.index("--config") + 1] == f"{mount['mountPath']}/{name}"
+    # A quota file placed on a volume of its own is on a writable one (a ConfigMap's is not).
+    quota_file = config.state.quota_file
+    if config.state.backend == "local" and quota_file is not None and \
+            quota_file.startswith("/"):
+        mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
+        (directory,) = [path for path in mounts
+                        if quota_file.startswith(path + "/")]
+        assert not mounts[directory].get("readOnly")
