@@ -258,6 +258,14 @@ class Sidecar:
 
         await asyncio.gather(*(read(name) for name in list(self.engine_policies.backends)))
 
+    def quota_admission(self, tenant: str, endpoint: str, tier: str, model: str | None,
+                        tokens: int) -> contextlib.AbstractAsyncContextManager[None]:
+        """Admit (``ingress.arrive``) inside this, every front alike: the day and month levels
+        the request needs are in the quota file first (sidecar.quotas); without one, nothing."""
+        if self.quotas is None or not self.core.serves(model):
+            return contextlib.nullcontext()
+        return self.quotas.admission(tenant, endpoint, tier, model, tokens)
+
     def _policy_seen(self, warning: str | None) -> None:
         if warning is not None:
             log.warning("%s", warning)
@@ -526,7 +534,6 @@ class Sidecar:
         tenant, tier, model = caller.tenant, arrival.tier, arrival.model
         prompt, max_tokens, sequences = (arrival.prompt_tokens, arrival.max_tokens,
                                          arrival.sequences)
-        now = self.clock()
         request_id = self.request_id()
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
@@ -543,17 +550,12 @@ class Sidecar:
             admitted = await self.shared.admit(
                 tenant, endpoint, tier, model,
                 self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences))
-            now = self.clock()
         try:
-            if self.quotas is not None and self.core.serves(model):
-                # The levels this admission needs are on disk first (sidecar.quotas).
-                async with self.quotas.admission(
-                        tenant, endpoint, tier, model,
-                        self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens,
-                                                   sequences)):
-                    session = ingress.arrive(arrival, request_id, self.clock(), admitted)
-            else:
-                session = ingress.arrive(arrival, request_id, now, admitted)
+            # The arrival is stamped after the checks that wait (Redis, the quota file).
+            async with self.quota_admission(
+                    tenant, endpoint, tier, model,
+                    self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences)):
+                session = ingress.arrive(arrival, request_id, self.clock(), admitted)
         except ApiError as e:
             trace.admission(checks_ns, time.time_ns(), e.reason, offered)
             raise

@@ -19,10 +19,11 @@ the shell keeps (``sidecar.quotas``: SQLite). The store must hold a level at mos
 bucket's true level at all times, so that a crash hands out nothing: ``reservations`` says
 which levels the store must hold *before* a request may take its amount (each written
 ``reserve_ahead`` of the limit further down, in whole requests or tokens, so that one write
-covers many admissions), and ``admit`` refuses what no written level covers. Settlements
-and refunds move the level after the fact: ``unsaved`` lists the levels to write behind
-them. A bucket met again is ``restored`` from the store's level, refilled by the wall-clock
-time since it was written.
+covers many admissions). A caller that admits without reserving first (a front that does
+not) has its admission written behind it instead, as settlements and refunds, which move
+the level after the fact, are: ``unsaved`` lists the levels to write behind them. A bucket
+met again is ``restored`` from the store's level, refilled by the wall-clock time since it
+was written.
 
 Token limits charge the *estimate* (prompt + expected output) at admission and are settled
 with the real count at the end (``limited_tokens``: a prompt token the engine found cached
@@ -60,9 +61,6 @@ MONTH_S = 30 * DAY_S
 # Refill is float arithmetic: waiting exactly the Retry-After we returned may leave the level a
 # few ulps short of the amount, and that must not produce a second, microscopic Retry-After.
 _TOLERANCE = 1e-9
-# Retry-After of a request whose reservation the quota store has not written yet (only a
-# caller that admits without reserving first meets it).
-STORE_RETRY_S = 0.05
 
 
 class RateLimits(Protocol):
@@ -588,14 +586,6 @@ class TenantRateLimiter:
             # Each bucket refills independently, so after the longest wait every bucket holds
             # enough: the binding bucket's wait is the exact Retry-After.
             return Reject(RATE_LIMITED, wait, f"{binding} exhausted")
-        for _, scope in keyed:
-            for amount, buckets in ((1, scope.requests), (tokens, scope.tokens)):
-                for name, bucket in buckets:
-                    if not bucket.covered(amount, now):
-                        # The shell reserves before it admits; a level the store does not
-                        # hold yet is never handed out (a crash would hand it out again).
-                        return Reject(RATE_LIMITED, STORE_RETRY_S,
-                                      f"{name}: the quota store has not recorded it yet")
         for key, scope in keyed:
             for amount, buckets in ((1, scope.requests), (tokens, scope.tokens)):
                 for name, bucket in buckets:

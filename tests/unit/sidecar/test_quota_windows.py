@@ -179,10 +179,11 @@ def test_no_admission_goes_beyond_what_the_store_holds() -> None:
     assert total == 20
 
 
-def test_an_admission_the_store_has_not_recorded_is_refused() -> None:
+def test_an_admission_made_without_a_reservation_is_written_behind_it() -> None:
     rl = durable({}, JAN_31, 0.0, requests_per_month=20)
-    result = rl.admit("a", CHAT, 1, 0.0)  # no reservation first
-    assert isinstance(result, Reject) and "quota store" in result.detail
+    assert isinstance(rl.admit("a", CHAT, 1, 0.0), Admit)  # a front that did not reserve
+    (behind,) = rl.unsaved(0.0)
+    assert (behind.name, behind.level) == ("requests_per_month", 19.0)
 
 
 def test_a_stored_level_refills_by_the_wall_clock_time_since() -> None:
