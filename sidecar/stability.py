@@ -126,7 +126,9 @@ class StepTime:
     The fit is held between two bounds the data give whatever its noise: at least the mean
     step (a full step is no faster than a part-empty one) and at most ``B`` times the
     mean seconds per token (the fixed part is not negative), where rho equals the offered
-    over the served tokens.
+    over the served tokens. A sequence still prefilling counts as running but decodes
+    nothing, so long prompts with short outputs make the steps look fewer and longer (rho
+    about 0.05 high in the ramp test, 1.12 for its saturated backend).
     """
 
     window_s: float
