@@ -26,6 +26,7 @@ COPY dashboards ./dashboards
 # them in site-packages; /app/scenarios and /app/deploy are what compose mounts over.
 COPY scenarios ./scenarios
 COPY deploy ./deploy
+COPY scripts/restore-opentelemetry-proto.sh ./scripts/
 
 # The sidecar: no Locust, gevent, pandas or matplotlib.
 FROM source AS sidecar
@@ -35,14 +36,14 @@ CMD ["weighbridge", "sidecar", "--help"]
 
 # The endpoint picker (weighbridge epp, docs/deploy-kubernetes.md): the sidecar and gRPC.
 FROM source AS epp
-RUN pip install '.[epp]'
+RUN pip install '.[epp]' && bash scripts/restore-opentelemetry-proto.sh
 # 9002 ext_proc (gRPC, and its health service), 9090 /metrics and /admin.
 EXPOSE 9002 9090
 CMD ["weighbridge", "epp", "--help"]
 
 # Everything (the default target): the engine emulator and the Locust load generator.
 FROM source AS full
-RUN pip install '.[all]'
+RUN pip install '.[all]' && bash scripts/restore-opentelemetry-proto.sh
 
 # Root in the container: Locust writes run directories into ./runs, bind-mounted from the
 # host, whose owner the image cannot know.

@@ -15,6 +15,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	bash scripts/restore-opentelemetry-proto.sh $(PY)
 	@# Venvs made before grafana-client was dropped still have urllib3-future's files over
 	@# urllib3's, which breaks requests-based tools (docs/dashboards.md): remove it, restore urllib3.
 	@if $(PY) -m pip show --quiet urllib3-future >/dev/null 2>&1; then \
