@@ -80,6 +80,9 @@ SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 # The health services the protocol names; "" is gRPC's overall health.
 HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
+# Envoy sets this on every answer from an upstream, never on its own (a connection refused).
+UPSTREAM_TIME = "x-envoy-upstream-service-time"
+_GATEWAY_ERRORS = frozenset({502, 503, 504})
 # The paths the picker schedules, as the sidecar serves them.
 SCHEDULED = ("/v1/completions", "/v1/chat/completions", EMBEDDINGS)
 # Request headers the picker takes off before the backend sees them: the client's key stays
@@ -461,6 +464,12 @@ class _Exchange:
             if served != picked:
                 self.picker.served_elsewhere += 1
                 log.warning("the data plane served %s a request bound to %s", served, picked)
+        if status in _GATEWAY_ERRORS and UPSTREAM_TIME not in headers \
+                and self.dispatch is not None and self.sidecar.pool is not None:
+            # Envoy's own answer, not the engine's: it could not reach the endpoint. Routing
+            # avoids the backend until a probe finds it again, as the sidecar does.
+            self.sidecar.pool.mark_failed(self.dispatch.backend,
+                                          f"the gateway answered {status} without it")
         content_type = headers.get("content-type", "")
         assert self.session is not None
         response.stream = (self.session.stream and status == 200

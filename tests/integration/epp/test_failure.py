@@ -101,3 +101,36 @@ async def test_killed_picker_fails_open_when_buffered(processes: contextlib.Exit
     assert "x-weighbridge-backend" not in response.headers  # no picker bound it
     for engine in engines:
         wait_for(lambda e=engine: running(e) == 0, 30, what="the engines idle")
+
+
+def test_a_dead_endpoint_is_left_after_envoy_cannot_reach_it(processes: contextlib.ExitStack
+                                                             ) -> None:
+    """An engine killed between two health probes: Envoy cannot reach the endpoint the
+    picker bound (its retries go to the same ip:port, the only one the header names) and
+    answers 503 itself; the picker marks that backend failed, and the requests after it go
+    to the engine alive."""
+    engines = [start_emulator(processes) for _ in range(2)]
+    picker, grpc_port = epp_process({
+        "tenants": {"t": tenant("standard", KEY)},
+        "backends": [{"url": e.url} for e in engines],
+        # Probes far apart: the picker learns of the death from Envoy's answer, not a probe.
+        "health_probe": {"interval_ms": 60_000},
+    })
+    processes.enter_context(picker)
+    port, admin = free_port(), free_port()
+    envoy = processes.enter_context(envoy_process(
+        envoy_config(port, admin, ("127.0.0.1", grpc_port)), port, admin))
+    engines[0].signal(signal.SIGKILL)
+    dead = engines[0].url.removeprefix("http://")
+    statuses = []
+    with httpx.Client(timeout=30) as client:
+        for _ in range(6):
+            response = client.post(envoy.url + "/v1/completions", json=completion(2),
+                                   headers=auth(KEY))
+            statuses.append((response.status_code,
+                             response.headers.get("x-weighbridge-backend")))
+    failed = [s for s in statuses if s[0] != 200]
+    # At most the one request bound before the picker knew; every other is served alive.
+    assert len(failed) <= 1 and all(status == 503 for status, _ in failed), statuses
+    assert all(backend != dead for status, backend in statuses if status == 200), statuses
+    assert ledger(picker.url).failed == len(failed)
