@@ -478,6 +478,7 @@ class SidecarMetrics:
     def __init__(self, core: SchedulingCore, pool: BackendPool | None,
                  stability: StabilityMeter | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        self._core = core
         self.stability = stability or StabilityMeter()
         self.in_system = TimeInSystem()
         self.registry = CollectorRegistry(auto_describe=False)
@@ -524,8 +525,13 @@ class SidecarMetrics:
 
     def offer(self, tenant: str, tier: str, tokens: int,
               pool: frozenset[str] | None = None) -> None:
-        """A request of ``tokens`` reached the checks, for ``pool`` (its model's backends)."""
+        """A request of ``tokens`` reached the checks, for ``pool`` (its model's backends).
+        A front that does not name the pool sends to the fleet's only pool when there is
+        one; with several, its request counts for no pool's utilisation."""
         self.series(tenant, tier).offered.inc(tokens)
+        if pool is None:
+            pools = current_pools(self._core.catalog)
+            pool = next(iter(pools)) if len(pools) == 1 else None
         self.stability.offer(tokens, pool)
 
     def routed(self, backend: str, tokens: int) -> None:

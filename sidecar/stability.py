@@ -229,6 +229,11 @@ class StabilityMeter:
         if pool:
             self._pool_totals[pool] = self._pool_totals.get(pool, 0.0) + tokens
 
+    @property
+    def offered_by_pool(self) -> dict[frozenset[str], float]:
+        """Offered tokens so far by the pool they arrived for (a copy)."""
+        return dict(self._pool_totals)
+
     def route(self, backend: str, tokens: float) -> None:
         """The sidecar sent ``backend`` a request of ``tokens`` (computed prompt plus
         expected output)."""

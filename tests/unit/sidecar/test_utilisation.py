@@ -208,3 +208,24 @@ def test_metrics_export_rho_with_bounded_labels() -> None:
     assert value("weighbridge_backend_utilisation_ratio", {"backend": "b"}) is None
     assert value("weighbridge_pool_utilisation_ratio", {"pool": "a,b"}) == \
         pytest.approx(1000 * 0.05 / 1024, rel=1e-3)
+
+
+def test_a_front_that_names_no_pool_offers_to_the_only_one() -> None:
+    """A front that does not name the pool (the EPP's) counts for the fleet's only pool;
+    with several pools such a request counts for none (its pool is unknown)."""
+    def metrics_for(models: dict[str, list[str]]) -> tuple[SidecarMetrics, StabilityMeter]:
+        config = parse_config({
+            "tenants": {"t": {"tier": "standard", "api_keys": ["plain:k"]}},
+            "backends": [{"name": name, "url": f"http://127.0.0.1:{9 + i}", "models": served}
+                         for i, (name, served) in enumerate(models.items())]})
+        stability = StabilityMeter(window_s=10)
+        return SidecarMetrics(SchedulingCore(config), None, stability), stability
+
+    one, meter = metrics_for({"a": ["m"], "b": ["m"]})
+    one.offer("t", "standard", 100)
+    assert meter.offered_by_pool == {frozenset({"a", "b"}): 100}
+    two, meter = metrics_for({"a": ["m"], "b": ["n"]})
+    two.offer("t", "standard", 100)
+    assert meter.offered_by_pool == {}
+    two.offer("t", "standard", 100, frozenset({"b"}))
+    assert meter.offered_by_pool == {frozenset({"b"}): 100}
