@@ -356,13 +356,16 @@ def _cluster(name: str, addresses: Sequence[tuple[str, int]], *, http2: bool = F
 
 def envoy_config(port: int, admin_port: int, epp: tuple[str, int] | None,
                  modes: EnvoyModes = EnvoyModes(),
-                 fallback: Sequence[tuple[str, int]] = ()) -> dict[str, Any]:
+                 fallback: Sequence[tuple[str, int]] = (),
+                 metrics: tuple[str, int] | None = None) -> dict[str, Any]:
     """Envoy's bootstrap (the Gateway API Inference Extension's setup): a listener on
     ``port`` whose requests the picker at ``epp`` binds to an endpoint, through an
     ``ORIGINAL_DST`` cluster keyed on the destination header. ``fallback``: the endpoints a
     request the picker did not bind goes to, round robin (fail-open, with
     ``modes.failure_mode_allow``). Without ``epp``: Envoy alone, round robin over
-    ``fallback`` (the cost benchmark's floor)."""
+    ``fallback`` (the cost benchmark's floor). ``metrics``: the picker's HTTP port, which
+    ``GET /metrics`` reaches past the picker (a benchmark reads the picker's figures at the
+    address it sends to)."""
     def trailer(body: str) -> str:
         # A full-duplex body needs the trailers sent (Envoy refuses the config otherwise).
         return "SEND" if body == "FULL_DUPLEX_STREAMED" else "SKIP"
@@ -394,7 +397,12 @@ def envoy_config(port: int, admin_port: int, epp: tuple[str, int] | None,
         filters: list[dict[str, Any]] = []
         clusters: list[dict[str, Any]] = [_cluster("fallback", fallback)]
         return _bootstrap(port, admin_port, routes, filters, clusters)
-    routes = [{
+    routes = [] if metrics is None else [{
+        "match": {"path": "/metrics"}, "route": {"cluster": "epp-metrics"},
+        "typed_per_filter_config": {"envoy.filters.http.ext_proc": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3."
+                     "ExtProcPerRoute", "disabled": True}}}]
+    routes += [{
         "match": {"prefix": "/", "headers": [{"name": DESTINATION, "present_match": True}]},
         "route": {"cluster": "pool", "timeout": "0s"}}]
     routes.append({"match": {"prefix": "/"}, "route": {
@@ -407,6 +415,8 @@ def envoy_config(port: int, admin_port: int, epp: tuple[str, int] | None,
     ]
     if fallback:
         clusters.append(_cluster("fallback", fallback))
+    if metrics is not None:
+        clusters.append(_cluster("epp-metrics", [metrics]))
     filters = [{"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
     return _bootstrap(port, admin_port, routes, filters, clusters)
 
