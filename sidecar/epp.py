@@ -50,6 +50,7 @@ from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from weighbridge import headers as headers_
 from weighbridge.sidecar.app import Sidecar
 from weighbridge.sidecar.config import EMBEDDINGS, Config
 from weighbridge.sidecar.core import Dispatch
@@ -57,6 +58,7 @@ from weighbridge.sidecar.listener import ClientSite
 from weighbridge.sidecar.metrics import StreamedTokens
 from weighbridge.sidecar.proxy import _select, _usage_of
 from weighbridge.sidecar.session import (
+    BACKEND_UNAVAILABLE,
     MAX_DISPATCH_ATTEMPTS,
     ApiError,
     End,
@@ -328,6 +330,9 @@ class _Exchange:
         self.first = True
         self.response = _Response()
         self.response_body_mode: int | None = None
+        # The picker answered the client itself on the response path: Envoy's messages
+        # already on their way are left unanswered.
+        self.replaced = False
 
     # -- request ----------------------------------------------------------------------------
 
@@ -466,10 +471,7 @@ class _Exchange:
                 log.warning("the data plane served %s a request bound to %s", served, picked)
         if status in _GATEWAY_ERRORS and UPSTREAM_TIME not in headers \
                 and self.dispatch is not None and self.sidecar.pool is not None:
-            # Envoy's own answer, not the engine's: it could not reach the endpoint. Routing
-            # avoids the backend until a probe finds it again, as the sidecar does.
-            self.sidecar.pool.mark_failed(self.dispatch.backend,
-                                          f"the gateway answered {status} without it")
+            return self._unreached(status)
         content_type = headers.get("content-type", "")
         assert self.session is not None
         response.stream = (self.session.stream and status == 200
@@ -478,6 +480,20 @@ class _Exchange:
         if message.response_headers.end_of_stream:
             self._settle()
         return _continue_headers("response_headers", getattr(self, "forward_headers", {}))
+
+    def _unreached(self, status: int) -> ext_proc.ProcessingResponse:
+        """Envoy's own answer, not the engine's: it could not reach the endpoint. Routing
+        avoids the backend until a probe finds it again, as the sidecar does, and the client
+        gets the sidecar's answer to an unreachable backend instead of Envoy's text."""
+        assert self.dispatch is not None and self.sidecar.pool is not None
+        assert self.session is not None
+        backend = self.dispatch.backend
+        self.sidecar.pool.mark_failed(backend, f"the gateway answered {status} without it")
+        self.ended = self.replaced = True
+        self._finish(self.session.relayed(RelayOutcome(status, None), self.sidecar.clock()))
+        return immediate(ApiError(
+            502, BACKEND_UNAVAILABLE, "the gateway could not reach the backend the request "
+            "was bound to", "server_error", {headers_.BACKEND: backend}))
 
     def response_body(self, message: ext_proc.ProcessingRequest
                       ) -> ext_proc.ProcessingResponse | None:
@@ -626,7 +642,7 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
     @staticmethod
     def _respond(exchange: _Exchange, message: ext_proc.ProcessingRequest
                  ) -> ext_proc.ProcessingResponse | None:
-        if exchange.session is None:
+        if exchange.session is None or exchange.replaced:
             return None
         if message.HasField("response_headers"):
             return exchange.response_headers(message)

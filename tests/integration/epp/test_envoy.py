@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import orjson
@@ -30,6 +31,7 @@ class Gateway:
     url: str  # Envoy's listener
     epp: str  # the picker's HTTP port (/metrics)
     engines: tuple[str, ...]  # their URLs
+    picker_log: Path
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +51,8 @@ def gateway(processes: contextlib.ExitStack) -> Gateway:
     port, admin = free_port(), free_port()
     envoy = processes.enter_context(envoy_process(
         envoy_config(port, admin, ("127.0.0.1", grpc_port)), port, admin))
-    return Gateway(envoy.url, picker.url, tuple(e.url for e in engines))
+    assert picker.log_path is not None
+    return Gateway(envoy.url, picker.url, tuple(e.url for e in engines), picker.log_path)
 
 
 def finished(gateway: Gateway) -> float:
@@ -158,3 +161,8 @@ async def test_weighted_shares_hold_through_envoy(gateway: Gateway) -> None:
     # the 2 requests dispatched on arrival (one per engine), before any share is judged.
     assert order[:first].count("heavy") >= first * 3 // 4 - 2, order
     settled(gateway.epp)
+
+
+def test_the_picker_raised_nothing(gateway: Gateway) -> None:
+    """Last in the module: every exchange above ended without an exception in the picker."""
+    assert "Traceback" not in gateway.picker_log.read_text()

@@ -13,6 +13,7 @@ import signal
 import httpx
 import pytest
 
+from tests.support.answers import assert_rejected
 from tests.support.ledger import ledger, running
 from tests.support.stack import auth, completion, start_emulator, tenant
 from tests.support.wait import await_for, wait_for
@@ -107,8 +108,8 @@ def test_a_dead_endpoint_is_left_after_envoy_cannot_reach_it(processes: contextl
                                                              ) -> None:
     """An engine killed between two health probes: Envoy cannot reach the endpoint the
     picker bound (its retries go to the same ip:port, the only one the header names) and
-    answers 503 itself; the picker marks that backend failed, and the requests after it go
-    to the engine alive."""
+    answers 503 itself; the picker answers the client's 502 in the sidecar's words, marks that
+    backend failed, and the requests after it go to the engine alive."""
     engines = [start_emulator(processes) for _ in range(2)]
     picker, grpc_port = epp_process({
         "tenants": {"t": tenant("standard", KEY)},
@@ -129,8 +130,11 @@ def test_a_dead_endpoint_is_left_after_envoy_cannot_reach_it(processes: contextl
                                    headers=auth(KEY))
             statuses.append((response.status_code,
                              response.headers.get("x-weighbridge-backend")))
+            if response.status_code != 200:  # the sidecar's answer, not Envoy's text
+                assert_rejected(response, 502, "backend_unavailable")
     failed = [s for s in statuses if s[0] != 200]
     # At most the one request bound before the picker knew; every other is served alive.
-    assert len(failed) <= 1 and all(status == 503 for status, _ in failed), statuses
+    assert len(failed) <= 1 and all(backend == dead for _, backend in failed), statuses
     assert all(backend != dead for status, backend in statuses if status == 200), statuses
     assert ledger(picker.url).failed == len(failed)
+    assert picker.log_path is not None and "Traceback" not in picker.log_path.read_text()
