@@ -35,8 +35,9 @@ DAY_TOKENS, TOKENS_PER_REQUEST = 400, 20  # a 4-token prompt and 16 of output, a
 
 @pytest.fixture(scope="module")
 def engine(processes: contextlib.ExitStack) -> ServerProcess:
-    # 50 ms steps: a 1,000-token answer is in flight for 50 s, long enough to be killed in.
-    return start_emulator(processes, t_fixed=0.05)
+    # 10 ms steps: a 16-token answer takes 0.16 s, a 2,000-token one is in flight for 20 s,
+    # long enough to be killed in.
+    return start_emulator(processes, t_fixed=0.01)
 
 
 def config(engine: ServerProcess, **state: Any) -> dict[str, Any]:
@@ -82,7 +83,7 @@ def test_a_sidecar_killed_mid_month_hands_out_nothing_more(engine: ServerProcess
         # One more of the month, in flight when the process dies: admitted, so spent.
         with httpx.Client(timeout=60) as client, contextlib.suppress(httpx.HTTPError), \
                 client.stream("POST", first.url + "/v1/completions",
-                              json=completion(1_000, stream=True),
+                              json=completion(2_000, stream=True),
                               headers=auth("sk-monthly")) as stream:
             wait_for(lambda: running(engine.url) >= 1, 10, what="the request in flight")
             first.signal(signal.SIGKILL)
