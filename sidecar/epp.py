@@ -80,8 +80,11 @@ ENDPOINT_SUBSET = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 EXT_PROC_SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
-# The health services the protocol names; "" is gRPC's overall health.
-HEALTH_SERVICES = ("", "liveness", "readiness", EXT_PROC_SERVICE)
+# The health services the protocol names ("" is gRPC's overall health): the first serve
+# while the process answers, the others while some backend is healthy.
+LIVE_SERVICES = ("", "liveness")
+READY_SERVICES = ("readiness", EXT_PROC_SERVICE)
+HEALTH_SERVICES = LIVE_SERVICES + READY_SERVICES
 # Envoy sets this on every answer from an upstream, never on its own (a connection refused).
 UPSTREAM_TIME = "x-envoy-upstream-service-time"
 _GATEWAY_ERRORS = frozenset({502, 503, 504})
@@ -103,7 +106,7 @@ _NONE = processing_mode_pb2.ProcessingMode.NONE
 
 def endpoint_of(url: str, resolve: Callable[[str], str] | None = None) -> str:
     """A backend URL's ``ip:port``, as ``ORIGINAL_DST`` reads it (IPv6 in brackets); a host
-    name is resolved once (``resolve``, default the system's resolver)."""
+    name is resolved (``resolve``, default the system's resolver)."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -329,6 +332,7 @@ class _Exchange:
         self.ended = False
         self.first = True
         self.response = _Response()
+        self.forward_headers: dict[str, str] = {}  # the sidecar's answer headers, once bound
         self.response_body_mode: int | None = None
         # The picker answered the client itself on the response path: Envoy's messages
         # already on their way are left unanswered.
@@ -479,7 +483,7 @@ class _Exchange:
         response.outcome = RelayOutcome(status, None)
         if message.response_headers.end_of_stream:
             self._settle()
-        return _continue_headers("response_headers", getattr(self, "forward_headers", {}))
+        return _continue_headers("response_headers", self.forward_headers)
 
     def _unreached(self, status: int) -> ext_proc.ProcessingResponse:
         """Envoy's own answer, not the engine's: it could not reach the endpoint. Routing
@@ -667,12 +671,12 @@ class Health:
     async def watch(self, period_s: float = 1.0) -> None:
         serving = health_pb2.HealthCheckResponse.SERVING
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
-        await self.servicer.set("liveness", serving)
-        await self.servicer.set("", serving)
+        for service in LIVE_SERVICES:
+            await self.servicer.set(service, serving)
         while True:
             pool = self.sidecar.pool
             ready = pool is not None and pool.any_healthy()
-            for service in ("readiness", EXT_PROC_SERVICE):
+            for service in READY_SERVICES:
                 await self.servicer.set(service, serving if ready else not_serving)
             await asyncio.sleep(period_s)
 
