@@ -11,7 +11,8 @@ client to the backends.
 The surface (``__all__``) is what the application and the other parts use: the live sidecar
 (``Sidecar``, ``run_sidecar``), its configuration schema (``config``: ``Config``,
 ``load_config``, ``parse_config``...), the core and a request's session as the simulator drives
-them, and the engine shape and limits the ideal bound derives. Each name is read from its
+them, the stability and utilisation meter it feeds, and the engine shape and limits the
+ideal bound derives. Each name is read from its
 module on first use (``weighbridge.surface``), so importing a pure module loads no aiohttp.
 """
 
@@ -47,6 +48,12 @@ if TYPE_CHECKING:
         Usage,
     )
     from weighbridge.sidecar.shape import EngineShape
+    from weighbridge.sidecar.stability import (
+        StabilityMeter,
+        current_pools,
+        learned_step_s,
+        step_budget,
+    )
 else:
     __getattr__, __dir__ = surface(__name__, {
         "admission": ("derive_limits",),
@@ -60,6 +67,7 @@ else:
         "session": ("ApiError", "Caller", "Ingress", "Prompt", "RelayOutcome", "RequestSession",
                     "Usage"),
         "shape": ("EngineShape",),
+        "stability": ("StabilityMeter", "current_pools", "learned_step_s", "step_budget"),
     })
 
 __all__ = [
@@ -80,10 +88,14 @@ __all__ = [
     "RequestSession",
     "SchedulingCore",
     "Sidecar",
+    "StabilityMeter",
     "Usage",
+    "current_pools",
     "derive_limits",
+    "learned_step_s",
     "load_config",
     "parse_config",
     "run_epp",
     "run_sidecar",
+    "step_budget",
 ]
