@@ -120,7 +120,7 @@ def _picker(modes: EnvoyModes) -> Setup:
     def setup(engine: str) -> Iterator[tuple[dict[str, ServerProcess], str, str | None]]:
         picker, grpc_port = epp_process(sidecar_config(engine, {}), name="epp-cost-epp")
         port, admin = free_port(), free_port()
-        with picker, envoy_process(envoy_config(port, admin, ("127.0.0.1", grpc_port), modes),
+        with picker, envoy_process(envoy_config(port, admin, [("127.0.0.1", grpc_port)], modes),
                                    port, admin, name="epp-cost-envoy") as envoy:
             yield {"envoy": envoy, "epp": picker}, envoy.url, picker.url
     return setup

@@ -58,7 +58,7 @@ def epp_front(engine_url: str, workdir: Path, name: str) -> Iterator[tuple[str, 
     picker, grpc_port = epp_process(config, name=name, config_dir=workdir)
     port, admin = free_port(), free_port()
     http_port = int(picker.url.rpartition(":")[2])
-    with picker, envoy_process(envoy_config(port, admin, ("127.0.0.1", grpc_port),
+    with picker, envoy_process(envoy_config(port, admin, [("127.0.0.1", grpc_port)],
                                             EnvoyModes(), metrics=("127.0.0.1", http_port)),
                                port, admin, directory=workdir, name=f"envoy-{name}") as envoy:
         # The CPU counted is the picker's; Envoy's is the gateway's, apart.

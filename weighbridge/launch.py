@@ -354,12 +354,14 @@ def _cluster(name: str, addresses: Sequence[tuple[str, int]], *, http2: bool = F
     return cluster
 
 
-def envoy_config(port: int, admin_port: int, epp: tuple[str, int] | None,
+def envoy_config(port: int, admin_port: int,
+                 epp: Sequence[tuple[str, int]] | None,
                  modes: EnvoyModes = EnvoyModes(),
                  fallback: Sequence[tuple[str, int]] = (),
                  metrics: tuple[str, int] | None = None) -> dict[str, Any]:
     """Envoy's bootstrap (the Gateway API Inference Extension's setup): a listener on
-    ``port`` whose requests the picker at ``epp`` binds to an endpoint, through an
+    ``port`` whose requests the pickers at ``epp`` (replicas: each stream to one, round
+    robin) bind to an endpoint, through an
     ``ORIGINAL_DST`` cluster keyed on the destination header. ``fallback``: the endpoints a
     request the picker did not bind goes to, round robin (fail-open, with
     ``modes.failure_mode_allow``). Without ``epp``: Envoy alone, round robin over
@@ -411,7 +413,7 @@ def envoy_config(port: int, admin_port: int, epp: tuple[str, int] | None,
         {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
          "connect_timeout": "1s",
          "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION}},
-        _cluster("epp", [epp], http2=True),
+        _cluster("epp", epp, http2=True),
     ]
     if fallback:
         clusters.append(_cluster("fallback", fallback))

@@ -50,7 +50,7 @@ def gateway(processes: contextlib.ExitStack) -> Gateway:
     processes.enter_context(picker)
     port, admin = free_port(), free_port()
     envoy = processes.enter_context(envoy_process(
-        envoy_config(port, admin, ("127.0.0.1", grpc_port)), port, admin))
+        envoy_config(port, admin, [("127.0.0.1", grpc_port)]), port, admin))
     assert picker.log_path is not None
     return Gateway(envoy.url, picker.url, tuple(e.url for e in engines), picker.log_path)
 

@@ -45,7 +45,7 @@ def gateway(processes: contextlib.ExitStack, modes: EnvoyModes, fallback: bool
     port, admin = free_port(), free_port()
     endpoints = [("127.0.0.1", int(e.url.rpartition(":")[2])) for e in engines]
     envoy = processes.enter_context(envoy_process(
-        envoy_config(port, admin, ("127.0.0.1", grpc_port), modes,
+        envoy_config(port, admin, [("127.0.0.1", grpc_port)], modes,
                      fallback=endpoints if fallback else ()), port, admin))
     return envoy.url, picker, [e.url for e in engines]
 
@@ -120,7 +120,7 @@ def test_a_dead_endpoint_is_left_after_envoy_cannot_reach_it(processes: contextl
     processes.enter_context(picker)
     port, admin = free_port(), free_port()
     envoy = processes.enter_context(envoy_process(
-        envoy_config(port, admin, ("127.0.0.1", grpc_port)), port, admin))
+        envoy_config(port, admin, [("127.0.0.1", grpc_port)]), port, admin))
     engines[0].signal(signal.SIGKILL)
     dead = engines[0].url.removeprefix("http://")
     statuses = []
