@@ -36,6 +36,7 @@ from weighbridge.emulator.api import (
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel
 from weighbridge.emulator.eos import EosModel
 from weighbridge.emulator.frontend import ApiFrontEnd
+from weighbridge.emulator.intake import engine_sequences
 from weighbridge.emulator.metrics import EngineMetrics
 from weighbridge.emulator.options import LoraModule
 from weighbridge.emulator.profiles import StepTimeProfile
@@ -293,15 +294,14 @@ class Emulator:
             "system_env": {},
         })
 
-    def _priority(self, requested: int) -> int:
-        """The priority the engine queues a request with: its own under ``priority``; under
-        fcfs none (vLLM's FCFS queue ignores it), or a refusal (its V0 engine's)."""
-        if self.settings.engine.scheduling_policy == "priority":
-            return requested
-        if requested and self.settings.refuse_priority_under_fcfs:
+    def _refuse_priority(self, requested: int) -> None:
+        """Under fcfs a request's priority is ignored (``engine_sequences``), or refused as
+        vLLM's V0 engine did. Checked after the sequences are made, so every parsed
+        generation request takes one draw of the EOS model, refused or not."""
+        if (self.settings.engine.scheduling_policy == "fcfs" and requested
+                and self.settings.refuse_priority_under_fcfs):
             raise ApiError(400, f"Got priority {requested} but Priority scheduling is not "
                            "enabled.")
-        return 0
 
     async def version(self, _request: web.Request) -> web.Response:
         return _json_response({"version": "0.32.0"})
@@ -365,16 +365,9 @@ class Emulator:
                                        vocab_size=s.vocab_size, adapters=self.adapters,
                                        tokenizer=s.tokenizer)
         request_id = new_request_id(endpoint)
-        seq = Sequence(
-            request_id=request_id,
-            prompt_tokens=req.prompt_tokens,
-            target_output_tokens=self.eos.output_tokens(req.max_tokens, req.ignore_eos),
-            max_tokens=req.max_tokens,
-            arrival_s=self.runner.clock(),
-            priority=self._priority(req.priority),
-            lora=req.lora,
-            prompt_ids=req.prompt_ids,
-        )
+        (seq,) = engine_sequences(req, request_id, self.runner.clock(), self.eos,
+                                  s.engine.scheduling_policy)
+        self._refuse_priority(req.priority)
         try:
             stream = self.runner.submit(seq, interval=self._stream_interval(req))
         except ValueError as e:
@@ -411,13 +404,9 @@ class Emulator:
                                       vocab_size=s.vocab_size, adapters=self.adapters,
                                       tokenizer=s.tokenizer)
         request_id = f"embd-{uuid.uuid4().hex[:16]}"
-        now = self.runner.clock()
-        seqs = [Sequence(request_id=f"{request_id}-{i}", prompt_tokens=tokens,
-                         target_output_tokens=1, max_tokens=1, arrival_s=now, pooling=True,
-                         priority=self._priority(req.priority), lora=req.lora,
-                         prompt_ids=ids)
-                for i, (tokens, ids) in enumerate(zip(req.prompt_tokens, req.input_ids,
-                                                      strict=True))]
+        seqs = engine_sequences(req, request_id, self.runner.clock(), self.eos,
+                                s.engine.scheduling_policy)
+        self._refuse_priority(req.priority)
         submitted: list[TokenStream] = []
         try:
             for seq in seqs:

@@ -25,7 +25,7 @@ from weighbridge.surface import surface
 
 if TYPE_CHECKING:
     from weighbridge.loadgen.arrivals import Closed, Poisson
-    from weighbridge.loadgen.bodies import message_token_ids
+    from weighbridge.loadgen.bodies import message_token_ids, prompt_token_ids
     from weighbridge.loadgen.lengths import Lengths
     from weighbridge.loadgen.measure import StreamMeter
     from weighbridge.loadgen.plan import (
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 else:
     __getattr__, __dir__ = surface(__name__, {
         "arrivals": ("Closed", "Poisson"),
-        "bodies": ("message_token_ids",),
+        "bodies": ("message_token_ids", "prompt_token_ids"),
         "lengths": ("Lengths",),
         "measure": ("StreamMeter",),
         "plan": ("RequestPlan", "closed_request_id", "closed_users", "open_loop_schedule",
@@ -94,6 +94,7 @@ __all__ = [
     "open_loop_schedule",
     "open_request_id",
     "plan_request",
+    "prompt_token_ids",
     "read_trace_rows",
     "sessions_of",
     "trace_plans",

@@ -15,6 +15,7 @@ from __future__ import annotations
 from weighbridge.emulator.engine import Batch, Coast, Sequence, StepModel, StepResult
 from weighbridge.emulator.eos import EosModel
 from weighbridge.emulator.frontend import ApiFrontEnd
+from weighbridge.emulator.intake import ApiRequest, engine_sequences
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.vllm_metrics import BackendSample
 
@@ -30,11 +31,11 @@ def output_token_id(index: int) -> int:
 class SimEngine:
     def __init__(self, name: str, options: EmulatorOptions, seed_offset: int = 0) -> None:
         self.name = name
+        self.served_model = options.model_name  # what an answer names without a model of its own
         self.model = StepModel(options.engine(), options.step_profile())
         self.front_end = ApiFrontEnd(self.model.profile)
         # As `weighbridge up`: engine i draws its output lengths from seed + i.
         self.eos = EosModel(options.mean_output_tokens, options.seed + seed_offset)
-        self.priority_queue = options.scheduling_policy == "priority"
         # --enable-prompt-tokens-details: usage carries the prompt's prefix-cache hits.
         self.reports_cached_tokens = options.enable_prompt_tokens_details
         self.batch: Batch | None = None  # the step in flight
@@ -55,18 +56,17 @@ class SimEngine:
     def busy(self) -> bool:
         return self.batch is not None
 
-    def sequence(self, request_id: str, prompt_tokens: int, max_tokens: int, ignore_eos: bool,
-                 priority: int | None, now: float,
-                 prompt_ids: tuple[int, ...] | None = None) -> Sequence:
-        """The Sequence the emulator's handler makes of a request (its length drawn).
-        ``prompt_ids``: the prompt's token ids, for the prefix cache (None: content of its
-        own); its output tokens are ``output_token_id``'s, the ids a next turn sends back."""
-        return Sequence(
-            request_id=request_id, prompt_tokens=prompt_tokens,
-            target_output_tokens=self.eos.output_tokens(max_tokens, ignore_eos),
-            max_tokens=max_tokens, arrival_s=now,
-            priority=(priority or 0) if self.priority_queue else 0,
-            prompt_ids=prompt_ids, output_ids=output_token_id if prompt_ids else None)
+    def sequences(self, request: ApiRequest, request_id: str, now: float) -> list[Sequence]:
+        """The sequences the emulator's handler makes of ``request`` (``engine_sequences``:
+        one for a generation, its length drawn; one pooling sequence per embeddings input).
+        A sequence with prompt ids (none: content of its own) outputs ``output_token_id``'s
+        tokens, the ids a next turn sends back."""
+        sequences = engine_sequences(request, request_id, now, self.eos,
+                                     self.model.config.scheduling_policy)
+        for seq in sequences:
+            if seq.prompt_ids is not None:
+                seq.output_ids = output_token_id
+        return sequences
 
     def start_step(self, now: float) -> float | None:
         """Schedule a step at ``now`` if there is work; returns when it ends."""
@@ -94,6 +94,8 @@ class SimEngine:
         for seq in emitted:
             if seq.output_tokens == 1:
                 self.prompt_tokens_total += seq.prompt_tokens
+                if seq.pooling:  # its one output is the pooled state, not a generated token
+                    self.generation_tokens_total -= 1
         for seq in result.finished:
             if seq.finish_reason not in (None, "abort") and seq.first_scheduled_s is not None:
                 queued = seq.queued_s if seq.queued_s is not None else seq.arrival_s

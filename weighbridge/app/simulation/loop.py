@@ -51,8 +51,10 @@ import orjson
 
 from weighbridge.app.simulation.clients import ClientRequest, Clients
 from weighbridge.app.simulation.engines import SimEngine, output_token_id
+from weighbridge.emulator.api import EmbeddingRequest, GenerationRequest, embeddings_response
 from weighbridge.emulator.engine import Sequence
-from weighbridge.loadgen.bodies import message_token_ids
+from weighbridge.emulator.intake import ApiRequest
+from weighbridge.loadgen.bodies import message_token_ids, prompt_token_ids
 from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord
@@ -107,6 +109,27 @@ def _body(client: ClientRequest) -> dict[str, Any]:
     return body
 
 
+def engine_request(client: ClientRequest, served_model: str, priority: int | None,
+                   ids: tuple[int, ...] | None) -> ApiRequest:
+    """What the emulator parses of the body the load generator sends for ``client``'s plan
+    (``loadgen.bodies.build_body``), with the ``priority`` the sidecar forwards. An
+    embeddings input is the prompt's token ids, as sent; a generation's prompt ids are
+    ``ids`` (None: a prefix-free prompt, whose content no other prompt shares)."""
+    plan = client.plan
+    model = plan.model or served_model
+    if plan.endpoint == EMBEDDINGS:
+        tokens = tuple(prompt_token_ids(plan.prompt_tokens, plan.content_seed))
+        return EmbeddingRequest(model=model, inputs=(tokens,), input_ids=(tokens,),
+                                prompt_tokens=(len(tokens),), encoding_format="float",
+                                priority=priority or 0, user=plan.user)
+    return GenerationRequest(
+        endpoint="chat" if plan.endpoint == "/v1/chat/completions" else "completions",
+        model=model, prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens,
+        ignore_eos=client.ignore_eos, priority=priority or 0, stream=plan.stream,
+        include_usage=plan.stream, continuous_usage=False, user=plan.user,
+        prompt_ids=ids or ())
+
+
 @dataclass(slots=True, eq=False)
 class _Flight:
     """One request from its send to its record."""
@@ -118,7 +141,9 @@ class _Flight:
     # RequestSession.streamed makes).
     request: QueuedRequest
     engine: SimEngine | None = None
-    seq: Sequence | None = None
+    # What its engine runs: one sequence, or one pooling sequence per embeddings input.
+    seqs: list[Sequence] = field(default_factory=list)
+    parsed: ApiRequest | None = None  # what the emulator parsed of it (for its answer)
     ended: bool = False
     stream: bool = True
     times: list[float] = field(default_factory=list)  # when each content chunk arrived
@@ -193,6 +218,8 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self._flights: dict[str, _Flight] = {}  # sent, not ended
         self._dispatched: dict[str, _Flight] = {}  # of those, the ones sent to an engine
+        # The embeddings flights in the engines, by their pooling sequences' ids.
+        self._pooled: dict[str, _Flight] = {}
         # Flights whose tokens were held back from the core since the last _flush: only
         # these are visited then, not every flight in the engines (thousands in a flood).
         self._held: set[_Flight] = set()
@@ -359,8 +386,11 @@ class Simulation:
         flight.ended = True
         del self._flights[flight.client.plan.request_id]
         self._dispatched.pop(flight.client.plan.request_id, None)
-        if flight.engine is not None and flight.seq is not None:
-            flight.engine.model.abort(flight.seq.request_id, now)
+        if flight.engine is not None:
+            for seq in flight.seqs:
+                flight.engine.model.abort(seq.request_id, now)
+                if seq.pooling:
+                    self._pooled.pop(seq.request_id, None)
         flight.session.client_gone(now)
 
     def _end_run(self, now: float) -> None:
@@ -379,11 +409,12 @@ class Simulation:
             engine = self._by_name[d.backend]
             client = flight.client
             plan = client.plan
-            seq = engine.sequence(plan.request_id, plan.prompt_tokens, plan.max_tokens,
-                                  client.ignore_eos, d.vllm_priority, now, flight.ids)
+            parsed = engine_request(client, engine.served_model, d.vllm_priority, flight.ids)
+            seqs = engine.sequences(parsed, plan.request_id, now)
             headers = flight.session.dispatched(d, now).headers
             try:
-                engine.model.check(seq)
+                for seq in seqs:
+                    engine.model.check(seq)
             except ValueError as e:
                 # The emulator answers 400; the sidecar relays it and ends the request failed.
                 flight.meter.response(now, 400, headers)
@@ -397,26 +428,33 @@ class Simulation:
                 continue
             flight.meter.response(now, 200, headers)
             self.stability.route(d.backend, d.request.computed_tokens)
-            flight.engine, flight.seq = engine, seq
+            flight.engine, flight.seqs, flight.parsed = engine, seqs, parsed
             self._dispatches += 1
             flight.dispatch_no = self._dispatches
             self._dispatched[plan.request_id] = flight
+            if isinstance(parsed, EmbeddingRequest):
+                self._pooled.update((seq.request_id, flight) for seq in seqs)
             if engine.front_end.instant:
-                engine.model.add(seq)
+                for seq in seqs:
+                    engine.model.add(seq)
                 if not engine.busy:
                     kicked.append(engine)
             else:
-                self._push(engine.front_end.ready_at(now, engine.model.has_work), _ENTER,
-                           flight)
+                # The emulator's handler submits each sequence in turn (one API server
+                # admission each).
+                for seq in seqs:
+                    self._push(engine.front_end.ready_at(now, engine.model.has_work),
+                               _ENTER, (flight, seq))
         for engine in kicked:
             if not engine.busy:
                 self._start(engine, now)
 
-    def _enter(self, flight: _Flight, now: float) -> None:
+    def _enter(self, entry: tuple[_Flight, Sequence], now: float) -> None:
+        flight, seq = entry
         if flight.ended:
             return  # aborted while the API server was still on it
-        engine, seq = flight.engine, flight.seq
-        assert engine is not None and seq is not None
+        engine = flight.engine
+        assert engine is not None
         engine.model.add(seq)
         if not engine.busy:
             self._start(engine, now)
@@ -611,6 +649,9 @@ class Simulation:
 
     def _finished(self, finished: list[Sequence], now: float) -> None:
         for seq in finished:
+            if seq.pooling:
+                self._pooled_finished(seq, now)
+                continue
             flight = self._flights.pop(seq.request_id, None)
             if flight is None:
                 continue
@@ -641,3 +682,24 @@ class Simulation:
                 200, Usage(seq.prompt_tokens, seq.output_tokens, cached)), now)
             self._record(flight.client, meter, now)
         self._dispatch(now)
+
+    def _pooled_finished(self, seq: Sequence, now: float) -> None:
+        """An embeddings input was pooled: the emulator answers when every input of the
+        request has been (its handler waits for all of them)."""
+        flight = self._pooled.pop(seq.request_id, None)
+        if flight is None or not all(s.is_finished for s in flight.seqs):
+            return
+        request_id = flight.client.plan.request_id
+        del self._flights[request_id]
+        del self._dispatched[request_id]
+        flight.ended = True
+        parsed = flight.parsed
+        assert isinstance(parsed, EmbeddingRequest)
+        # The emulator's answer; the vectors are left empty, as no measurement reads them.
+        answer = embeddings_response(parsed, request_id, [[] for _ in flight.seqs])
+        flight.meter.body(orjson.dumps(answer), now)
+        flight.meter.finish(now)
+        usage = answer["usage"]
+        flight.session.relayed(RelayOutcome(
+            200, Usage(usage["prompt_tokens"], usage["completion_tokens"])), now)
+        self._record(flight.client, flight.meter, now)
