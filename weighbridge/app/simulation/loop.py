@@ -78,7 +78,7 @@ from weighbridge.sidecar.stability import (
     step_budget,
 )
 
-__all__ = ["Simulation", "SimulationResult", "UtilisationSample"]
+__all__ = ["Simulation", "SimulationResult", "UtilisationSample", "engine_request", "prompt_ids"]
 
 # Event kinds; at equal times events run in the order they were scheduled.
 _ARRIVE, _ENTER, _STEP, _POLL, _TIMEOUT = range(5)
