@@ -11,12 +11,16 @@ shell would:
 * a client sends: the sidecar's ingress (``weighbridge.sidecar.session``: the key, the
   headers, the body's fields, then ``core.arrive``; a rejection is answered at once), then a
   dispatch pass;
-* a dispatch: the engine's API front end delays the request (``weighbridge.emulator.frontend``),
-  then it joins the engine's waiting queue; an idle engine starts a step at once;
+* a dispatch: the request becomes the engine's sequences by the emulator's own rule
+  (``weighbridge.emulator.intake.engine_sequences``: one per generation, one pooling
+  sequence per embeddings input); the engine's API front end delays each
+  (``weighbridge.emulator.frontend``), then each joins the engine's waiting queue; an idle
+  engine starts a step at once;
 * a step ends: the engine schedules its next step before anything else runs (as the
   emulator's loop does), then every emitted token reaches the sidecar
   (``core.on_tokens_streamed``, one per chunk) and the client; finished requests are
-  completed (the request's session, with the usage) and a dispatch pass follows;
+  completed (the request's session, with the usage; an embeddings request once every input
+  is pooled, with the emulator's answer) and a dispatch pass follows;
 * every ``admission.metrics_poll_ms`` each engine is scraped (``core.on_backend_metrics``
   with the engine's state at that instant, stamped with the send time as the poller does)
   and the periodic dispatch tick runs, so the gates see metrics exactly as stale as live;
