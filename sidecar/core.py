@@ -101,7 +101,7 @@ from weighbridge.sidecar.rejection import (
     Reject,
 )
 from weighbridge.sidecar.request import QueuedRequest, RequestState
-from weighbridge.sidecar.router import Router
+from weighbridge.sidecar.router import Router, cache_pays_prefill
 from weighbridge.sidecar.scheduler import Scheduler
 from weighbridge.sidecar.shape import EngineShape
 
@@ -745,7 +745,7 @@ class SchedulingCore:
                                           fair, now)
                 allowed = allowed | {name for name, let_in in verdicts.items()
                                      if let_in is None or let_in(request.tenant)}
-            backend = self._affine(request, backend, allowed)
+            backend = self._affine(request, backend, allowed, standings, fair, now)
         return self._dispatch(pool, request, backend, now, slots)
 
     def _next_in_headroom(self, pool: _Pool, standings: dict[str, Standing], slots: int,
@@ -764,7 +764,7 @@ class SchedulingCore:
         backend = self._router.pick(allowed.__contains__)
         assert backend is not None  # the request's tenant is allowed on some healthy backend
         if self._router.policy == "prefix_aware" and request.prefix is not None:
-            backend = self._affine(request, backend, allowed)
+            backend = self._affine(request, backend, allowed, standings, fair, now)
         return self._dispatch(pool, request, backend, now, slots)
 
     def _next_at(self, pool: _Pool, names: list[str], rules: tuple[TenantRule, ...],
@@ -817,14 +817,55 @@ class SchedulingCore:
                 light or frozenset(), limits.headroom_always, limits.kv_watermark or 0, fair))
         return verdicts
 
-    def _affine(self, request: QueuedRequest, chosen: str, allowed: frozenset[str]) -> str:
+    def _affine(self, request: QueuedRequest, chosen: str, allowed: frozenset[str],
+                standings: dict[str, Standing], fair: Callable[[str], bool] | None,
+                now: float) -> str:
         """prefix_aware: the backend the request's prefix is cached on, within the router's
-        bounded load, among those whose rules let its tenant in (``allowed``)."""
+        bounded load, among those whose rules let its tenant in (``allowed``) and those
+        held back for prefill alone where the prefill their cache saves pays for it
+        (``_prefill_paid``): passed over while it prefilled another prompt, a prefix's
+        holder lost a request that recomputed the prefix elsewhere."""
         assert request.prefix is not None
-        cached = {name: self._predicted_cached(name, request) for name in allowed}
-        backend, reason = self._router.prefer(cached, chosen, request.prompt_tokens)
+        # Routing reads the index from the first dispatch on, before an answer has shown the
+        # engine reports cached tokens (the charges wait for that): at a run's start, the
+        # first second's requests spread a prefix over every backend. A backend whose answers
+        # do not report them has its index off, and is predicted to hold nothing.
+        prefix, prompt_tokens = request.prefix, request.prompt_tokens
+        cached = {name: self._prefix[name].predict(prefix, prompt_tokens) for name in allowed}
+        best_open = max(cached.values())
+        for name, standing in standings.items():
+            if name in allowed:
+                continue
+            held = self._prefix[name].predict(prefix, prompt_tokens)
+            if held > best_open and self._prefill_paid(request, name, standing, fair, held,
+                                                       best_open, now):
+                cached[name] = held
+        backend, reason = self._router.prefer(cached, chosen, prompt_tokens)
         self.routing_decisions[(backend, reason)] += 1
         return backend
+
+    def _prefill_paid(self, request: QueuedRequest, backend: str, standing: Standing,
+                      fair: Callable[[str], bool] | None, held: int, best_open: int,
+                      now: float) -> bool:
+        """Whether ``backend``, whose cache holds ``held`` tokens of the prompt (more than
+        the best backend offered, ``best_open``) but whose rules hold the request's tenant
+        back, holds it back for prefill alone (its prefill backlog, the tenant's pacing) and
+        the prefill its cache saves pays for what the request adds past those limits
+        (sidecar.router.cache_pays_prefill)."""
+        verdict, limits = standing.verdict, self.gates[backend].limits
+        computed, saved = request.prompt_tokens - held, held - best_open
+        if verdict.reason == "prefill_backlog":
+            # The backlog alone: the gate itself is open (slots, step budget, metrics).
+            if self.gates[backend].verdict(now).mode != "open" or not cache_pays_prefill(
+                    self._router.prefill_tokens(backend), limits.max_backend_prefill_tokens,
+                    computed, saved):
+                return False
+        elif verdict.mode != "open":
+            return False
+        tenant = request.tenant
+        mine = self._prefilling.get(backend, _NOTHING_PREFILLING).get(tenant, 0)
+        return (cache_pays_prefill(mine, limits.max_prefill_tokens_inflight, computed, saved)
+                and (fair is None or fair(tenant)))
 
     def _shared_blocks(self, backend: str, request: QueuedRequest) -> tuple[int, ...]:
         """The prompt's full blocks as ``backend``'s engine names them, where it shares them
