@@ -337,6 +337,7 @@ class _Exchange:
         # The picker answered the client itself on the response path: Envoy's messages
         # already on their way are left unanswered.
         self.replaced = False
+        self.request_trailers = False  # the client's request ended with trailers
 
     # -- request ----------------------------------------------------------------------------
 
@@ -373,7 +374,7 @@ class _Exchange:
                         if len(raw) > limit:
                             raise sidecar.ingress.refused(caller, body_too_large(limit))
                     elif message.HasField("request_trailers"):
-                        ended = True
+                        ended = self.request_trailers = True  # the body's end, answered too
         except TimeoutError:
             raise sidecar.ingress.body_timeout(caller) from None
         except StopAsyncIteration:
@@ -445,6 +446,8 @@ class _Exchange:
             self.forward_headers = forward.headers
             for response in bound(endpoint_, orjson.dumps(forward.body), full_duplex):
                 yield response
+            if self.request_trailers:
+                yield ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
             return
         self._end_unsent()
         raise _no_endpoint("the core's choices fell outside the subset hint"

@@ -172,6 +172,20 @@ async def test_implements_ext_proc_in_full_duplex_streaming_mode(picker: Picker,
         await stream.finish()
 
 
+async def test_a_body_ended_by_trailers_is_answered_to_its_trailers(picker: Picker,
+                                                                   drained: None) -> None:
+    """A client's request with trailers: Envoy sends them after a body that has not ended,
+    and waits for their answer."""
+    async with channel(picker) as stub:
+        stream = Stream(stub)
+        stream.send(_headers("sk-a"), _body(orjson.dumps(completion(2)), end=False),
+                    ext_proc.ProcessingRequest(request_trailers=ext_proc.HttpTrailers()))
+        answers = [await stream.read() for _ in range(3)]
+        assert [a.WhichOneof("response") for a in answers] == [
+            "request_headers", "request_body", "request_trailers"]
+        await stream.finish()
+
+
 async def test_destination_in_header_and_metadata_alike(picker: Picker, drained: None) -> None:
     """MUST set x-gateway-destination-endpoint as a header and in dynamic_metadata
     envoy.lb, MUST not set two different values, and the value MUST be ip:port."""
