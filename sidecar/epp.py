@@ -389,10 +389,16 @@ class _Exchange:
         sidecar = self.sidecar
         ingress = sidecar.ingress
         arrival = ingress.read(caller, endpoint, headers, raw)
+        assert sidecar.pool is not None
+        states = sidecar.pool.states
+        serving = sidecar.core.catalog.backends_for(arrival.model or None)
+        if serving and not any(states[b].healthy for b in serving if b in states):
+            # The protocol's answer when no endpoint is ready, at once: the sidecar would
+            # hold the request until one is.
+            raise ingress.refused(caller, _no_endpoint("no backend serving the model is "
+                                                       "healthy"))
         allowed = None
         if hint is not None:
-            assert sidecar.pool is not None
-            states = sidecar.pool.states
             allowed = frozenset(self.picker.endpoints.backends_at(hint)
                                 & sidecar.core.catalog.backends_for(arrival.model or None))
             if not any(states[b].healthy for b in allowed if b in states):

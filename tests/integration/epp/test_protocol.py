@@ -25,7 +25,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.support.ledger import ledger, settled
 from tests.support.stack import completion, start_emulator, tenant
 from tests.support.wait import await_for
-from weighbridge.launch import epp_process
+from weighbridge.launch import epp_process, free_port
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -227,6 +227,21 @@ async def test_503_when_no_subset_endpoint_is_eligible(picker: Picker, drained: 
             assert error["code"] == "no_eligible_endpoint"
     delta = ledger(picker.url) - before
     assert delta.rejected == {"no_eligible_endpoint": 2} and delta.dispatched == 0
+
+
+async def test_503_when_no_endpoint_is_ready(processes: contextlib.ExitStack) -> None:
+    """MUST answer ImmediateResponse 503 when there are no ready endpoints: a picker whose
+    only backend refuses every connection."""
+    process, port = epp_process({"tenants": {"a": tenant("interactive", "sk-a")},
+                                 "backends": [{"url": f"http://127.0.0.1:{free_port()}"}]})
+    process.health_path = "/healthz"  # alive, never ready
+    processes.enter_context(process)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+        _stream, answer = await bind(ext_proc_grpc.ExternalProcessorStub(ch))
+    assert answer.immediate_response.status.code == 503
+    assert orjson.loads(answer.immediate_response.body)["error"]["code"] == \
+        "no_eligible_endpoint"
+    assert ledger(process.url).rejected == {"no_eligible_endpoint": 1}
 
 
 async def test_picks_from_the_pool_without_a_hint(picker: Picker, drained: None) -> None:
