@@ -360,6 +360,9 @@ class SharedState:
         # Net charges this replica's own limiter took (an outage's admissions and their
         # settlements), owed to the shared buckets until a sync delivers them.
         self._owed: dict[tuple[ScopeKey, str], float] = {}
+        # One beat at a time: two that both found the store back would both deliver the
+        # outage's charges before either cleared them, spending them twice.
+        self._beating = asyncio.Lock()
         # Until Redis first answers, this replica's share of every limit, long windows empty.
         self._fall_back()
         # The last total read per (pool, tier, tenant), and in which sync: a total not read
@@ -485,6 +488,10 @@ class SharedState:
             await self._beat()
 
     async def _beat(self) -> None:
+        async with self._beating:
+            await self._beat_once()
+
+    async def _beat_once(self) -> None:
         expiry = HEARTBEATS_TO_EXPIRE * self.config.heartbeat_ms / 1000
         if not self.up and self.errors:
             # Down after an error: an idle pooled connection is from before the outage, and
