@@ -414,12 +414,17 @@ class _Exchange:
         tenant, tier, model = caller.tenant, arrival.tier, arrival.model
         estimate = core.estimated_tokens(tenant, endpoint, arrival.prompt_tokens,
                                          arrival.max_tokens, arrival.sequences)
-        sidecar.metrics.offer(tenant, tier, estimate)
+        sidecar.metrics.offer(tenant, tier, estimate,
+                              core.catalog.backends_for(core.request_model(model)))
         admitted = None
         if sidecar.shared is not None and core.serves(model):
             admitted = await sidecar.shared.admit(tenant, endpoint, tier, model, estimate)
-        with _narrowed(core, allowed):
-            session = ingress.arrive(arrival, sidecar.request_id(), sidecar.clock(), admitted)
+        # The day and month levels are in the quota file before the admission, as the
+        # sidecar's own front does.
+        async with sidecar.quota_admission(tenant, endpoint, tier, model, estimate):
+            with _narrowed(core, allowed):
+                session = ingress.arrive(arrival, sidecar.request_id(), sidecar.clock(),
+                                         admitted)
         self.session = session
         req = session.request
         sidecar.metrics.in_system.enter(req.tenant, req.tier, req.arrival_s)
