@@ -687,6 +687,12 @@ class Sidecar:
 
     def _count(self, req: QueuedRequest, end: End, trace: Trace) -> None:
         """The tokens the client got, into the tenant's counters and the trace."""
+        self.count_tokens(req, end)
+        if end.tokens is not None:
+            trace.usage(*end.tokens)
+
+    def count_tokens(self, req: QueuedRequest, end: End) -> None:
+        """The tokens the client got, into the tenant's counters (every front alike)."""
         if end.tokens is None:
             return
         prompt, output = end.tokens
@@ -695,7 +701,6 @@ class Sidecar:
             series.prompt.inc(prompt)
         if output:
             series.output.inc(output)
-        trace.usage(prompt, output)
 
 
 def run_sidecar(config: Config, host: str, port: int, config_path: str | None = None) -> None:

@@ -590,13 +590,7 @@ class _Exchange:
         if end.backend_fault is not None and self.dispatch is not None \
                 and sidecar.pool is not None:
             sidecar.pool.mark_failed(self.dispatch.backend, end.backend_fault)
-        if end.tokens is not None:
-            prompt, output = end.tokens
-            series = sidecar.metrics.series(req.tenant, req.tier)
-            if prompt:
-                series.prompt.inc(prompt)
-            if output:
-                series.output.inc(output)
+        sidecar.count_tokens(req, end)
         if self.streamed is not None and end.outcome == "completed" and end.tokens is not None:
             self.streamed.settle(*end.tokens)
         sidecar.wake()

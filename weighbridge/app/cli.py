@@ -14,7 +14,7 @@ import inspect
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
@@ -22,6 +22,9 @@ from pydantic import ValidationError
 from weighbridge.emulator.options import EmulatorOptions
 from weighbridge.extras import install_hint, missing_here
 from weighbridge.settings_file import problems
+
+if TYPE_CHECKING:
+    from weighbridge.sidecar import Config
 
 app = typer.Typer(
     name="weighbridge",
@@ -137,21 +140,27 @@ def sidecar(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
 ) -> None:
     """Serve the fair-scheduling sidecar in front of vLLM backends (docs/sidecar.md)."""
-    import logging
-
     from weighbridge.sidecar.app import run_sidecar
-    from weighbridge.sidecar.config import ConfigError, load_config
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        loaded = load_config(config)
-    except ConfigError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+    loaded = _serving_config(config)
     typer.echo(f"weighbridge sidecar on http://{host}:{port}: {len(loaded.tenants)} tenants, "
                f"{len(loaded.backends)} backends, policy {loaded.scheduler.policy}, "
                f"routing {loaded.routing}", err=True)
     run_sidecar(loaded, host, port, config_path=config)
+
+
+def _serving_config(path: str) -> Config:
+    """The config a serving command runs (its log lines on stderr); exit 2 when invalid."""
+    import logging
+
+    from weighbridge.sidecar.config import ConfigError, load_config
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return load_config(path)
+    except ConfigError as e:
+        typer.echo(str(e), err=True)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -167,17 +176,9 @@ def epp(
 ) -> None:
     """Serve the scheduler as an Envoy external processor: the Gateway API Inference
     Extension's endpoint picker (docs/deploy-kubernetes.md)."""
-    import logging
-
-    from weighbridge.sidecar.config import ConfigError, load_config
     from weighbridge.sidecar.epp import run_epp
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        loaded = load_config(config)
-    except ConfigError as e:
-        typer.echo(str(e), err=True)
-        raise typer.Exit(2) from None
+    loaded = _serving_config(config)
     typer.echo(f"weighbridge epp: ext_proc on {host}:{port}, HTTP on http://{http_host}:"
                f"{http_port}: {len(loaded.tenants)} tenants, {len(loaded.backends)} backends, "
                f"policy {loaded.scheduler.policy}", err=True)
