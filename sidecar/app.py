@@ -732,12 +732,17 @@ def run_sidecar(config: Config, host: str, port: int, config_path: str | None = 
             main.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 loop.run_until_complete(main)
-        rest = asyncio.all_tasks(loop)
-        for task in rest:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        close_loop(loop)
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel and await every task left on a serving front's loop, then close it."""
+    rest = asyncio.all_tasks(loop)
+    for task in rest:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
 
 
 async def _serve(sidecar: Sidecar, host: str, port: int) -> None:

@@ -51,7 +51,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from weighbridge import headers as headers_
-from weighbridge.sidecar.app import Sidecar
+from weighbridge.sidecar.app import Sidecar, close_loop
 from weighbridge.sidecar.config import EMBEDDINGS, Config
 from weighbridge.sidecar.core import Dispatch
 from weighbridge.sidecar.listener import ClientSite
@@ -744,9 +744,4 @@ def run_epp(config: Config, host: str, port: int, http_host: str, http_port: int
     except asyncio.CancelledError:
         pass
     finally:
-        rest = asyncio.all_tasks(loop)
-        for task in rest:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
+        close_loop(loop)
