@@ -131,8 +131,12 @@ class DeficitRoundRobin:
 
     def forfeited(self, flow: str) -> float:
         """Credit the flow did not receive for rounds in which it was passed over as
-        ineligible while others were served (cumulative, in the caller's unit)."""
-        return self._flows[flow].forfeited
+        ineligible while others were served (cumulative, in the caller's unit), including
+        the rounds of a pass-over still going on, so that a window ending mid-pass-over
+        counts it (the count never decreases)."""
+        f = self._flows[flow]
+        pending = (self._round - f.round) * f.quantum if f.active and f.round < self._round else 0
+        return f.forfeited + pending
 
     def key(self, flow: str) -> tuple[int, int] | None:
         """(round, position) of an active flow's next visit: its place in the ring."""
@@ -158,6 +162,7 @@ class DeficitRoundRobin:
         f = self._flows[flow]
         if not f.active:
             raise ValueError(f"flow {flow!r} is not active")
+        self._forfeit(f, f.round)  # a pass-over it leaves during is lost all the same
         f.active = False
         f.version += 1  # its heap entry is now dead
         self._active -= 1

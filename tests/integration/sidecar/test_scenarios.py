@@ -191,7 +191,9 @@ async def test_token_fairness_drr_vs_rr() -> None:
     passed over and forfeits those rounds (ci11 failed at 0.925; reproduced with four busy
     loops beside the test, 0.913, with short forfeiting turns to ``decode_slow`` and mixed to
     prefill pacing). The margin adds each tenant's forfeit, read from the sidecar's
-    weighbridge_drr_quanta_forfeited_total over the window.
+    weighbridge_drr_quanta_forfeited_total over the window; the counter includes a pass-over
+    still going on when the window closes (a run on 2026-12-07 at load average ~7 gave short
+    0.79 with 0 forfeited, when the count only grew once the tenant was next served).
     """
     engines = [emulator(f"fair-{p}", **FAIR_ENGINE) for p in ("drr", "rr")]
     sidecars = [sidecar(f"fair-{p}", [engine], **fair_config(p))

@@ -205,6 +205,20 @@ def test_sliding_window_bound_with_pass_overs_counts_the_forfeit(weights, ops) -
     check_sliding_bound(model, adjusted=False, forfeits=True)
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
+    ops=st.lists(OPS_PASSED_OVER, max_size=120),
+)
+def test_the_forfeit_count_never_decreases(weights, ops) -> None:
+    """It is exported as a counter (weighbridge_drr_quanta_forfeited_total) and read over a
+    window: a pass-over still going on is in it, and a flow that empties keeps what it lost."""
+    model = run(weights, ops)
+    for before, after in zip(model.forfeited, model.forfeited[1:]):
+        for i in range(len(weights)):
+            assert after[i] >= before[i] - EPS, (i, before, after)
+
+
 def test_a_flow_passed_over_forfeits_the_rounds_others_were_served() -> None:
     model = Model([1.0, 1.0])
     for _ in range(4):
@@ -214,6 +228,8 @@ def test_a_flow_passed_over_forfeits_the_rounds_others_were_served() -> None:
     for _ in range(3):  # flow 0 ineligible: flow 1 is served in rounds 1, 2 and 3
         assert model.decide(ineligible=0b01) == 1
     assert model.drr.forfeited("1") == 0
+    # The pass-over is counted while it goes on: a window ending now sees it.
+    assert model.drr.forfeited("0") == 1.0
     # Flow 0 kept its place (keyed for round 2) and is served first, but in round 3: its
     # round 2 went to flow 1 and is not given back.
     assert model.decide() == 0
