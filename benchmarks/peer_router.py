@@ -8,7 +8,14 @@ Arms, each on N new engines, interleaved (their order rotates with the repeat):
                   matching on the request's text, load balancing past a threshold;
 ``round_robin``   vllm-router ``--policy round_robin``;
 ``weighbridge``   the sidecar with a plain config: tiers, tenants and backends, every other
-                  setting its default (a new user's config).
+                  setting its default (a new user's config);
+``cache_lost``    the flood workload only: its victim alone (no flood) through weighbridge,
+                  on engines with the prefix cache off. Every turn then computes its whole
+                  history, as when a flood's block allocations evict the victim's sessions
+                  between its turns (vLLM frees blocks to an LRU queue, so a session survives
+                  its think time only while the flood allocates fewer blocks than the free
+                  queue holds): the floor of the victim's TTFT in a flood on engines whose
+                  cache cannot keep its sessions.
 
 The engines are ``deploy/stacks/chat-sessions.yaml``'s: ``h100-llama3-8b``, 32 sequences, a
 512-token step budget, prefill chunks of at most 128 tokens, 1,024 blocks of 16 tokens (KV
@@ -84,8 +91,10 @@ import yaml
 from benchmarks import _results
 from benchmarks._core import REPO, BenchContext, Benchmark, BenchResult
 from benchmarks._peer_figures import (
-    ARMS,
     BASELINE,
+    CACHE_LOST,
+    FLOOD_ARMS,
+    OURS,
     SERVE_WORKLOADS,
     SIDECAR_ROUTING,
     WORKLOADS,
@@ -397,6 +406,7 @@ async def run_flood(target: Target, lengths: Lengths, flood_rate: float, seed: i
     rng = random.Random(seed)
     cpu0 = router_cpu_s(target.router)
     victims = asyncio.ensure_future(asyncio.to_thread(run.run))
+    flood_on = flood_rate > 0
     while not (run.run_dir / RUN_JSON).is_file():
         if victims.done():
             victims.result()
@@ -433,7 +443,7 @@ async def run_flood(target: Target, lengths: Lengths, flood_rate: float, seed: i
             tasks: set[asyncio.Task[None]] = set()
             next_at = flood_at
             try:
-                while not victims.done():
+                while flood_on and not victims.done():
                     await asyncio.sleep(max(0.0, next_at - time.time()))
                     task = asyncio.create_task(flood_one())
                     tasks.add(task)
@@ -490,9 +500,12 @@ def run_arm(arm: str, workload: str, engines: int, repeat: int, lengths: Lengths
     """``arm`` on ``workload`` on ``engines`` new engines."""
     workdir.mkdir(parents=True, exist_ok=True)
     keys = workload_keys(workload)
+    if arm == CACHE_LOST:
+        options = options.model_copy(update={"enable_prefix_caching": False})
+        flood_rate = 0.0
     with fleet(engines, options, workdir) as procs:
         urls = [p.url for p in procs]
-        with router(arm, urls, keys, workdir) as front:
+        with router(OURS if arm == CACHE_LOST else arm, urls, keys, workdir) as front:
             target = Target(front, urls)
             if workload in SERVE_WORKLOADS:
                 result = run_serve(target, workload, lengths, seed, workdir)
@@ -500,7 +513,7 @@ def run_arm(arm: str, workload: str, engines: int, repeat: int, lengths: Lengths
                 result = run_sessions(target, lengths, seed, workdir)
             else:
                 result = asyncio.run(run_flood(target, lengths, flood_rate, seed, workdir))
-            if arm == "weighbridge":
+            if arm in (OURS, CACHE_LOST):
                 metrics = httpx.get(front.url + "/metrics", timeout=10).text
                 result.cached = cached_tokens_by_backend(metrics)
                 result.holds = holds_by_reason(metrics)
@@ -509,7 +522,8 @@ def run_arm(arm: str, workload: str, engines: int, repeat: int, lengths: Lengths
 
 
 def run_all(fleets: Sequence[int], repeats: int, workloads: Sequence[str], lengths: Lengths,
-            log: Callable[[str], None] = print, arms: Sequence[str] = ARMS) -> list[ArmRun]:
+            log: Callable[[str], None] = print,
+            arms: Sequence[str] = FLOOD_ARMS) -> list[ArmRun]:
     """For each fleet, repeat and workload, every arm on fresh engines, the arms' order
     rotating with the repeat."""
     if not VLLM_ROUTER.exists():
@@ -526,8 +540,10 @@ def run_all(fleets: Sequence[int], repeats: int, workloads: Sequence[str], lengt
         log(f"{engines} engines: the flood at {flood_rate:.1f} requests/s "
             f"({lengths.flood_overload:g}x what the fleet finishes)")
         for repeat in range(repeats):
-            order = [*arms[repeat % len(arms):], *arms[:repeat % len(arms)]]
             for workload in workloads:
+                # The floor arm measures the flood's victim alone: no other workload has one.
+                mine = [a for a in arms if a != CACHE_LOST or workload == "flood"]
+                order = [*mine[repeat % len(mine):], *mine[:repeat % len(mine)]]
                 for arm in order:
                     seed = 1000 * engines + 10 * repeat + WORKLOADS.index(workload)
                     started = time.monotonic()
@@ -564,8 +580,10 @@ NOTES = [
     "Arms (module doc): vllm-router 0.1.17 `--policy cache_aware` (its default) and "
     "`--policy round_robin`, every other flag its default but the loopback host and free "
     "ports; weighbridge with a plain config (one tier, the workload's tenants, the engines "
-    "as backends; no step budget, no admission or routing settings). Each arm run starts "
-    "its own engines and router; the arms' order rotates with the repeat.",
+    "as backends; no step budget, no admission or routing settings); on the flood, "
+    "cache_lost: the victim alone through weighbridge on engines with the prefix cache off "
+    "(the floor). Each arm run starts its own engines and router; the arms' order rotates "
+    "with the repeat.",
     "Hit rate: the engines' vllm:prefix_cache_hits_total over queries_total, deltas over "
     "the window summed over the engines. Output: vllm:generation_tokens_total's delta; "
     "computed: uncached prompt tokens at admission (queries - hits) plus output. vllm bench "
@@ -661,9 +679,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=REPEATS)
     parser.add_argument("--workloads", default=",".join(WORKLOADS),
                         help=f"comma-separated, of {', '.join(WORKLOADS)}")
-    parser.add_argument("--arms", default=",".join(ARMS),
-                        help=f"comma-separated, of {', '.join(ARMS)} (a diagnosis; the "
-                             "ratios need cache_aware)")
+    parser.add_argument("--arms", default=",".join(FLOOD_ARMS),
+                        help=f"comma-separated, of {', '.join(FLOOD_ARMS)} (a diagnosis; "
+                             f"the ratios need cache_aware; {CACHE_LOST} runs on the flood "
+                             "only)")
     parser.add_argument("--quick", action="store_true",
                         help="one repeat of short runs (the fleet as given)")
     parser.add_argument("--serve-seconds", type=float, default=None,
@@ -678,7 +697,8 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     workloads = [w for w in a.workloads.split(",") if w]
     arms = [x for x in a.arms.split(",") if x]
-    unknown = [w for w in workloads if w not in WORKLOADS] + [x for x in arms if x not in ARMS]
+    unknown = [w for w in workloads if w not in WORKLOADS] + [
+        x for x in arms if x not in FLOOD_ARMS]
     if unknown:
         parser.error(f"unknown workloads or arms: {', '.join(unknown)}")
     lengths = QUICK if a.quick else FULL

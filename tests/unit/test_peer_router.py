@@ -210,8 +210,29 @@ def test_the_tables_show_each_figure_beside_its_ratio_to_cache_aware() -> None:
     flood = {row[1]: row for row in flood_table(figures).rows}
     assert flood["weighbridge"][4] == "0.05x"  # 0.5 s over the peer's 10 s
     assert flood["weighbridge"][5] == "2.00x"  # over its own 0.25 s before the flood
-    assert flood["weighbridge"][7] == "0.90x"
+    assert flood["weighbridge"][6] == "-"  # no cache_lost arm in this run
+    assert flood["weighbridge"][8] == "0.90x"
     assert cached_table(runs).rows == [("4", "flood", "engine-0", "120", "100", "1.20x")]
+
+
+def test_the_flood_is_judged_against_its_cache_lost_floor() -> None:
+    """The victim alone on engines without a prefix cache is the floor of its flooded TTFT
+    where the flood evicts its sessions: weighbridge's p90 in the flood is judged over it."""
+    runs = [arm_run("flood", "cache_aware", p90=10.0, output=1000.0, before_p90=0.05),
+            arm_run("flood", "weighbridge", p90=0.11, output=1000.0, before_p90=0.02),
+            arm_run("flood", "cache_lost", p90=0.10, output=500.0, before_p90=0.1)]
+    figures = medians(runs)
+    checks = {c.what: c for c in acceptance(figures)}
+    floor = checks["flood, victim's TTFT p90 over the same victim's alone with its cache lost"]
+    assert floor.passed and floor.value == pytest.approx(1.1)
+    assert not checks["flood, victim's TTFT p90 over its own before the flood"].passed
+    rows = {row[1]: row for row in flood_table(figures).rows}
+    assert list(rows) == ["cache_aware", "weighbridge", "cache_lost"]
+    assert rows["weighbridge"][6] == "1.10x"
+    runs[1] = arm_run("flood", "weighbridge", p90=0.13, output=1000.0, before_p90=0.02)
+    checks = {c.what: c for c in acceptance(medians(runs))}
+    assert not checks["flood, victim's TTFT p90 over the same victim's alone with its cache "
+                      "lost"].passed  # 1.3x the floor: over the 1.2x proposed
 
 
 def test_the_sidecars_holds_by_reason_over_its_backends() -> None:
