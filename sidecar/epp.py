@@ -54,6 +54,7 @@ from weighbridge import headers as headers_
 from weighbridge.sidecar.app import Sidecar, close_loop
 from weighbridge.sidecar.config import EMBEDDINGS, Config
 from weighbridge.sidecar.core import Dispatch
+from weighbridge.sidecar.identity import TrustedSources
 from weighbridge.sidecar.listener import ClientSite
 from weighbridge.sidecar.metrics import StreamedTokens
 from weighbridge.sidecar.proxy import _select, _usage_of
@@ -61,6 +62,7 @@ from weighbridge.sidecar.session import (
     BACKEND_UNAVAILABLE,
     MAX_DISPATCH_ATTEMPTS,
     ApiError,
+    Caller,
     End,
     RelayOutcome,
     RequestSession,
@@ -229,12 +231,12 @@ def destination_metadata(endpoint: str) -> struct_pb2.Struct:
     return metadata
 
 
-def bound(endpoint: str, forward_body: bytes, full_duplex: bool
-          ) -> list[ext_proc.ProcessingResponse]:
+def bound(endpoint: str, forward_body: bytes, full_duplex: bool,
+          removed: tuple[str, ...] = _REMOVED) -> list[ext_proc.ProcessingResponse]:
     """The answers that bind a held request to ``endpoint``: with a full-duplex body, the
     request-headers answer (the only one Envoy routes on) then the body; buffered, the body
-    answer carries both."""
-    mutation = _mutation({DESTINATION: endpoint}, _REMOVED)
+    answer carries both. ``removed``: the request headers taken off."""
+    mutation = _mutation({DESTINATION: endpoint}, removed)
     metadata = destination_metadata(endpoint)
     if full_duplex:
         return [
@@ -357,7 +359,7 @@ class _Exchange:
         if path not in SCHEDULED or method != "POST":
             yield immediate(_unscheduled(path, method))
             return
-        caller = sidecar.ingress.authenticate(headers)
+        caller = self._caller(headers, first)
         hint = subset_hint(first)
         if not full_duplex:
             yield _continue_headers("request_headers")  # buffered: the body follows
@@ -383,7 +385,18 @@ class _Exchange:
                                              full_duplex):
             yield response
 
-    async def _schedule(self, caller: Any, endpoint: str, headers: dict[str, str],
+    def _caller(self, headers: Mapping[str, str], first: ext_proc.ProcessingRequest
+                ) -> Caller:
+        """The tenant as the first trusted source present names it (sidecar.identity), or
+        the ingress's 401."""
+        ingress = self.sidecar.ingress
+        filter_metadata = first.metadata_context.filter_metadata
+        claim = self.picker.identity.claimed(headers, filter_metadata.get)
+        if claim is None or claim[1] is None:
+            return ingress.authenticate(headers)  # the key, or the 401 of none
+        return ingress.named(claim[1])
+
+    async def _schedule(self, caller: Caller, endpoint: str, headers: dict[str, str],
                         raw: bytes, hint: list[str] | None, full_duplex: bool
                         ) -> AsyncIterator[ext_proc.ProcessingResponse]:
         sidecar = self.sidecar
@@ -455,7 +468,8 @@ class _Exchange:
                 dispatch, now, sidecar.pool.states[dispatch.backend].config.stream_interval)
             self.dispatch = dispatch
             self.forward_headers = forward.headers
-            for response in bound(endpoint_, orjson.dumps(forward.body), full_duplex):
+            for response in bound(endpoint_, orjson.dumps(forward.body), full_duplex,
+                                  self.picker.removed):
                 yield response
             if self.request_trailers:
                 yield ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
@@ -621,8 +635,12 @@ def _unscheduled(path: str, method: str) -> ApiError:
 class Picker(ext_proc_grpc.ExternalProcessorServicer):
     """The ext_proc service over one :class:`Sidecar`: its core, pool and configuration."""
 
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: Sidecar, identity: TrustedSources | None = None) -> None:
         self.sidecar = sidecar
+        self.identity = identity or TrustedSources()
+        # What the backend never sees: the client's key, the length of a body the picker
+        # rewrites, and the headers that carried the caller's identity.
+        self.removed = _REMOVED + self.identity.headers
         self.endpoints = Endpoints(lambda: sidecar.config)
         self.served_elsewhere = 0  # responses the data plane says another endpoint served
 
@@ -690,9 +708,11 @@ class Health:
 
 
 async def serve_epp(sidecar: Sidecar, host: str, port: int, http_host: str,
-                    http_port: int, ready: Callable[[int], None] | None = None) -> None:
+                    http_port: int, ready: Callable[[int], None] | None = None,
+                    identity: TrustedSources | None = None) -> None:
     """Serve the picker on ``host:port`` (gRPC) and the sidecar's HTTP app on
-    ``http_host:http_port`` (/metrics, /healthz, /readyz, /admin), until cancelled."""
+    ``http_host:http_port`` (/metrics, /healthz, /readyz, /admin), until cancelled.
+    ``identity``: where a request's tenant is read (default: the bearer key alone)."""
     runner = web.AppRunner(sidecar.app, handle_signals=False, access_log=None,
                            handler_cancellation=True)
     await runner.setup()  # the sidecar's lifecycle: the pool, the dispatch tick, shared state
@@ -701,7 +721,7 @@ async def serve_epp(sidecar: Sidecar, host: str, port: int, http_host: str,
         # Envoy keeps one long stream per request; many at once is the normal load.
         ("grpc.max_concurrent_streams", 100_000),
     ])
-    ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(sidecar), server)
+    ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(sidecar, identity), server)
     health = Health(sidecar)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     bound_port = server.add_insecure_port(f"{host}:{port}")
@@ -724,7 +744,7 @@ async def serve_epp(sidecar: Sidecar, host: str, port: int, http_host: str,
 
 
 def run_epp(config: Config, host: str, port: int, http_host: str, http_port: int,
-            config_path: str | None = None) -> None:
+            config_path: str | None = None, identity: TrustedSources | None = None) -> None:
     """Serve until SIGINT or SIGTERM; SIGHUP reloads ``config_path`` as the sidecar does.
     The default event loop, not uvloop: grpc.aio supports the former."""
     for warning in config.warnings:
@@ -735,7 +755,7 @@ def run_epp(config: Config, host: str, port: int, http_host: str, http_port: int
     main = loop.create_task(serve_epp(
         sidecar, host, port, http_host, http_port,
         ready=lambda p: log.info("weighbridge epp: ext_proc on %s:%d, HTTP on %s:%d",
-                                 host, p, http_host, http_port)))
+                                 host, p, http_host, http_port), identity=identity))
     loop.add_signal_handler(signal.SIGHUP, sidecar.reload_on_signal)
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, main.cancel)

@@ -328,6 +328,17 @@ def envoy_binary() -> str:
 
 
 @dataclass(frozen=True)
+class GatewayAuth:
+    """The gateway's own authentication ahead of the picker: its HTTP filters (a
+    ``jwt_authn``, say), the metadata namespaces they write that the picker reads, and the
+    request headers taken off the client's request before any filter runs."""
+
+    filters: tuple[dict[str, Any], ...]
+    forwarded_namespaces: tuple[str, ...] = ()
+    removed_headers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class EnvoyModes:
     """The ext_proc filter's body modes and failure mode (docs/decisions/0013)."""
 
@@ -358,7 +369,8 @@ def envoy_config(port: int, admin_port: int,
                  epp: Sequence[tuple[str, int]] | None,
                  modes: EnvoyModes = EnvoyModes(),
                  fallback: Sequence[tuple[str, int]] = (),
-                 metrics: tuple[str, int] | None = None) -> dict[str, Any]:
+                 metrics: tuple[str, int] | None = None,
+                 auth: GatewayAuth | None = None) -> dict[str, Any]:
     """Envoy's bootstrap (the Gateway API Inference Extension's setup): a listener on
     ``port`` whose requests the pickers at ``epp`` (replicas: each stream to one, round
     robin) bind to an endpoint, through an
@@ -367,7 +379,8 @@ def envoy_config(port: int, admin_port: int,
     ``modes.failure_mode_allow``). Without ``epp``: Envoy alone, round robin over
     ``fallback`` (the cost benchmark's floor). ``metrics``: the picker's HTTP port, which
     ``GET /metrics`` reaches past the picker (a benchmark reads the picker's figures at the
-    address it sends to)."""
+    address it sends to). ``auth``: the gateway's own authentication in front of the
+    picker."""
     def trailer(body: str) -> str:
         # A full-duplex body needs the trailers sent (Envoy refuses the config otherwise).
         return "SEND" if body == "FULL_DUPLEX_STREAMED" else "SKIP"
@@ -390,8 +403,9 @@ def envoy_config(port: int, admin_port: int,
         },
         # Envoy drops the picker's envoy.lb metadata unless it is named here.
         "metadata_options": {"receiving_namespaces": {"untyped": ["envoy.lb"]},
-                             "forwarding_namespaces": {"untyped": ["envoy.lb",
-                                                                   "envoy.lb.subset_hint"]}},
+                             "forwarding_namespaces": {"untyped": [
+                                 "envoy.lb", "envoy.lb.subset_hint",
+                                 *(auth.forwarded_namespaces if auth else ())]}},
     }
     if epp is None:
         routes: list[dict[str, Any]] = [{"match": {"prefix": "/"}, "route": {
@@ -419,13 +433,36 @@ def envoy_config(port: int, admin_port: int,
         clusters.append(_cluster("fallback", fallback))
     if metrics is not None:
         clusters.append(_cluster("epp-metrics", [metrics]))
-    filters = [{"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
-    return _bootstrap(port, admin_port, routes, filters, clusters)
+    filters = [*(auth.filters if auth else ()),
+               {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}]
+    return _bootstrap(port, admin_port, routes, filters, clusters,
+                      auth.removed_headers if auth else ())
 
 
 def _bootstrap(port: int, admin_port: int, routes: list[dict[str, Any]],
-               filters: list[dict[str, Any]], clusters: list[dict[str, Any]]
-               ) -> dict[str, Any]:
+               filters: list[dict[str, Any]], clusters: list[dict[str, Any]],
+               removed_headers: Sequence[str] = ()) -> dict[str, Any]:
+    manager: dict[str, Any] = {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                 "http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "inference",
+        "route_config": {"virtual_hosts": [{
+            "name": "pool", "domains": ["*"], "routes": routes}]},
+        "http_filters": [
+            *filters,
+            {"name": "envoy.filters.http.router", "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http."
+                         "router.v3.Router"}},
+        ]}
+    if removed_headers:
+        # Taken off the client's request before any filter runs: a header the gateway's
+        # auth writes is then the gateway's alone.
+        manager["early_header_mutation_extensions"] = [{
+            "name": "envoy.http.early_header_mutation.header_mutation",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation."
+                         "header_mutation.v3.HeaderMutation",
+                "mutations": [{"remove": name} for name in removed_headers]}}]
     return {
         "admin": {"address": {"socket_address": {"address": "127.0.0.1",
                                                  "port_value": admin_port}}},
@@ -435,18 +472,7 @@ def _bootstrap(port: int, admin_port: int, routes: list[dict[str, Any]],
                 "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
                 "filter_chains": [{"filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network."
-                                 "http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "inference",
-                        "route_config": {"virtual_hosts": [{
-                            "name": "pool", "domains": ["*"], "routes": routes}]},
-                        "http_filters": [
-                            *filters,
-                            {"name": "envoy.filters.http.router", "typed_config": {
-                                "@type": "type.googleapis.com/envoy.extensions.filters.http."
-                                         "router.v3.Router"}},
-                        ]}}]}],
+                    "typed_config": manager}]}],
             }],
             "clusters": clusters,
         },
@@ -475,14 +501,15 @@ def _answers(url: str) -> bool:
 
 
 def epp_process(config: Mapping[str, object], name: str = "epp",
-                config_dir: Path | None = None) -> tuple[ServerProcess, int]:
+                config_dir: Path | None = None, args: Sequence[str] = ()
+                ) -> tuple[ServerProcess, int]:
     """A ``weighbridge epp`` child serving ``config``: the process (its URL the HTTP port)
-    and its gRPC port."""
+    and its gRPC port. ``args``: more of the command's options."""
     port, http_port = free_port(), free_port()
     directory = Path(config_dir or tempfile.mkdtemp(prefix="weighbridge-epp-"))
     path = directory / f"{name}.yaml"
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
     argv = weighbridge_argv("epp", "--config", str(path), "--port", str(port),
-                            "--http-port", str(http_port))
+                            "--http-port", str(http_port), *args)
     return ServerProcess(name=name, argv=argv, url=f"http://127.0.0.1:{http_port}",
                          health_path="/readyz"), port

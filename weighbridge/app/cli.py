@@ -173,16 +173,26 @@ def epp(
     http_host: Annotated[str, typer.Option(
         help="Address of the HTTP port (/metrics, /healthz, /readyz, /admin).")] = "127.0.0.1",
     http_port: Annotated[int, typer.Option(help="Port of the HTTP port.")] = 9090,
+    tenant_from: Annotated[list[str] | None, typer.Option(
+        "--tenant-from",
+        help="Where a request's tenant is read, in order, the first present deciding: key "
+             "(the bearer key), header:NAME or metadata:NAMESPACE/KEY[/KEY...] (set by the "
+             "gateway's auth); repeat it. Default: key.")] = None,
 ) -> None:
     """Serve the scheduler as an Envoy external processor: the Gateway API Inference
     Extension's endpoint picker (docs/deploy-kubernetes.md)."""
     from weighbridge.sidecar.epp import run_epp
+    from weighbridge.sidecar.identity import IdentitySource, TrustedSources
 
+    try:
+        identity = TrustedSources([IdentitySource.parse(t) for t in tenant_from or ["key"]])
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--tenant-from") from None
     loaded = _serving_config(config)
     typer.echo(f"weighbridge epp: ext_proc on {host}:{port}, HTTP on http://{http_host}:"
                f"{http_port}: {len(loaded.tenants)} tenants, {len(loaded.backends)} backends, "
                f"policy {loaded.scheduler.policy}", err=True)
-    run_epp(loaded, host, port, http_host, http_port, config_path=config)
+    run_epp(loaded, host, port, http_host, http_port, config_path=config, identity=identity)
 
 
 @app.command()

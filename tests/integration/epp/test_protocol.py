@@ -8,30 +8,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import orjson
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_proc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_proc_grpc
-from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.integration.epp.data_plane import (
+    USAGE,
+    Stream,
+    bind,
+    channel,
+    destination,
+    request_body,
+    request_headers,
+    response_headers,
+)
 from tests.support.ledger import ledger, settled
 from tests.support.stack import completion, start_emulator, tenant
 from tests.support.wait import await_for
 from weighbridge.launch import epp_process, free_port
 
 pytestmark = pytest.mark.timeout(90)
-
-DESTINATION = "x-gateway-destination-endpoint"
-FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
-
 
 @dataclass(frozen=True)
 class Picker:
@@ -58,95 +61,6 @@ def picker(processes: contextlib.ExitStack) -> Picker:
                   tuple(e.url.removeprefix("http://") for e in engines), process.log_path)
 
 
-def _headers(key: str, path: str = "/v1/completions", subset: Sequence[str] | None = None,
-             subset_as_text: bool = False) -> ext_proc.ProcessingRequest:
-    pairs = [(":method", "POST"), (":path", path), ("content-type", "application/json"),
-             ("authorization", f"Bearer {key}")]
-    message = ext_proc.ProcessingRequest(
-        request_headers=ext_proc.HttpHeaders(headers=base_pb2.HeaderMap(headers=[
-            base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs])),
-        protocol_config=ext_proc.ProtocolConfiguration(request_body_mode=FULL_DUPLEX,
-                                                       response_body_mode=FULL_DUPLEX))
-    if subset is not None:
-        hint = struct_pb2.Struct()
-        hint.update({"x-gateway-destination-endpoint-subset":
-                     ",".join(subset) if subset_as_text else list(subset)})
-        message.metadata_context.filter_metadata["envoy.lb.subset_hint"].CopyFrom(hint)
-    return message
-
-
-def _body(data: bytes, end: bool = True) -> ext_proc.ProcessingRequest:
-    return ext_proc.ProcessingRequest(request_body=ext_proc.HttpBody(body=data,
-                                                                     end_of_stream=end))
-
-
-def _response_headers(status: int = 200, served: str | None = None
-                      ) -> ext_proc.ProcessingRequest:
-    message = ext_proc.ProcessingRequest(response_headers=ext_proc.HttpHeaders(
-        headers=base_pb2.HeaderMap(headers=[
-            base_pb2.HeaderValue(key=":status", raw_value=str(status).encode()),
-            base_pb2.HeaderValue(key="content-type", raw_value=b"application/json")])))
-    if served is not None:
-        lb = struct_pb2.Struct()
-        lb.update({"x-gateway-destination-endpoint-served": served})
-        message.metadata_context.filter_metadata["envoy.lb"].CopyFrom(lb)
-    return message
-
-
-USAGE = orjson.dumps({"choices": [{"text": "hi"}],
-                      "usage": {"prompt_tokens": 4, "completion_tokens": 2}})
-
-
-class Stream:
-    """One ext_proc stream: the messages sent, the answers read."""
-
-    def __init__(self, stub: ext_proc_grpc.ExternalProcessorStub) -> None:
-        self._outbox: asyncio.Queue[ext_proc.ProcessingRequest | None] = asyncio.Queue()
-        self.call = stub.Process(self._messages())
-
-    async def _messages(self) -> AsyncIterator[ext_proc.ProcessingRequest]:
-        while (message := await self._outbox.get()) is not None:
-            yield message
-
-    def send(self, *messages: ext_proc.ProcessingRequest) -> None:
-        for message in messages:
-            self._outbox.put_nowait(message)
-
-    async def read(self) -> ext_proc.ProcessingResponse:
-        answer = await self.call.read()
-        assert answer is not grpc.aio.EOF
-        return answer
-
-    async def finish(self) -> None:
-        """The response's end, as Envoy ends a completed request: usage, then half-close."""
-        self.send(_response_headers(), ext_proc.ProcessingRequest(
-            response_body=ext_proc.HttpBody(body=USAGE, end_of_stream=True)))
-        await self.read()
-        await self.read()
-        self._outbox.put_nowait(None)
-
-
-@contextlib.asynccontextmanager
-async def channel(picker: Picker) -> AsyncIterator[ext_proc_grpc.ExternalProcessorStub]:
-    async with grpc.aio.insecure_channel(picker.target) as ch:
-        yield ext_proc_grpc.ExternalProcessorStub(ch)
-
-
-async def bind(stub: ext_proc_grpc.ExternalProcessorStub, key: str = "sk-a",
-               **hint: object) -> tuple[Stream, ext_proc.ProcessingResponse]:
-    stream = Stream(stub)
-    stream.send(_headers(key, **hint), _body(orjson.dumps(completion(2))))  # type: ignore[arg-type]
-    return stream, await stream.read()
-
-
-def destination(answer: ext_proc.ProcessingResponse) -> tuple[str, str]:
-    """The endpoint in the header mutation and in ``envoy.lb``."""
-    header = {h.header.key: h.header.raw_value.decode()
-              for h in answer.request_headers.response.header_mutation.set_headers}
-    metadata = answer.dynamic_metadata.fields["envoy.lb"].struct_value.fields
-    return header[DESTINATION], metadata[DESTINATION].string_value
-
-
 @pytest.fixture
 def drained(picker: Picker) -> Iterator[None]:
     """Every test leaves the picker with nothing queued or in flight, its ledger balanced."""
@@ -161,7 +75,7 @@ async def test_implements_ext_proc_in_full_duplex_streaming_mode(picker: Picker,
                                                                  drained: None) -> None:
     """MUST implement the ext_proc service and support its streaming mode: the held
     request-headers answer, then the body as a streamed body answer that ends the stream."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         stream, headers = await bind(stub)
         assert headers.HasField("request_headers")
         body = await stream.read()
@@ -176,9 +90,9 @@ async def test_a_body_ended_by_trailers_is_answered_to_its_trailers(picker: Pick
                                                                    drained: None) -> None:
     """A client's request with trailers: Envoy sends them after a body that has not ended,
     and waits for their answer."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         stream = Stream(stub)
-        stream.send(_headers("sk-a"), _body(orjson.dumps(completion(2)), end=False),
+        stream.send(request_headers("sk-a"), request_body(orjson.dumps(completion(2)), end=False),
                     ext_proc.ProcessingRequest(request_trailers=ext_proc.HttpTrailers()))
         answers = [await stream.read() for _ in range(3)]
         assert [a.WhichOneof("response") for a in answers] == [
@@ -189,7 +103,7 @@ async def test_a_body_ended_by_trailers_is_answered_to_its_trailers(picker: Pick
 async def test_destination_in_header_and_metadata_alike(picker: Picker, drained: None) -> None:
     """MUST set x-gateway-destination-endpoint as a header and in dynamic_metadata
     envoy.lb, MUST not set two different values, and the value MUST be ip:port."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         stream, answer = await bind(stub)
         header, metadata = destination(answer)
         assert header == metadata
@@ -204,7 +118,7 @@ async def test_picks_only_from_the_subset_hint(picker: Picker, drained: None) ->
     """MUST pick only from x-gateway-destination-endpoint-subset when set: each engine named
     alone gets every request, as a list and as the comma-separated text Envoy's
     header-to-metadata filter writes."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         for engine in picker.engines:
             for as_text in (False, True):
                 for _ in range(3):
@@ -219,7 +133,7 @@ async def test_503_when_no_subset_endpoint_is_eligible(picker: Picker, drained: 
     """MUST answer ImmediateResponse 503 when none of the subset's endpoints is eligible or
     the list is empty."""
     before = ledger(picker.url)
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         for subset in (["10.255.0.1:8000"], []):
             _stream, answer = await bind(stub, subset=subset)
             assert answer.immediate_response.status.code == 503
@@ -247,7 +161,7 @@ async def test_503_when_no_endpoint_is_ready(processes: contextlib.ExitStack) ->
 async def test_picks_from_the_pool_without_a_hint(picker: Picker, drained: None) -> None:
     """MUST pick from the pool when no subset is set: two requests held at once (one slot an
     engine) go to both engines."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         first, a = await bind(stub)
         second, b = await bind(stub)
         assert {destination(a)[0], destination(b)[0]} == set(picker.engines)
@@ -259,13 +173,13 @@ async def test_picks_from_the_pool_without_a_hint(picker: Picker, drained: None)
 async def test_holds_the_request_until_its_dispatch(picker: Picker, drained: None) -> None:
     """Late binding: with every engine's one slot taken, a third request is queued in the
     core and its stream gets no answer; the first slot freed binds it."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         first, _ = await bind(stub)
         second, _ = await bind(stub)
         for stream in (first, second):
             await stream.read()
         third = Stream(stub)
-        third.send(_headers("sk-a"), _body(orjson.dumps(completion(2))))
+        third.send(request_headers("sk-a"), request_body(orjson.dumps(completion(2))))
         answer = asyncio.ensure_future(third.read())
         await await_for(lambda: ledger(picker.url).queued == 1, what="the third queued")
         # Queued in the core with both slots held by streams this test has not ended: no
@@ -282,7 +196,7 @@ async def test_holds_the_request_until_its_dispatch(picker: Picker, drained: Non
 async def test_429_to_shed(picker: Picker, drained: None) -> None:
     """MUST answer ImmediateResponse 429 for a request it drops: the tenant's second request
     in a minute of a one-request limit."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         stream, answer = await bind(stub, key="sk-limited")
         assert answer.HasField("request_headers")
         await stream.read()
@@ -299,12 +213,12 @@ async def test_reads_the_served_endpoint(picker: Picker, drained: None) -> None:
     """The data plane MUST report the endpoint that served the request
     (envoy.lb x-gateway-destination-endpoint-served): the picker reads it, and counts a
     response served elsewhere than it bound (its log says so)."""
-    async with channel(picker) as stub:
+    async with channel(picker.target) as stub:
         stream, answer = await bind(stub)
         picked = destination(answer)[0]
         other = next(e for e in picker.engines if e != picked)
         await stream.read()
-        stream.send(_response_headers(served=other), ext_proc.ProcessingRequest(
+        stream.send(response_headers(served=other), ext_proc.ProcessingRequest(
             response_body=ext_proc.HttpBody(body=USAGE, end_of_stream=True)))
         await stream.read()
         await stream.read()
