@@ -52,7 +52,7 @@ the next public entry: every method marked ``@_entry`` folds before its body run
 other public method reads nothing a fold changes (tests/unit/sidecar/test_core_entries.py
 checks the split). So no decision, view or end sees a different state than token-by-token
 folding gives, while a stream's tokens between two entries cost one fold instead of one each
-(docs/sidecar-performance.md). The ``scheduler``, ``meter``, ``router`` and ``kv`` properties
+(docs/sidecar-performance.md). The ``fleet``, ``scheduler``, ``meter`` and ``router``
 are plain reads: a caller reading them between entries calls ``fold_streamed()`` first.
 
 Several replicas
@@ -89,10 +89,10 @@ from weighbridge.sidecar.eligibility import (
     refine,
 )
 from weighbridge.sidecar.estimator import OutputEstimator
-from weighbridge.sidecar.kv import KvFootprint
+from weighbridge.sidecar.fleet import Fleet
 from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
 from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
-from weighbridge.sidecar.prefix import PrefixIndex, PromptPrefix
+from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter, limited_tokens
 from weighbridge.sidecar.rejection import (
     DEADLINE_UNMEETABLE,
@@ -265,42 +265,23 @@ class SchedulingCore:
         # (sidecar.replica) while the limits replicas share cannot be reached.
         self.rate_limiter = TenantRateLimiter(self.limit_table)
         self._gate_limits = gate_limits
-        self.gates = {b.name: self._new_gate() for b in config.backends}
-        # Backends a reload removed, still finishing what they have in flight (``reconfigure``).
-        self.draining: set[str] = set()
-        # What our in-flight requests will hold in each backend's KV cache at their largest.
-        self._kv = {name: KvFootprint(gate.limits.block_size) for name, gate in self.gates.items()}
-        self._router = Router([b.name for b in config.backends], config.routing)
+        # Every backend, one record each (sidecar.fleet).
+        self.fleet = Fleet()
+        self.fleet.reconfigure(config.backends, self._new_gate, healthy=True)
+        self._router = Router(self.fleet, config.routing)
         self.ledger = Ledger()
-        self._priority_backends = {b.name for b in config.backends if b.priority_scheduling}
         self._tier_priority = {name: t.vllm_priority for name, t in config.tiers.items()}
         self._demotion = config.admission.over_share_priority_demotion
         self._reported: dict[str, int] = {}  # tokens of each in-flight request fed to the meter
         self._prefilled: set[str] = set()  # in-flight requests whose prompt was reported
-        # Prompt tokens each tenant has dispatched to each backend whose prefill has not
-        # finished (no first token yet), by backend then tenant, for prefill pacing
-        # (GateLimits.max_prefill_tokens_inflight, a limit per backend); a backend is here
-        # only while something prefills there.
-        self._prefilling: dict[str, Counter[str]] = {}
         # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
         self.holds: Counter[tuple[str, str]] = Counter()
-        # Each backend's prefix cache as the sidecar predicts it (sidecar.prefix): empty
-        # until the engine's cache shape is known from its /metrics.
-        self._prefix = {name: PrefixIndex(0, gate.limits.block_size)
-                        for name, gate in self.gates.items()}
         # Prompt tokens cached, by (tenant, backend): predicted at dispatch, and reported
         # by the engine at the end, of the requests that have both.
         self.cached_predicted: Counter[tuple[str, str]] = Counter()
         self.cached_reported: Counter[tuple[str, str]] = Counter()
         # prefix_aware's choices, by (backend, reason): affinity, load, bounded.
         self.routing_decisions: Counter[tuple[str, str]] = Counter()
-        # Backends whose answers lack cached_tokens (vLLM without
-        # --enable-prompt-tokens-details): charged the whole prompt, as if nothing cached.
-        self.unreported: set[str] = set()
-        # Backends an answer has shown to report them: only their predictions are used (the
-        # index learns from the first request on, but a prediction no answer can settle
-        # would undercount the prefill backlog and the charges).
-        self.reporting: set[str] = set()
 
     def _new_gate(self) -> AdmissionGate:
         """A backend's gate: the fixed limits (tests), or derived from its learned shape."""
@@ -341,20 +322,9 @@ class SchedulingCore:
                 pool.light.pop(tenant, None)
         self.limit_table = _limit_table(config)
         self.rate_limiter.retable(self.limit_table, now)
-        self._priority_backends = {b.name for b in config.backends if b.priority_scheduling}
         self._tier_priority = {name: t.vllm_priority for name, t in config.tiers.items()}
+        added, gone = self.fleet.reconfigure(config.backends, self._new_gate)
         names = [b.name for b in config.backends]
-        gone = frozenset(self.gates) - self.draining - set(names)
-        added = frozenset(name for name in names if name not in self.gates)
-        for name in added:
-            gate = self.gates[name] = self._new_gate()
-            self._kv[name] = KvFootprint(gate.limits.block_size)
-            self._prefix[name] = PrefixIndex(0, gate.limits.block_size)
-            self._router.add(name)
-        for name in gone:
-            self._router.retire(name)
-            self.draining.add(name)
-            self._forget_if_drained(name)
         self.catalog.reconfigure(
             names, {b.name: b.models for b in config.backends if b.models is not None})
         joining = frozenset(name for name in added if not self.catalog.known(name))
@@ -368,27 +338,24 @@ class SchedulingCore:
         self._pools = pools
         return evicted
 
-    def _forget_if_drained(self, backend: str) -> None:
-        if backend in self.draining and self._router.inflight(backend) == 0:
-            self.draining.discard(backend)
-            del self.gates[backend], self._kv[backend], self._prefix[backend]
-            self._router.remove(backend)
-            self.unreported.discard(backend)
-            self.reporting.discard(backend)
-
     def has_backend(self, backend: str) -> bool:
         """Whether the core still knows ``backend`` (configured, or draining)."""
-        return backend in self.gates
+        return backend in self.fleet
+
+    @property
+    def draining(self) -> frozenset[str]:
+        """Backends a reload removed, still finishing what they have in flight."""
+        return self.fleet.draining
+
+    @property
+    def unreported(self) -> frozenset[str]:
+        """Backends whose answers lack cached_tokens (vLLM without
+        --enable-prompt-tokens-details): charged the whole prompt, as if nothing cached."""
+        return frozenset(b.name for b in self.fleet if b.unreported)
 
     # ------------------------------------------------------------------ pools
 
     # The parts, as plain reads: current as of the last entry (``fold_streamed``).
-
-    @property
-    def kv(self) -> dict[str, KvFootprint]:
-        """What the in-flight requests will hold in each backend's KV cache at their
-        largest."""
-        return self._kv
 
     @property
     def router(self) -> Router:
@@ -463,18 +430,18 @@ class SchedulingCore:
     def learn_sent_prefix(self, backend: str, block_size: int, blocks: Sequence[int]) -> None:
         """Another replica sent a prompt of these blocks to ``backend``: its index holds
         them now as if sent from here (an unknown backend or another block size: nothing)."""
-        index = self._prefix.get(backend)
-        if index is not None and index.block_size == block_size:
-            index.sent_blocks(blocks)
+        record = self.fleet.get(backend)
+        if record is not None and record.prefix.block_size == block_size:
+            record.prefix.sent_blocks(blocks)
 
     def learn_sent_tokens(self, backend: str, tokens: int, now: float) -> None:
         """Other replicas sent ``backend`` prompts of ``tokens`` tokens (times answers), told
         at ``now``: part of the engine's prefix-cache lookups, as this replica's prompts are
         (taken as admitted when told: their first tokens are the others' to see)."""
-        index = self._prefix.get(backend)
-        if index is not None:
-            index.cache_share.sent(tokens)
-            index.cache_share.admitted(tokens, now)
+        record = self.fleet.get(backend)
+        if record is not None:
+            record.prefix.cache_share.sent(tokens)
+            record.prefix.cache_share.admitted(tokens, now)
 
     # ------------------------------------------------------------------ ingress
 
@@ -499,8 +466,9 @@ class SchedulingCore:
         """Seconds to decode the request's expected output after its first token: per
         sequence at the median speed its pool's engines give one now; 0 while none is known
         (a fresh sidecar serves before it judges)."""
+        fleet = self.fleet
         speeds = sorted(speed for name in backends
-                        if (speed := self.gates[name].decode_tokens_per_s_per_seq))
+                        if (speed := fleet[name].gate.decode_tokens_per_s_per_seq))
         if not speeds:
             return 0.0
         per_sequence = request.estimated_output_tokens / max(1, request.sequences)
@@ -646,9 +614,9 @@ class SchedulingCore:
 
     def _share_slots(self, now: float, backends: frozenset[str] | None) -> int:
         return sum(
-            gate.share_slots(now)
-            for name, gate in self.gates.items()
-            if self._router.is_healthy(name) and (backends is None or name in backends)
+            b.gate.share_slots(now)
+            for b in self.fleet
+            if b.takes_work and (backends is None or b.name in backends)
         )
 
     @_entry
@@ -689,7 +657,7 @@ class SchedulingCore:
             for name, standing in standings.items():
                 if standing.verdict.mode != "open":
                     self.holds[(name, standing.verdict.reason)] += 1
-                    self.gates[name].holds[standing.verdict.reason] += 1
+                    self.fleet[name].gate.holds[standing.verdict.reason] += 1
         return dispatch
 
     def _passthrough(self, pool: _Pool, now: float) -> Dispatch | None:
@@ -708,14 +676,13 @@ class SchedulingCore:
         rules."""
         tenant_aware = pool.scheduler.uses_headroom
         standings: dict[str, Standing] = {}
-        for name, gate in self.gates.items():
-            if name not in pool.backends or not self._router.is_healthy(name):
+        for b in self.fleet:
+            if b.name not in pool.backends or not b.takes_work:
                 continue
-            footprint = self._kv[name]
+            gate, footprint = b.gate, b.kv
             footprint.set_block_size(gate.limits.block_size)
-            state = BackendState(gate, self._router.prefill_tokens(name), footprint,
-                                 tenant_aware)
-            standings[name] = refine(gate.verdict(now), name, state)
+            state = BackendState(gate, b.prefill_tokens, footprint, tenant_aware)
+            standings[b.name] = refine(gate.verdict(now), b.name, state)
         return standings
 
     def _next_open(self, pool: _Pool, standings: dict[str, Standing], slots: int,
@@ -803,7 +770,8 @@ class SchedulingCore:
         light: frozenset[str] | None = None
         verdicts: dict[str, Callable[[str], bool] | None] = {}
         for name in names:
-            standing, limits = standings[name], self.gates[name].limits
+            standing, record = standings[name], self.fleet[name]
+            limits = record.gate.limits
             # The light tenants are read (and the stale ones forgotten) once, and only where
             # a rule needs them.
             reason = standing.verdict.reason
@@ -811,9 +779,8 @@ class SchedulingCore:
                                   or (reason == "headroom" and not limits.headroom_always)):
                 light = frozenset(self._light_tenants(pool, now))
             verdicts[name] = eligible(rules, Pass(
-                standing, pool.scheduler, slots, self._kv[name],
-                limits.max_prefill_tokens_inflight,
-                self._prefilling.get(name, _NOTHING_PREFILLING),
+                standing, pool.scheduler, slots, record.kv,
+                limits.max_prefill_tokens_inflight, record.prefilling,
                 light or frozenset(), limits.headroom_always, limits.kv_watermark or 0, fair))
         return verdicts
 
@@ -831,12 +798,13 @@ class SchedulingCore:
         # first second's requests spread a prefix over every backend. A backend whose answers
         # do not report them has its index off, and is predicted to hold nothing.
         prefix, prompt_tokens = request.prefix, request.prompt_tokens
-        cached = {name: self._prefix[name].predict(prefix, prompt_tokens) for name in allowed}
+        fleet = self.fleet
+        cached = {name: fleet[name].prefix.predict(prefix, prompt_tokens) for name in allowed}
         best_open = max(cached.values())
         for name, standing in standings.items():
             if name in allowed:
                 continue
-            held = self._prefix[name].predict(prefix, prompt_tokens)
+            held = fleet[name].prefix.predict(prefix, prompt_tokens)
             if held > best_open and self._prefill_paid(request, name, standing, fair, held,
                                                        best_open, now):
                 cached[name] = held
@@ -852,18 +820,19 @@ class SchedulingCore:
         back, holds it back for prefill alone (its prefill backlog, the tenant's pacing) and
         the prefill its cache saves pays for what the request adds past those limits
         (sidecar.router.cache_pays_prefill)."""
-        verdict, limits = standing.verdict, self.gates[backend].limits
+        record = self.fleet[backend]
+        verdict, limits = standing.verdict, record.gate.limits
         computed, saved = request.prompt_tokens - held, held - best_open
         if verdict.reason == "prefill_backlog":
             # The backlog alone: the gate itself is open (slots, step budget, metrics).
-            if self.gates[backend].verdict(now).mode != "open" or not cache_pays_prefill(
-                    self._router.prefill_tokens(backend), limits.max_backend_prefill_tokens,
+            if record.gate.verdict(now).mode != "open" or not cache_pays_prefill(
+                    record.prefill_tokens, limits.max_backend_prefill_tokens,
                     computed, saved):
                 return False
         elif verdict.mode != "open":
             return False
         tenant = request.tenant
-        mine = self._prefilling.get(backend, _NOTHING_PREFILLING).get(tenant, 0)
+        mine = record.prefilling.get(tenant, 0)
         return (cache_pays_prefill(mine, limits.max_prefill_tokens_inflight, computed, saved)
                 and (fair is None or fair(tenant)))
 
@@ -871,9 +840,10 @@ class SchedulingCore:
         """The prompt's full blocks as ``backend``'s engine names them, where it shares them
         between requests (its prefix cache is on and reported, and the index cuts the
         prompt in the engine's blocks); else none: the KV footprint counts it whole."""
-        prefix, index = request.prefix, self._prefix[backend]
-        block_size = self._kv[backend].block_size
-        if prefix is None or not index.capacity_blocks or backend not in self.reporting \
+        record = self.fleet[backend]
+        prefix, index = request.prefix, record.prefix
+        block_size = record.kv.block_size
+        if prefix is None or not index.capacity_blocks or not record.reporting \
                 or index.block_size != block_size \
                 or prefix.tokens_per_block(block_size) != block_size:
             return ()
@@ -882,9 +852,10 @@ class SchedulingCore:
     def _predicted_cached(self, backend: str, request: QueuedRequest) -> int:
         """The prompt tokens ``backend``'s prefix cache should hold for the request, where
         its answers have shown they say so (``reporting``); else none."""
-        if request.prefix is None or backend not in self.reporting:
+        record = self.fleet[backend]
+        if request.prefix is None or not record.reporting:
             return 0
-        return self._prefix[backend].predict(request.prefix, request.prompt_tokens)
+        return record.prefix.predict(request.prefix, request.prompt_tokens)
 
     def _globally_fair(self, pool: _Pool, slots: int) -> Callable[[str], bool] | None:
         """With replicas sharing the backends (the pool's ``foreign`` load, set by
@@ -953,8 +924,9 @@ class SchedulingCore:
         self, pool: _Pool, request: QueuedRequest, backend: str, now: float, slots: int
     ) -> Dispatch:
         request.backend = backend
-        self.gates[backend].on_dispatched(now)
-        index = self._prefix[backend]
+        record = self.fleet[backend]
+        record.gate.on_dispatched(now)
+        index = record.prefix
         # What the engine's prefix-cache lookups will count of it (sidecar.prefix.CacheShare):
         # each of its n answers is an engine request.
         self._count_sent(backend, request.prompt_tokens * request.sequences)
@@ -964,20 +936,19 @@ class SchedulingCore:
             if self._record.sharing and index.retained_blocks:
                 self._record.sent_prefixes.append((backend, index.block_size,
                                                    request.prefix.blocks(index.block_size)))
-        # The router's load counts what the engine computes: the cached prompt is free.
-        self._router.on_dispatched(
-            request.id, backend, request.prompt_tokens - request.predicted_cached_tokens,
+        # The routing load counts what the engine computes: the cached prompt is free.
+        self.fleet.dispatched(
+            request.id, record, request.prompt_tokens - request.predicted_cached_tokens,
             request.estimated_output_tokens
         )
+        self._router.on_dispatched(record)
         self.ledger.dispatch(request.id)
-        footprint = self._kv[backend]
-        footprint.add(request.id, request.tenant, request.prompt_tokens,
+        record.kv.add(request.id, request.tenant, request.prompt_tokens,
                       request.estimated_output_tokens, self._shared_blocks(backend, request))
         self._reported[request.id] = 0
         # Pacing counts what the engine prefills: a cached prompt costs it nothing.
         if request.computed_prompt_tokens > 0:
-            self._prefilling.setdefault(backend, Counter())[request.tenant] += \
-                request.computed_prompt_tokens
+            record.prefilling[request.tenant] += request.computed_prompt_tokens
         scheduler = pool.scheduler
         scheduler.discount_cached(request)
         if scheduler.tenant_queued(request.tenant)[0] == 0:
@@ -989,7 +960,7 @@ class SchedulingCore:
         over = scheduler.uses_headroom and scheduler.over_share(
             request.tenant, slots, self._light_tenants(pool, now))
         priority = None
-        if backend in self._priority_backends:
+        if record.priority_scheduling:
             priority = vllm_priority(self._tier_priority[request.tier], over, self._demotion)
         return Dispatch(request, backend, priority, over)
 
@@ -1024,17 +995,17 @@ class SchedulingCore:
             return
         pool = self._pool_of[request.id]
         pool.scheduler.on_tokens_streamed(request, tokens)
-        self._router.on_tokens(request.id, tokens)
+        self.fleet.streamed(request.id, tokens)
         assert request.backend is not None
-        self._kv[request.backend].on_tokens(request.id, tokens)
+        record = self.fleet[request.backend]
+        record.kv.on_tokens(request.id, tokens)
         served = max(0, tokens)
         if request.id not in self._prefilled:
             self._prefilled.add(request.id)  # the first token says the prompt was served
             self._admitted(request, now)
             served += request.computed_prompt_tokens  # the meter counts what DRR charges
             self._end_prefill(request)
-            assert request.backend is not None
-            self.gates[request.backend].on_first_token(now)
+            record.gate.on_first_token(now)
         self._reported[request.id] += served
         self._observe_served(pool, served, now)
 
@@ -1055,9 +1026,9 @@ class SchedulingCore:
             return
         pool = self._pool_of[request.id]
         pool.scheduler.charge_streamed(request)
-        self._router.on_tokens(request.id, tokens)
+        self.fleet.streamed(request.id, tokens)
         assert request.backend is not None
-        self._kv[request.backend].on_tokens(request.id, tokens)
+        self.fleet[request.backend].kv.on_tokens(request.id, tokens)
         self._reported[request.id] += tokens
         self._observe_served(pool, tokens, request.unfolded_s)
 
@@ -1070,28 +1041,27 @@ class SchedulingCore:
         scheduler's state (a tenant going idle forfeits its credit) that a later charge would
         meet. ``cached_tokens``: what the engine reported it found in its prefix cache
         (``usage.prompt_tokens_details.cached_tokens``); None: not reported."""
-        if request.backend is not None and prompt_tokens != request.prompt_tokens \
+        record = None if request.backend is None else self.fleet[request.backend]
+        if record is not None and prompt_tokens != request.prompt_tokens \
                 and request.state is RequestState.DISPATCHED:
             # The engine's own count of the prompt replaces the estimate sent with it.
             corrected = (prompt_tokens - request.prompt_tokens) * request.sequences
-            self._prefix[request.backend].cache_share.admitted(corrected, now, pending=0)
+            record.prefix.cache_share.admitted(corrected, now, pending=0)
             if self._record.sharing:
-                self._record.sent_tokens[request.backend] += corrected
+                self._record.sent_tokens[record.name] += corrected
         if cached_tokens is None and request.prefix is not None \
-                and request.backend is not None and request.backend not in self.unreported:
+                and record is not None and not record.unreported:
             # Predictions no answer can settle: off for this backend, the full charge back.
-            self.unreported.add(request.backend)
-            self._prefix[request.backend].resize(0, self._prefix[request.backend].block_size)
-        if cached_tokens is not None and request.prefix is not None \
-                and request.backend is not None:
-            self.reporting.add(request.backend)
-            key = (request.tenant, request.backend)
+            record.unreported = True
+            record.prefix.resize(0, record.prefix.block_size)
+        if cached_tokens is not None and request.prefix is not None and record is not None:
+            record.reporting = True
+            key = (request.tenant, record.name)
             self.cached_predicted[key] += request.predicted_cached_tokens
             self.cached_reported[key] += cached_tokens
             # The engine's prompt count teaches the index its bytes per token for text.
-            self._prefix[request.backend].settle(request.prefix,
-                                                 request.predicted_cached_tokens, cached_tokens,
-                                                 prompt_tokens)
+            record.prefix.settle(request.prefix, request.predicted_cached_tokens, cached_tokens,
+                                 prompt_tokens)
         # Unreported, nothing is known cached: the whole prompt is charged.
         self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now,
                   cached_tokens or 0)
@@ -1156,7 +1126,7 @@ class SchedulingCore:
         return weight
 
     def _count_sent(self, backend: str, tokens: int) -> None:
-        self._prefix[backend].cache_share.sent(tokens)
+        self.fleet[backend].prefix.cache_share.sent(tokens)
         if self._record.sharing:
             self._record.sent_tokens[backend] += tokens
 
@@ -1164,35 +1134,34 @@ class SchedulingCore:
         """The engine has admitted the request by ``now`` (its first token, or its end: an
         end without one errs toward the sidecar's share), and counted its lookup."""
         assert request.backend is not None
-        self._prefix[request.backend].cache_share.admitted(
+        self.fleet[request.backend].prefix.cache_share.admitted(
             request.prompt_tokens * request.sequences, now)
 
     def _release_backend(self, request: QueuedRequest, now: float) -> int:
         assert request.backend is not None
+        record = self.fleet[request.backend]
         prefilled = request.id in self._prefilled
-        self.gates[request.backend].on_finished(now, awaiting_first_token=not prefilled)
-        self._router.on_finished(request.id)
-        self._kv[request.backend].remove(request.id)
+        record.gate.on_finished(now, awaiting_first_token=not prefilled)
+        self.fleet.finished(request.id)
+        record.kv.remove(request.id)
         if prefilled:
             self._prefilled.discard(request.id)
         else:
             self._end_prefill(request)
-        if self.draining:
-            self._forget_if_drained(request.backend)
+        if record.draining:
+            self.fleet.forget_if_drained(record.name)
         return self._reported.pop(request.id, 0)
 
     def _end_prefill(self, request: QueuedRequest) -> None:
         assert request.backend is not None
-        prefilling = self._prefilling.get(request.backend)
-        if prefilling is None:
+        prefilling = self.fleet[request.backend].prefilling
+        if not prefilling:
             return  # a prompt with nothing to compute (all cached) was never counted
         left = prefilling[request.tenant] - request.computed_prompt_tokens
         if left > 0:
             prefilling[request.tenant] = left
-            return
-        del prefilling[request.tenant]
-        if not prefilling:
-            del self._prefilling[request.backend]
+        else:
+            del prefilling[request.tenant]  # a Counter: no error when it was never counted
 
     @staticmethod
     def _observe_served(pool: _Pool, tokens: int, now: float) -> None:
@@ -1202,51 +1171,52 @@ class SchedulingCore:
 
     @_entry
     def on_backend_metrics(self, backend: str, sample: ScrapedMetrics) -> None:
-        if backend not in self.gates:
+        record = self.fleet.get(backend)
+        if record is None:
             return  # drained and forgotten since the scrape was sent
-        self.gates[backend].observe(sample)
-        self._router.observe_kv(backend, sample.kv_cache_usage)
+        record.gate.observe(sample)
+        record.kv_cache_usage = sample.kv_cache_usage
         # vllm:cache_config_info's cache shape bounds what the prefix index may hold; an
         # engine without prefix caching, or whose answers say nothing of it, holds none.
         kv_blocks = getattr(sample, "kv_blocks", None)
         block_size = getattr(sample, "block_size", None)
-        if getattr(sample, "prefix_caching", None) is False or backend in self.unreported:
+        if getattr(sample, "prefix_caching", None) is False or record.unreported:
             kv_blocks = 0
         if kv_blocks is not None and block_size:
-            self._prefix[backend].resize(int(kv_blocks), int(block_size))
+            record.prefix.resize(int(kv_blocks), int(block_size))
         # The engine's lookups against the prompts sent it: the share of its cache they hold.
         queries = getattr(sample, "prefix_cache_queries_total", None)
         if queries is not None:
-            self._prefix[backend].observe_engine(
+            record.prefix.observe_engine(
                 sample.at_s, queries, getattr(sample, "prefix_cache_hits_total", None))
 
     def poll_period_s(self, backend: str | None = None) -> float:
         """How often to scrape ``backend`` (derived from its step time unless configured);
         without a backend, the shortest over all of them (the dispatch tick)."""
-        if backend is not None and backend in self.gates:
-            return self.gates[backend].limits.poll_s
-        return min(gate.limits.poll_s for gate in self.gates.values())
+        if backend is not None and backend in self.fleet:
+            return self.fleet[backend].gate.limits.poll_s
+        return min(b.gate.limits.poll_s for b in self.fleet)
 
     @_entry
     def mark_backend_unhealthy(self, backend: str) -> None:
-        if backend in self.gates:
-            self._router.mark_unhealthy(backend)
+        if backend in self.fleet:
+            self.fleet[backend].healthy = False
 
     @_entry
     def mark_backend_healthy(self, backend: str) -> None:
-        if backend in self.gates:
-            self._router.mark_healthy(backend)
+        if backend in self.fleet:
+            self.fleet[backend].healthy = True
 
     # ------------------------------------------------------------------ admin
 
     def prefix_index_blocks(self) -> dict[str, int]:
         """Blocks each backend's prefix index holds (sidecar.prefix)."""
-        return {name: len(index) for name, index in self._prefix.items()}
+        return {b.name: len(b.prefix) for b in self.fleet}
 
     def prefix_cache_shares(self) -> dict[str, float]:
         """The share of each backend's prefix cache the sidecar's prompts are taken to hold,
         from the engine's lookups against the prompts sent it (sidecar.prefix.CacheShare)."""
-        return {name: index.share for name, index in self._prefix.items()}
+        return {b.name: b.prefix.share for b in self.fleet}
 
     def estimated_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
                          max_tokens: int | None, sequences: int = 1) -> int:
@@ -1258,7 +1228,6 @@ class SchedulingCore:
     @_entry
     def stats(self, now: float) -> CoreStats:
         """Per tenant, summed over the pools (one pool: its own figures)."""
-        router = self._router
         schedulers = [pool.scheduler for pool in self._pools.values()]
         tenants = tuple(
             TenantStats(name, spec.tier, spec.weight,
@@ -1267,23 +1236,21 @@ class SchedulingCore:
                         sum(s.forfeited(spec.tier, name) for s in schedulers))
             for name, spec in self.config.tenants.items())
         backends = tuple(
-            BackendStats(name, router.is_healthy(name), gate.inflight,
-                         router.outstanding_tokens(name), router.prefill_tokens(name),
-                         gate.cap(now), gate.decode_tokens_per_s_per_seq)
-            for name, gate in self.gates.items())
+            BackendStats(b.name, b.takes_work, b.inflight, b.outstanding_tokens,
+                         b.prefill_tokens, b.gate.cap(now), b.gate.decode_tokens_per_s_per_seq)
+            for b in self.fleet)
         tallies = {key: replace(tally, rejected=Counter(tally.rejected))
                    for key, tally in self.ledger.tallies().items()}
         rates = [rate for pool in self._pools.values()
                  if (rate := pool.meter.tokens_per_s) is not None]
         return CoreStats(tallies, tenants, dict(self.holds), sum(rates) if rates else None,
                          backends, self.ledger.by_model(),
-                         {name: served for name in self.gates
+                         {name: served for name in self.fleet.names
                           if (served := self.catalog.models_of(name)) is not None})
 
     @_entry
     def snapshot(self, now: float, max_tenants: int | None = 100) -> dict[str, Any]:
         """Everything /admin/state shows, as plain dicts."""
-        routing = self._router.snapshot()
         models = self.catalog.models()
         rates = [rate for pool in self._pools.values()
                  if (rate := pool.meter.tokens_per_s) is not None]
@@ -1298,14 +1265,7 @@ class SchedulingCore:
                  "scheduler": pool.scheduler.snapshot(max_tenants)}
                 for pool in self._pools.values()],
             "rate_limits": self.rate_limiter.snapshot(now),
-            "backends": {
-                name: {**routing[name], "gate": gate.snapshot(now),
-                       "draining": name in self.draining,
-                       "kv_footprint_blocks": self._kv[name].blocks(),
-                       "prefix_index": self._prefix[name].snapshot(
-                           reported=name not in self.unreported)}
-                for name, gate in self.gates.items()
-            },
+            "backends": {b.name: b.snapshot(now) for b in self.fleet},
             "throughput_tokens_per_s": sum(rates) if rates else None,
             "ledger": self.ledger.snapshot(),
         }

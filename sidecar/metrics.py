@@ -140,7 +140,7 @@ class CoreCollector(Collector):
         """The prefix index's predictions against what the engines reported, its size, and
         prefix_aware's routing choices; every tenant and backend of the config from 0."""
         core = self.core
-        tenants, backends = list(core.config.tenants), list(core.gates)
+        tenants, backends = list(core.config.tenants), core.fleet.names
         sources = (("predicted", core.cached_predicted), ("reported", core.cached_reported))
         by_tenant = CounterMetricFamily(
             "weighbridge_prefix_cached_tokens",
@@ -245,7 +245,7 @@ class CoreCollector(Collector):
         its backends, so there are at most as many as distinct sets of served models."""
         core = self.core
         budget = step_budget(core.config.admission)
-        learned = {name: learned_step_s(gate) for name, gate in core.gates.items()}
+        learned = {b.name: learned_step_s(b.gate) for b in core.fleet}
         reading = self.stability.utilisation(now, learned, set(stats.healthy_backends),
                                              current_pools(core.catalog), budget)
         by_backend = GaugeMetricFamily(

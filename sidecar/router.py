@@ -36,11 +36,12 @@ records the choice, and moves the round-robin pointer past it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, get_args
+from typing import get_args
 
 from weighbridge.sidecar.config import Routing
+from weighbridge.sidecar.fleet import Backend, Fleet
 
 # (1 + epsilon) of consistent hashing with bounded loads: the most a backend may carry,
 # over the mean of those that may take a request, for prefix affinity to pick it.
@@ -108,97 +109,22 @@ def cache_pays_prefill(backlog: int, limit: int | None, computed: int, saved: in
     return limit is None or backlog + computed <= limit + saved
 
 
-@dataclass(slots=True)
-class _Backend:
-    name: str
-    index: int
-    healthy: bool = True
-    retired: bool = False  # draining: takes no new work (``retire``)
-    inflight: int = 0
-    outstanding_tokens: int = 0
-    prefill_tokens: int = 0  # prompt tokens in flight whose first token has not come back
-    kv_cache_usage: float | None = None
-
-
-@dataclass(slots=True)
-class _Ticket:
-    backend: _Backend
-    prompt_left: int  # prompt tokens until the first token says prefill is done
-    output_left: int  # expected output tokens not yet streamed
-
-
 class Router:
-    def __init__(self, backends: Sequence[str], policy: Routing = "prefix_aware") -> None:
-        if not backends:
-            raise ValueError("at least one backend is required")
-        if len(set(backends)) != len(backends):
-            raise ValueError("backend names must be unique")
+    """The routing policy over the fleet's records; it keeps only round robin's pointer."""
+
+    def __init__(self, fleet: Fleet, policy: Routing = "prefix_aware") -> None:
         if policy not in get_args(Routing):
             raise ValueError(f"unknown routing policy {policy!r}")
         self.policy: Routing = policy
-        self._backends = [_Backend(name, i) for i, name in enumerate(backends)]
-        self._by_name = {b.name: b for b in self._backends}
-        self._tickets: dict[str, _Ticket] = {}
+        self._fleet = fleet
         self._next_rr = 0
-
-    @property
-    def backends(self) -> list[str]:
-        return [b.name for b in self._backends]
-
-    # ------------------------------------------------------------------ health and load
-
-    def add(self, backend: str) -> None:
-        """A new backend, unhealthy (no work) until ``mark_healthy``."""
-        if backend in self._by_name:
-            raise ValueError(f"backend {backend!r} is already routed to")
-        b = _Backend(backend, len(self._backends), healthy=False)
-        self._backends.append(b)
-        self._by_name[backend] = b
-
-    def retire(self, backend: str) -> None:
-        """Route nothing more to ``backend``; its requests in flight finish."""
-        self._by_name[backend].retired = True
-
-    def remove(self, backend: str) -> None:
-        """Forget a retired backend with nothing in flight."""
-        b = self._by_name[backend]
-        if b.inflight:
-            raise ValueError(f"backend {backend!r} has {b.inflight} requests in flight")
-        del self._by_name[backend]
-        self._backends.remove(b)
-        for i, other in enumerate(self._backends):
-            other.index = i
-
-    def mark_unhealthy(self, backend: str) -> None:
-        self._by_name[backend].healthy = False
-
-    def mark_healthy(self, backend: str) -> None:
-        self._by_name[backend].healthy = True
-
-    def is_healthy(self, backend: str) -> bool:
-        """Whether it may take work: healthy and not retired."""
-        b = self._by_name[backend]
-        return b.healthy and not b.retired
-
-    def observe_kv(self, backend: str, usage: float | None) -> None:
-        self._by_name[backend].kv_cache_usage = usage
-
-    def outstanding_tokens(self, backend: str) -> int:
-        return self._by_name[backend].outstanding_tokens
-
-    def inflight(self, backend: str) -> int:
-        return self._by_name[backend].inflight
-
-    def prefill_tokens(self, backend: str) -> int:
-        """Prompt tokens dispatched there whose prefill has not finished (no first token)."""
-        return self._by_name[backend].prefill_tokens
 
     # ------------------------------------------------------------------ choice
 
     def pick(self, can_take: Callable[[str], bool] | None = None) -> str | None:
         candidates = [
-            b for b in self._backends
-            if b.healthy and not b.retired and (can_take is None or can_take(b.name))
+            b for b in self._fleet
+            if b.healthy and not b.draining and (can_take is None or can_take(b.name))
         ]
         if not candidates:
             return None
@@ -215,7 +141,7 @@ class Router:
         elif self.policy == "least_requests":
             best = min(candidates, key=lambda b: (b.inflight, b.index))
         else:
-            count = len(self._backends)
+            count = len(self._fleet)
             best = min(candidates, key=lambda b: (b.index - self._next_rr) % count)
         return best.name
 
@@ -226,54 +152,11 @@ class Router:
         to hold (``cached``, ``chosen`` included). Returns it and why (module doc)."""
         if len(cached) < 2 or max(cached.values()) <= 0:
             return chosen, "load"
-        backends = self._by_name
-        return affine({name: Candidate(backends[name].outstanding_tokens,
-                                       backends[name].inflight, held, backends[name].index)
+        fleet = self._fleet
+        return affine({name: Candidate(fleet[name].outstanding_tokens, fleet[name].inflight,
+                                       held, fleet[name].index)
                        for name, held in cached.items()}, prompt_tokens)
 
-    # ------------------------------------------------------------------ requests
-
-    def on_dispatched(
-        self, request_id: str, backend: str, prompt_tokens: int, expected_output_tokens: int
-    ) -> None:
-        if request_id in self._tickets:
-            raise ValueError(f"request {request_id!r} is already in flight")
-        b = self._by_name[backend]
-        ticket = _Ticket(b, max(0, prompt_tokens), max(0, expected_output_tokens))
-        self._tickets[request_id] = ticket
-        b.inflight += 1
-        b.outstanding_tokens += ticket.prompt_left + ticket.output_left
-        b.prefill_tokens += ticket.prompt_left
-        self._next_rr = (b.index + 1) % len(self._backends)
-
-    def on_tokens(self, request_id: str, tokens: int) -> None:
-        """Output tokens streamed; the first one also says the prompt is prefilled."""
-        ticket = self._tickets.get(request_id)
-        if ticket is None:
-            return
-        produced = min(max(0, tokens), ticket.output_left)
-        ticket.backend.outstanding_tokens -= ticket.prompt_left + produced
-        ticket.backend.prefill_tokens -= ticket.prompt_left
-        ticket.prompt_left = 0
-        ticket.output_left -= produced
-
-    def on_finished(self, request_id: str) -> None:
-        ticket = self._tickets.pop(request_id, None)
-        if ticket is None:
-            return
-        b = ticket.backend
-        b.inflight -= 1
-        b.outstanding_tokens -= ticket.prompt_left + ticket.output_left
-        b.prefill_tokens -= ticket.prompt_left
-
-    def snapshot(self) -> dict[str, Any]:
-        return {
-            b.name: {
-                "healthy": b.healthy,
-                "inflight": b.inflight,
-                "outstanding_tokens": b.outstanding_tokens,
-                "prefill_tokens": b.prefill_tokens,
-                "kv_cache_usage": b.kv_cache_usage,
-            }
-            for b in self._backends
-        }
+    def on_dispatched(self, backend: Backend) -> None:
+        """A request went to ``backend``: round robin moves past it."""
+        self._next_rr = (backend.index + 1) % len(self._fleet)

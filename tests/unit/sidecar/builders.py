@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from weighbridge.sidecar.admission import AdmissionGate, GateLimits
+from weighbridge.sidecar.fleet import Fleet
 from weighbridge.sidecar.request import QueuedRequest
 
 _ids = itertools.count()
@@ -32,3 +34,19 @@ def make_request(
         arrival_s=arrival,
         **fields,
     )
+
+
+def make_fleet(*names: str) -> Fleet:
+    """A fleet of healthy backends with fixed admission limits, in the order given."""
+    fleet = Fleet()
+    for name in names:
+        fleet.add(name, AdmissionGate(GateLimits()))
+    return fleet
+
+
+def send(fleet: Fleet, request_id: str, backend: str, prompt_tokens: int,
+         output_tokens: int) -> None:
+    """A dispatch as the core records it: the gate's count, then the ticket."""
+    record = fleet[backend]
+    record.gate.on_dispatched(0.0)
+    fleet.dispatched(request_id, record, prompt_tokens, output_tokens)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.unit.sidecar.builders import make_fleet, send
 from weighbridge.sidecar.router import (
     CACHE_WEIGHT,
     LOAD_BOUND,
@@ -129,8 +130,9 @@ def test_a_prefill_limit_is_passed_only_by_what_the_cache_saves(
 
 
 def test_prefer_reads_the_router_s_load_and_requests_in_flight() -> None:
-    router = Router(["x", "y", "z"], "prefix_aware")
-    router.on_dispatched("r", "x", 50, 0)
+    fleet = make_fleet("x", "y", "z")
+    router = Router(fleet, "prefix_aware")
+    send(fleet, "r", "x", 50, 0)
     busy = 50 + REQUEST_COST_TOKENS  # x's load and its one request in flight
     assert router.prefer({"x": busy // CACHE_WEIGHT, "y": 0, "z": 0}, "y", 120) \
         == ("x", "affinity")

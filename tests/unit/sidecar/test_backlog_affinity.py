@@ -17,7 +17,7 @@ from weighbridge.sidecar.request import QueuedRequest
 def test_a_light_tenants_next_turn_goes_back_to_its_history_at_the_backlog() -> None:
     limits = GateLimits(max_inflight=1000, max_backend_prefill_tokens=100)
     core = SchedulingCore(make_config(routing="prefix_aware"), gate_limits=limits)
-    for backend in core.gates:
+    for backend in core.fleet.names:
         core.on_backend_metrics(backend, cache_shape(0.0))
     history = list(range(400))
     first = arrive(core, "a", 0.0, prompt_tokens=400, max_tokens=8,

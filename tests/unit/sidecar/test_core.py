@@ -63,7 +63,7 @@ def balanced(core: SchedulingCore) -> None:
     assert total.balanced
     assert total.queued == core.scheduler.queued_requests
     assert total.dispatched == core.scheduler.inflight_requests
-    assert total.dispatched == sum(g.inflight for g in core.gates.values())
+    assert total.dispatched == sum(b.inflight for b in core.fleet)
 
 
 def test_a_request_from_arrival_to_completion() -> None:
@@ -81,7 +81,7 @@ def test_a_request_from_arrival_to_completion() -> None:
     level = core.rate_limiter.snapshot(0.0)["tenants"]["a"]["tokens_per_minute"]["level"]
     assert level == 100_000 - 340  # charged the 400 estimated, settled to the 340 used
     assert core.ledger.total().completed == 1
-    assert core.router.outstanding_tokens(req.backend) == 0
+    assert core.fleet[req.backend].outstanding_tokens == 0
     balanced(core)
     json.dumps(core.snapshot(0.5))
     with pytest.raises(LedgerError):
@@ -184,7 +184,7 @@ def test_cancel_while_queued_and_client_gone_while_streaming() -> None:
     core.on_client_gone(streaming, 100, 10, 0.4)
     tally = core.ledger.total()
     assert tally.cancelled == 2 and tally.in_flight == 0
-    assert core.gates[d.backend].inflight == 0
+    assert core.fleet[d.backend].gate.inflight == 0
     balanced(core)
 
 
@@ -422,7 +422,7 @@ def test_every_request_ends_exactly_once_under_any_event_sequence(policy, ops) -
         if kind in ("arrive", "dispatch"):
             for d in arrive_or_dispatch(core, kind, who, value, now, queued, inflight):
                 if policy not in ("passthrough",):
-                    assert core.gates[d.backend].inflight <= 3
+                    assert core.fleet[d.backend].gate.inflight <= 3
         elif kind == "stream" and inflight:
             core.on_tokens_streamed(inflight[0], value, now)
         elif kind in ("complete", "fail", "gone", "refused") and inflight:
@@ -456,7 +456,7 @@ def test_every_request_ends_exactly_once_under_any_event_sequence(policy, ops) -
     total = core.ledger.total()
     assert total.in_flight == 0 and total.balanced
     assert core.scheduler.queued_tokens == 0
-    assert all(core.router.outstanding_tokens(b) == 0 for b in ("b1", "b2"))
+    assert all(core.fleet[b].outstanding_tokens == 0 for b in ("b1", "b2"))
 
 
 def _admission(**fields: Any) -> dict[str, Any]:
@@ -599,16 +599,17 @@ def test_streamed_tokens_folded_late_give_the_decisions_of_folding_each_chunk(po
         core.fold_streamed()  # the views are plain reads: folded by an entry first
         for backend in ("b1", "b2"):
             mine = [r for r in inflight if r.backend == backend]
-            assert core.router.outstanding_tokens(backend) == sum(
+            assert core.fleet[backend].outstanding_tokens == sum(
                 (0 if r.id in first_token else r.prompt_tokens)
                 + max(0, r.estimated_output_tokens - r.streamed_output_tokens) for r in mine)
-            assert core.kv[backend].blocks() == sum(
+            assert core.fleet[backend].kv.blocks() == sum(
                 -(-(r.prompt_tokens + max(r.estimated_output_tokens, r.streamed_output_tokens))
                   // 16) for r in mine)
         if policy == "drr":  # read after the fold above
             for r in inflight:
                 assert r.charged == max(r.cost, r.prompt_tokens + r.streamed_output_tokens)
-        return (core.router.snapshot(), {b: kv.blocks() for b, kv in core.kv.items()},
+        return ({b.name: (b.healthy, b.inflight, b.outstanding_tokens, b.prefill_tokens,
+                         b.kv_cache_usage, b.kv.blocks()) for b in core.fleet},
                 core.scheduler.snapshot(None), core.ledger.snapshot())
 
     for k, (kind, who, value) in enumerate(ops):

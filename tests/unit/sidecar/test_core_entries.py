@@ -52,13 +52,13 @@ def test_the_views_are_plain_reads() -> None:
     core, dispatch = streaming()
     backend = dispatch.backend
     # 100 expected output tokens left: the 40 streamed are counted but not yet folded.
-    assert core.router.outstanding_tokens(backend) == 100
+    assert core.fleet[backend].outstanding_tokens == 100
     for _ in range(2):
-        assert (core.kv, core.router, core.scheduler, core.meter) is not None
-    assert core.router.outstanding_tokens(backend) == 100
+        assert (core.fleet, core.router, core.scheduler, core.meter) is not None
+    assert core.fleet[backend].outstanding_tokens == 100
     assert dispatch.request.streamed_output_tokens == 40
     core.fold_streamed()
-    assert core.router.outstanding_tokens(backend) == 100 - 40
+    assert core.fleet[backend].outstanding_tokens == 100 - 40
 
 
 ENTRIES: dict[str, Callable[[SchedulingCore, Dispatch], Any]] = {
@@ -77,4 +77,4 @@ ENTRIES: dict[str, Callable[[SchedulingCore, Dispatch], Any]] = {
 def test_an_entry_folds_every_stream_first(name: str) -> None:
     core, dispatch = streaming()
     ENTRIES[name](core, dispatch)
-    assert core.router.outstanding_tokens(dispatch.backend) == 100 - 40
+    assert core.fleet[dispatch.backend].outstanding_tokens == 100 - 40

@@ -29,7 +29,7 @@ def test_a_flood_alone_stops_at_the_watermark_and_the_reserve_serves_the_others(
     core = SchedulingCore(make_config(backends=ONE), gate_limits=KV)
     flood(core, 10)
     sent = list(core.dispatch_ready(0.0))
-    assert len(sent) == 4 and core.kv["b1"].blocks() == 80
+    assert len(sent) == 4 and core.fleet["b1"].kv.blocks() == 80
     assert core.holds[("b1", "kv_headroom")] == 1
     arrive(core, "b", 0.1, prompt_tokens=60, max_tokens=4)  # 4 blocks
     (d,) = core.dispatch_ready(0.1)
@@ -38,7 +38,7 @@ def test_a_flood_alone_stops_at_the_watermark_and_the_reserve_serves_the_others(
     core.on_completed(sent[0].request, 220, 100, 0.2)
     (d,) = core.dispatch_ready(0.2)
     assert d.request.tenant == "a"
-    assert core.kv["b1"].tenant_blocks("a") == 80
+    assert core.fleet["b1"].kv.tenant_blocks("a") == 80
 
 
 def test_streamed_tokens_past_the_estimate_grow_the_footprint() -> None:
@@ -47,11 +47,11 @@ def test_streamed_tokens_past_the_estimate_grow_the_footprint() -> None:
     sent = list(core.dispatch_ready(0.0))
     core.on_first_token(sent[0].request, 0.1)
     core.on_tokens_streamed(sent[0].request, 100, 0.1)
-    assert core.kv["b1"].blocks() == 80
+    assert core.fleet["b1"].kv.blocks() == 80
     core.on_completed(sent[1].request, 220, 100, 0.2)
     core.on_tokens_streamed(sent[0].request, 32, 0.2)  # 132 > 100 expected: +2 blocks
     core.fold_streamed()  # the footprint is a plain read: the stream's tokens folded first
-    assert core.kv["b1"].blocks() == 62
+    assert core.fleet["b1"].kv.blocks() == 62
     assert len(list(core.dispatch_ready(0.2))) == 1  # 62 + 20 = 82: then at the watermark
 
 
@@ -72,7 +72,7 @@ def test_the_engines_cache_is_learned_from_its_metrics() -> None:
     core = SchedulingCore(config)
     core.on_backend_metrics("b1", BackendSample(0.0, 0, 0, 0.0, 0.0, 0.0, 0.0,
                                                 kv_blocks=100, block_size=16))
-    limits = core.gates["b1"].limits
+    limits = core.fleet["b1"].gate.limits
     assert (limits.kv_blocks, limits.kv_reserve_blocks) == (100, 13)  # 1/8 of the cache
     flood(core, 10)
     assert len(list(core.dispatch_ready(0.1))) == 5  # 0, 20, 40, 60, 80 < 87
@@ -98,7 +98,7 @@ def test_over_share_dispatches_never_pass_the_watermark(policy, ops) -> None:
                         kv_reserve_blocks=30)
     core = SchedulingCore(make_config(policy, backends=ONE), gate_limits=limits)
     watermark = 90
-    kv = core.kv["b1"]
+    kv = core.fleet["b1"].kv
     inflight: list[QueuedRequest] = []
     now = 0.0
     for kind, who, value in ops:
@@ -136,7 +136,7 @@ def test_over_share_dispatches_never_pass_the_watermark(policy, ops) -> None:
         core.on_completed(req, req.prompt_tokens, 1, now)
     if core.scheduler.queued_requests:
         assert core.next_dispatch(now + 10) is not None
-    assert kv.blocks() == 0 or core.gates["b1"].inflight > 0
+    assert kv.blocks() == 0 or core.fleet["b1"].gate.inflight > 0
 
 
 def test_derived_headroom_is_kept_only_while_a_light_tenant_is_around() -> None:
@@ -145,7 +145,7 @@ def test_derived_headroom_is_kept_only_while_a_light_tenant_is_around() -> None:
                                                   "max_backend_prefill_tokens": 0,
                                                   "kv_aware": False})
     core = SchedulingCore(config)
-    assert core.gates["b1"].limits.headroom_slots == 2  # 16 slots: a lone tenant holds 14
+    assert core.fleet["b1"].gate.limits.headroom_slots == 2  # 16 slots: a lone tenant holds 14
     core.on_backend_metrics("b1", MetricsSample(0.0, waiting=0, running=0))
     for _ in range(20):
         arrive(core, "a", 0.0)

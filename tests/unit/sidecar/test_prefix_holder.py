@@ -21,7 +21,7 @@ PACED = GateLimits(max_inflight=1000, max_prefill_tokens_inflight=512,
 
 def paced_core() -> SchedulingCore:
     core = SchedulingCore(make_config(routing="prefix_aware"), gate_limits=PACED)
-    for backend in core.gates:
+    for backend in core.fleet.names:
         core.on_backend_metrics(backend, cache_shape(0.0))
     return core
 

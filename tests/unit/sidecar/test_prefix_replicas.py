@@ -16,7 +16,7 @@ from weighbridge.sidecar.request import QueuedRequest
 def reporting(core: SchedulingCore) -> None:
     """One answer from each backend saying what it found cached (predictions start then)."""
     first, second = turn(core, [1], 0.0), turn(core, [2], 0.0)
-    assert {first.backend, second.backend} == set(core.gates)
+    assert {first.backend, second.backend} == set(core.fleet.names)
     for d in (first, second):
         core.on_completed(d.request, 1, 8, 0.0, cached_tokens=0)
 
@@ -52,10 +52,10 @@ def test_what_cannot_be_matched_is_not_learned() -> None:
     reporting(core)
     blocks = PromptPrefix(token_ids=list(range(64))).blocks(BLOCK)
     replica.learn_sent_prefix("no-such-backend", BLOCK, blocks)
-    backend = next(iter(core.gates))
+    backend = core.fleet.names[0]
     # Another block size names other blocks.
     replica.learn_sent_prefix(backend, BLOCK * 2, blocks)
-    assert core.prefix_index_blocks() == {name: 0 for name in core.gates}
+    assert core.prefix_index_blocks() == {name: 0 for name in core.fleet.names}
     replica.learn_sent_prefix(backend, BLOCK, blocks)
     assert core.prefix_index_blocks()[backend] == len(blocks)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from tests.unit.sidecar.builders import make_fleet, send
 from tests.unit.sidecar.test_core import arrive, make_config
 from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
@@ -28,7 +29,7 @@ def cache_shape(at: float, blocks: int = 1000) -> BackendSample:
 
 def core_with(routing: str, **overrides: Any) -> SchedulingCore:
     core = SchedulingCore(make_config(routing=routing, **overrides), gate_limits=OPEN)
-    for backend in core.gates:
+    for backend in core.fleet.names:
         core.on_backend_metrics(backend, cache_shape(0.0))
     return core
 
@@ -48,7 +49,7 @@ def test_the_next_turn_goes_back_to_the_backend_holding_its_history() -> None:
     core.on_completed(first.request, 200, 8, 0.1, cached_tokens=0)
     # Another conversation makes the first backend the busier one ...
     other = turn(core, [7] * 64, 0.2, tenant="b")
-    assert other.backend != first.backend or core.router.outstanding_tokens(first.backend)
+    assert other.backend != first.backend or core.fleet[first.backend].outstanding_tokens
     # ... and the next turn still goes where its 192 cached tokens are.
     second = turn(core, history + list(range(300, 340)), 0.3)
     assert second.backend == first.backend
@@ -65,7 +66,7 @@ def test_least_tokens_ignores_the_cache_but_counts_it_free() -> None:
     # Whichever backend it went to, the router's load is the prompt it must compute.
     cached = second.request.predicted_cached_tokens
     assert cached == (192 if second.backend == first.backend else 0)
-    assert core.router.outstanding_tokens(second.backend) == 200 - cached + 8
+    assert core.fleet[second.backend].outstanding_tokens == 200 - cached + 8
     assert not core.routing_decisions
 
 
@@ -81,7 +82,7 @@ def test_a_backend_over_the_load_bound_loses_its_affinity() -> None:
     assert isinstance(big, QueuedRequest)
     (d,) = core.dispatch_ready(0.2)
     assert d.backend == hot
-    loads = {b: core.router.outstanding_tokens(b) for b in core.gates}
+    loads = {b: core.fleet[b].outstanding_tokens for b in core.fleet.names}
     assert loads[hot] > LOAD_BOUND * sum(loads.values()) / len(loads) + len(history)
     again = turn(core, history, 1.0)
     assert again.backend != hot
@@ -112,8 +113,9 @@ def test_an_unknown_cache_predicts_nothing() -> None:
 
 
 def test_prefer_takes_the_cheapest_within_the_load_bound() -> None:
-    router = Router(["x", "y", "z"], "prefix_aware")
-    router.on_dispatched("r", "x", 50, 0)
+    fleet = make_fleet("x", "y", "z")
+    router = Router(fleet, "prefix_aware")
+    send(fleet, "r", "x", 50, 0)
     # x's cost: its load of 50 and one request in flight, less CACHE_WEIGHT times what it
     # holds.
     busy = 50 + REQUEST_COST_TOKENS
@@ -125,7 +127,7 @@ def test_prefer_takes_the_cheapest_within_the_load_bound() -> None:
     assert router.prefer({"x": 0, "y": 0, "z": 0}, "y", 120) == ("y", "load")
     # Equal hits: the less loaded.
     assert router.prefer({"x": 64, "y": 64, "z": 0}, "z", 120) == ("y", "affinity")
-    router.on_dispatched("s", "x", 1000, 0)
+    send(fleet, "s", "x", 1000, 0)
     # x carries 1,050 against a mean of 350: over the bound (437.5 + the prompt's 120), so
     # however much it holds, the cheapest of the others takes it.
     assert router.prefer({"x": 5000, "y": 32, "z": 0}, "z", 120) == ("y", "bounded")
@@ -144,16 +146,16 @@ def test_the_drr_charge_and_pacing_count_the_prompt_the_engine_computes() -> Non
     # counts those 48 in prefill.
     assert second.request.predicted_cached_tokens == 192
     assert second.request.charged == 48 + 8
-    assert core._prefilling["b1"]["a"] == 48
+    assert core.fleet["b1"].prefilling["a"] == 48
     # The engine reports 176 cached: the charge settles to the 64 it computed.
     core.on_completed(second.request, 240, 8, 0.3, cached_tokens=176)
     assert second.request.charged == 64 + 8
-    assert "b1" not in core._prefilling
+    assert not core.fleet["b1"].prefilling
 
 
 def test_an_engine_without_prefix_caching_is_predicted_to_hold_nothing() -> None:
     core = SchedulingCore(make_config(routing="prefix_aware"), gate_limits=OPEN)
-    for backend in core.gates:
+    for backend in core.fleet.names:
         core.on_backend_metrics(backend, replace(cache_shape(0.0), prefix_caching=False))
     history = list(range(100))
     first = turn(core, history, 0.0)
@@ -187,7 +189,7 @@ def test_nothing_is_predicted_before_an_answer_reports_cached_tokens() -> None:
     first = turn(core, history, 0.0)
     second = turn(core, history, 0.1)  # the first is still in flight: nothing reported yet
     assert second.request.predicted_cached_tokens == 0
-    assert core.router.prefill_tokens("b1") == 200
+    assert core.fleet["b1"].prefill_tokens == 200
     core.on_completed(first.request, 100, 8, 0.2, cached_tokens=0)
     assert turn(core, history, 0.3).request.predicted_cached_tokens == 96
 
@@ -198,10 +200,10 @@ def test_the_kv_footprint_counts_a_shared_prefix_once_per_backend() -> None:
     history = list(range(200))  # 12 full blocks of 16, and 8 tokens over
     unreported = turn(core, history, 0.0)
     # Before the engine has reported cached tokens, nothing is known shared: counted whole.
-    assert core.kv["b1"].blocks() == -(-(200 + 8) // BLOCK)
+    assert core.fleet["b1"].kv.blocks() == -(-(200 + 8) // BLOCK)
     core.on_completed(unreported.request, 200, 8, 0.1, cached_tokens=0)
     turn(core, history, 0.2)
     turn(core, history + [1] * 40, 0.2, tenant="b")
     # The 12 blocks once, and each request's own: 13 - 12 and ceil(248 / 16) - 12.
-    assert core.kv["b1"].blocks() == 12 + 1 + 4
-    assert core.kv["b1"].tenant_blocks("a") == 12 + 1
+    assert core.fleet["b1"].kv.blocks() == 12 + 1 + 4
+    assert core.fleet["b1"].kv.tenant_blocks("a") == 12 + 1

@@ -196,7 +196,7 @@ def sample(at: float, queries: float, hits: float = 0.0, blocks: int = 1000) -> 
 
 def test_the_core_bounds_each_index_by_the_engine_s_lookups() -> None:
     core = core_with("least_tokens")
-    (backend, other) = list(core.gates)
+    (backend, other) = core.fleet.names
     core.on_backend_metrics(backend, sample(0.0, 0.0))
     sent = 0
     now = 0.0
@@ -230,12 +230,12 @@ def test_the_sidecar_counts_each_answer_and_the_engine_s_prompt_count() -> None:
     request = arrive(core, "a", 0.0, prompt_tokens=100, max_tokens=8, sequences=3)
     assert isinstance(request, QueuedRequest)
     (dispatch,) = core.dispatch_ready(0.0)
-    share = core._prefix[dispatch.backend].cache_share
+    share = core.fleet[dispatch.backend].prefix.cache_share
     assert share.pending_tokens == 300  # n answers: n engine requests, each looked up
     core.dispatch_failed(dispatch.request, 0.1)  # never reached it
     assert share.pending_tokens == 0
     (dispatch,) = core.dispatch_ready(0.2)
-    share = core._prefix[dispatch.backend].cache_share
+    share = core.fleet[dispatch.backend].prefix.cache_share
     core.on_first_token(dispatch.request, 0.25)
     core.on_completed(dispatch.request, 120, 8, 0.3)  # the engine counted 120 a prompt
     assert share.pending_tokens == 0
@@ -274,7 +274,7 @@ def test_replicas_count_each_other_s_prompts_as_the_fleet_s() -> None:
     prompts, still takes the engine's whole cache for the fleet's."""
     a, b = core_with("least_tokens"), core_with("least_tokens")
     replica_a, replica_b = Replica(a), Replica(b)
-    backend = next(iter(a.gates))
+    backend = a.fleet.names[0]
     for core in (a, b):
         core.on_backend_metrics(backend, sample(0.0, 0.0))
     looked_up, now = 0, 0.0

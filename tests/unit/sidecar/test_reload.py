@@ -248,7 +248,7 @@ def test_an_added_backend_takes_work_once_healthy_and_a_removed_one_drains() -> 
     both = changed(base(), "backends", [{"url": "http://127.0.0.1:8001", "name": "b1"},
                                         {"url": "http://127.0.0.1:8002", "name": "b2"}])
     core.reconfigure(config(both), 0.0)
-    assert core.has_backend("b2") and not core.router.is_healthy("b2")
+    assert core.has_backend("b2") and not core.fleet["b2"].takes_work
     core.mark_backend_healthy("b2")
     second = arrive(core, "a")
     assert [d.backend for d in core.dispatch_ready(0.0)] == ["b2"]  # b1 holds more
@@ -270,12 +270,12 @@ def test_a_kept_backend_keeps_its_gate_and_learned_shape() -> None:
     for at in (0.0, 1.0, 2.0):  # the engine saturated: its slots are learned
         core.on_backend_metrics("b1", MetricsSample(at, waiting=3, running=4,
                                                     generation_tokens_total=100 * at))
-    gate, shape = core.gates["b1"], core.gates["b1"].shape
+    gate, shape = core.fleet["b1"].gate, core.fleet["b1"].gate.shape
     both = changed(base(), "backends", [{"url": "http://127.0.0.1:8001", "name": "b1"},
                                         {"url": "http://127.0.0.1:8002", "name": "b2"}])
     core.reconfigure(config(changed(both, "tenants.a.weight", 2.0)), 3.0)
-    assert core.gates["b1"] is gate and gate.shape == shape
-    assert core.gates["b2"].shape != shape  # the added one learns its own
+    assert core.fleet["b1"].gate is gate and gate.shape == shape
+    assert core.fleet["b2"].gate.shape != shape  # the added one learns its own
 
 
 # ----------------------------------------------------------------------------- properties
@@ -361,4 +361,5 @@ def test_every_request_ends_exactly_once_across_any_reloads(events: list[Any]) -
     assert total.queued == total.dispatched == 0
     assert total.arrivals == attempted
     assert all(r.state is RequestState.ENDED for r in arrived)
-    assert core.draining == set() and set(core.gates) == {b.name for b in core.config.backends}
+    assert core.draining == set()
+    assert set(core.fleet.names) == {b.name for b in core.config.backends}

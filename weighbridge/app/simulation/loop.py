@@ -494,10 +494,10 @@ class Simulation:
         """Read what /metrics would (not through ``core.stats``: an entry of the core folds
         the held tokens, so watching would change the run it watches)."""
         core, stability = self.core, self.stability
-        learned = {name: learned_step_s(gate) for name, gate in core.gates.items()}
+        learned = {b.name: learned_step_s(b.gate) for b in core.fleet}
         budget = step_budget(core.config.admission)
         reading = stability.utilisation(
-            now, learned, {name for name in learned if core.router.is_healthy(name)},
+            now, learned, {b.name for b in core.fleet if b.takes_work},
             current_pools(core.catalog), budget)
         steps = {name: step for name in learned
                  if (step := stability.step_s(name, now, None, budget)) is not None}
