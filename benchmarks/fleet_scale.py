@@ -252,7 +252,7 @@ def run_arm(inputs: Inputs, policy: str | None, out: Path, victim: str,
         jain_index=head["jain_index"],
         flood_finished_per_s=finished / window, requests=len(result.records),
         wall_s=result.wall_s, holds=_holds_by_reason(result.holds),
-        preemptions=sum(e.preemptions_total for e in engines))
+        preemptions=sum(e.model.counters.preemptions for e in engines))
 
 
 def run_point(point: FleetPoint, work: Path, seed: int = SEED,

@@ -196,10 +196,10 @@ class WindowEngine(SimEngine):
         self.window_tokens = 0
 
     def advance(self, end_s: float) -> tuple[StepResult, float | None]:
-        before = self.generation_tokens_total
+        before = self.model.counters.generation_tokens
         out = super().advance(end_s)
         if self.window[0] <= end_s < self.window[1]:
-            self.window_tokens += self.generation_tokens_total - before
+            self.window_tokens += self.model.counters.generation_tokens - before
         return out
 
     def coast(self, plan: Coast, steps: int) -> tuple[list[float], float]:
@@ -252,8 +252,8 @@ def run_defaults(point: IsolationPoint, warmup_s: float, window_s: float, tail_s
                          percentile(ttfts, 0.99),
                          sum(e.window_tokens for e in engines) / window_s,
                          len(ttfts), sum(1 for t in ttfts if math.isinf(t)))
-    return figures, SimulationFigures(result.holds, sum(e.preemptions_total for e in engines),
-                                      result.wall_s), engines
+    preemptions = sum(e.model.counters.preemptions for e in engines)
+    return figures, SimulationFigures(result.holds, preemptions, result.wall_s), engines
 
 
 def run_ideal(point: IsolationPoint, warmup_s: float, window_s: float, seed: int, *,

@@ -325,7 +325,7 @@ def run_arm(arm: Arm, seeds: Iterable[int], window_s: float) -> ArmResult:
     for seed in seeds:
         engine, victims, sim = simulate(arm, seed, window_s)
         out.wall_s += sim.wall_s
-        out.preemptions += engine.preemptions_total
+        out.preemptions += engine.model.counters.preemptions
         for key, n in sim.holds.items():
             reason = key.split("/", 1)[1]
             out.holds[reason] = out.holds.get(reason, 0) + n

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
 
+from weighbridge.emulator.counters import EngineCounters
 from weighbridge.emulator.prefix_cache import BlockHash, BlockPool, RequestBlocks, hash_block
 from weighbridge.emulator.profiles import StepTimeProfile
 
@@ -170,6 +171,10 @@ class Batch:
     # Prefill chunks' new tokens x the tokens cached before each chunk (the step's
     # attention to a cached prefix or to earlier chunks).
     prefill_context: int = 0
+    # The prefix-cache lookups of the requests it admitted, in prompt tokens (counted when
+    # the step completes, as vLLM counts them).
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -274,11 +279,9 @@ class StepModel:
         self.running: list[Sequence] = []
         self.kv = BlockPool(config.num_kv_blocks, config.block_size,
                             config.enable_prefix_caching)
-        self.num_preemptions = 0
-        # vLLM's vllm:prefix_cache_queries and _hits: prompt tokens looked up and found at a
-        # request's first admission (a preempted request's lookups are not counted).
-        self.prefix_cache_queries = 0
-        self.prefix_cache_hits = 0
+        # What vLLM's /metrics counts of the engine's work (emulator/counters.py).
+        self.counters = EngineCounters()
+        self._lookups = [0, 0]  # the step being scheduled's prefix-cache queries and hits
         self._by_id: dict[str, Sequence] = {}
         self._in_flight: Batch | None = None
         self._arrived: list[Sequence] = []  # added since the last schedule(): not queued yet
@@ -305,7 +308,9 @@ class StepModel:
             raise ValueError("a sequence needs at least one prompt token")
         if seq.target_output_tokens < 1 or seq.target_output_tokens > seq.max_tokens:
             raise ValueError("target_output_tokens must be in [1, max_tokens]")
-        if seq.prompt_tokens + seq.max_tokens > self.config.max_model_len:
+        # A pooling output is the prompt's pooled state, no token of the context.
+        if seq.prompt_tokens + (0 if seq.pooling else seq.max_tokens) > \
+                self.config.max_model_len:
             raise ValueError(
                 f"prompt ({seq.prompt_tokens}) + max_tokens ({seq.max_tokens}) exceeds "
                 f"max_model_len ({self.config.max_model_len})"
@@ -375,6 +380,7 @@ class StepModel:
             for seq in self._arrived:
                 seq.queued_s = now
             self._arrived.clear()
+        self._lookups = [0, 0]
         if self.config.chunked_prefill:
             scheduled, preempted = self._schedule_chunked()
         else:
@@ -383,7 +389,8 @@ class StepModel:
             return None
         if not scheduled:
             batch = Batch(scheduled={}, prefill_tokens=0, decode_seqs=0, kv_tokens=0,
-                          preempted=preempted, duration_s=0.0)
+                          preempted=preempted, duration_s=0.0,
+                          prefix_queries=self._lookups[0], prefix_hits=self._lookups[1])
             self._in_flight = batch
             return batch
         prefill_tokens = decode_seqs = kv_tokens = prefill_context = 0
@@ -405,6 +412,8 @@ class StepModel:
             duration_s=self.profile.step_time(prefill_tokens, decode_seqs, kv_tokens,
                                               prefill_context),
             prefill_context=prefill_context,
+            prefix_queries=self._lookups[0],
+            prefix_hits=self._lookups[1],
         )
         self._in_flight = batch
         return batch
@@ -414,6 +423,10 @@ class StepModel:
         if batch is not self._in_flight:
             raise RuntimeError("complete() of a batch that is not in flight")
         self._in_flight = None
+        counters = self.counters
+        counters.preemptions += len(batch.preempted)
+        counters.prefix_cache_queries += batch.prefix_queries
+        counters.prefix_cache_hits += batch.prefix_hits
         emitted: list[Sequence] = []
         finished: list[Sequence] = []
         gaps: list[float] = []
@@ -424,7 +437,10 @@ class StepModel:
             if seq.num_computed_tokens < seq.num_tokens:
                 continue  # a prefill chunk, more to come
             seq.output_tokens += 1
+            if not seq.pooling:
+                counters.generation_tokens += 1
             if seq.first_token_s is None:
+                counters.first_output(seq)
                 seq.first_token_s = end_s
                 # As vLLM's PrefillStats.finalize: the prompt's cached blocks less the hit.
                 registered = seq.kv.num_cached * self.config.block_size
@@ -438,14 +454,17 @@ class StepModel:
             emitted.append(seq)
             if seq.output_tokens >= seq.target_output_tokens:
                 seq.status = SequenceStatus.FINISHED
+                # A pooling request stops once pooled, as vLLM finishes it.
                 seq.finish_reason = (
-                    "length" if seq.output_tokens >= seq.max_tokens else "stop"
+                    "length" if seq.output_tokens >= seq.max_tokens and not seq.pooling
+                    else "stop"
                 )
                 seq.finished_s = end_s
                 self.running.remove(seq)
                 self._free(seq)
                 del self._by_id[seq.request_id]
                 self._left(seq)
+                counters.finish(seq)
                 finished.append(seq)
         return StepResult(batch=batch, end_s=end_s, emitted=emitted, finished=finished,
                           token_gaps=gaps)
@@ -553,6 +572,7 @@ class StepModel:
             seq.num_computed_tokens += j
             seq.output_tokens += j
             seq.last_token_s = end
+        self.counters.generation_tokens += j * len(running)
         self._in_flight = None
         if j == len(plan.ends) and plan.preempts:
             # The steps before the last scheduled their decodes as schedule() would have.
@@ -782,8 +802,8 @@ class StepModel:
         seq.num_computed_tokens = computed
         if not self.kv.enable_caching or seq.num_preemptions:
             return
-        self.prefix_cache_queries += seq.num_tokens
-        self.prefix_cache_hits += computed
+        self._lookups[0] += seq.num_tokens
+        self._lookups[1] += computed
         seq.num_cached_tokens = computed
 
     def _hashes(self, seq: Sequence, tokens: int) -> list[BlockHash]:
@@ -842,7 +862,6 @@ class StepModel:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         seq.status = SequenceStatus.WAITING
-        self.num_preemptions += 1
         self.waiting.prepend(seq)
 
 

@@ -1,12 +1,21 @@
 """The emulator's Prometheus metrics, under vLLM's own names, types, labels and buckets, so a
-dashboard or an admission controller cannot tell it from vLLM."""
+dashboard or an admission controller cannot tell it from vLLM.
+
+The engine's counters are the step model's own (``StepModel.counters``,
+emulator/counters.py), rendered at each scrape; only the per-request and per-step latency
+histograms, which the virtual-time engines do not export, are observed here.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from weighbridge.emulator.counters import REQUEST_LATENCY_BUCKETS, EngineCounters
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, StepResult
 
 # vLLM's bucket boundaries (vllm/v1/metrics/loggers.py).
@@ -14,8 +23,6 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                7.5, 10.0, 20.0, 40.0, 80.0)
-REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0,
-                           40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 STEP_LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -85,28 +92,7 @@ class EngineMetrics:
                      (*cache, "engine"), registry=r)
         info.labels(*cache.values(), engine).set(1)
 
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, labels, registry=r)
-
-        self.preemptions = counter("vllm:num_preemptions",
-                                   "Cumulative number of preemption from the engine.")
-        self.prompt_tokens = counter("vllm:prompt_tokens", "Number of prefill tokens processed.")
-        self.generation_tokens = counter("vllm:generation_tokens",
-                                         "Number of generation tokens processed.")
-        # vLLM's prefix-cache counters, in prompt tokens; like vLLM, a preempted request's
-        # lookup when it is resumed is not counted (model.prefix_cache_queries).
-        self.prefix_cache_queries = counter(
-            "vllm:prefix_cache_queries",
-            "Prefix cache queries, in terms of number of queried tokens.")
-        self.prefix_cache_hits = counter(
-            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
-        self.prompt_tokens_cached = counter(
-            "vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).")
-        self._counted_queries = self._counted_hits = 0
-        success = Counter("vllm:request_success", "Count of successfully processed requests.",
-                          (*labels, "finished_reason"), registry=r)
-        self.success = {reason: success.labels(*values, reason)
-                        for reason in ("stop", "length", "abort")}
+        r.register(_CounterCollector(model.counters, values))
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(name, doc, labels, buckets=buckets, registry=r)
@@ -119,9 +105,6 @@ class EngineMetrics:
         self.e2e = histogram("vllm:e2e_request_latency_seconds",
                              "Histogram of e2e request latency in seconds.",
                              REQUEST_LATENCY_BUCKETS)
-        self.queue_time = histogram("vllm:request_queue_time_seconds",
-                                    "Histogram of time spent in WAITING phase for request.",
-                                    REQUEST_LATENCY_BUCKETS)
         self.prefill_time = histogram("vllm:request_prefill_time_seconds",
                                       "Histogram of time spent in PREFILL phase for request.",
                                       REQUEST_LATENCY_BUCKETS)
@@ -173,16 +156,9 @@ class EngineMetrics:
         self._bind(values)
 
     def _bind(self, values: tuple[str, str]) -> None:
-        self._preemptions = self.preemptions.labels(*values)
-        self._prompt = self.prompt_tokens.labels(*values)
-        self._generation = self.generation_tokens.labels(*values)
-        self._queries = self.prefix_cache_queries.labels(*values)
-        self._hits = self.prefix_cache_hits.labels(*values)
-        self._cached = self.prompt_tokens_cached.labels(*values)
         self._ttft = self.ttft.labels(*values)
         self._itl = self.itl.labels(*values)
         self._e2e = self.e2e.labels(*values)
-        self._queue = self.queue_time.labels(*values)
         self._req_prompt = self.request_prompt_tokens.labels(*values)
         self._req_gen = self.request_generation_tokens.labels(*values)
         self._iteration = self.iteration_tokens.labels(*values)
@@ -200,25 +176,10 @@ class EngineMetrics:
             self._lora_step()
         self._iteration.observe(batch.num_tokens)
         self._model_seconds.inc(batch.duration_s)
-        if batch.preempted:
-            self._preemptions.inc(len(batch.preempted))
         self._lag.observe(max(lag_s, 0.0))
-        generated = sum(1 for seq in emitted if not seq.pooling)
-        if generated:
-            self._generation.inc(generated)
-        model = self._model
-        if model.prefix_cache_queries != self._counted_queries:
-            self._queries.inc(model.prefix_cache_queries - self._counted_queries)
-            self._hits.inc(model.prefix_cache_hits - self._counted_hits)
-            self._counted_queries = model.prefix_cache_queries
-            self._counted_hits = model.prefix_cache_hits
         for seq in emitted:
-            if seq.output_tokens == 1:
-                self._prompt.inc(seq.prompt_tokens)
-                if seq.num_cached_tokens:
-                    self._cached.inc(seq.num_cached_tokens)
-                if seq.first_token_s is not None:
-                    self._ttft.observe(seq.first_token_s - seq.arrival_s)
+            if seq.output_tokens == 1 and seq.first_token_s is not None:
+                self._ttft.observe(seq.first_token_s - seq.arrival_s)
         for gap in result.token_gaps:
             self._itl.observe(gap)
 
@@ -232,26 +193,71 @@ class EngineMetrics:
         self._lora_child.set_to_current_time()
 
     def on_finish(self, seq: Sequence) -> None:
-        # vLLM counts only requests the engine finished; a client's abort is not a success
-        # of any reason (its "abort" series exists but stays at 0 for client aborts).
+        """The request histograms of a request the engine finished (vLLM observes none for
+        a client's abort); its counters are the step model's."""
         if seq.finish_reason in (None, "abort"):
             return
-        self.success[seq.finish_reason].inc()
         if seq.finished_s is not None:
             self._e2e.observe(seq.finished_s - seq.arrival_s)
-        if seq.first_scheduled_s is not None:
-            # vLLM's queued interval: from the engine loop taking the request in (QUEUED)
-            # to its first scheduling, not from the HTTP arrival.
-            queued = seq.queued_s if seq.queued_s is not None else seq.arrival_s
-            self._queue.observe(seq.first_scheduled_s - queued)
+        # A pooling request's one output is no generated token.
+        generated = 0 if seq.pooling else seq.output_tokens
         if (seq.first_scheduled_s is not None and seq.first_token_s is not None
                 and seq.last_token_s is not None):
             self._prefill.observe(seq.first_token_s - seq.first_scheduled_s)
             decode = seq.last_token_s - seq.first_token_s
             self._decode.observe(decode)
             self._inference.observe(seq.last_token_s - seq.first_scheduled_s)
-            if seq.output_tokens > 1:
-                self._tpot.observe(decode / (seq.output_tokens - 1))
+            # As vLLM: every finished request's mean, 0 without two generated tokens.
+            self._tpot.observe(decode / (generated - 1) if generated > 1 else 0.0)
         self._req_preemptions.observe(seq.num_preemptions)
         self._req_prompt.observe(seq.prompt_tokens)
-        self._req_gen.observe(seq.output_tokens)
+        self._req_gen.observe(generated)
+
+
+class _CounterCollector(Collector):
+    """The step model's counters (``EngineCounters``) as vLLM exports them, read at each
+    scrape: its counters, ``vllm:request_success`` by reason (the ``abort`` series exists and
+    stays 0: vLLM counts no client abort), and the queue-time histogram."""
+
+    _DOCS = (
+        ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+         "preemptions"),
+        ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens"),
+        ("vllm:generation_tokens", "Number of generation tokens processed.",
+         "generation_tokens"),
+        ("vllm:prefix_cache_queries",
+         "Prefix cache queries, in terms of number of queried tokens.",
+         "prefix_cache_queries"),
+        ("vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+         "prefix_cache_hits"),
+        ("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + external).",
+         "prompt_tokens_cached"),
+    )
+
+    def __init__(self, counters: EngineCounters, values: tuple[str, str]) -> None:
+        self._counters = counters
+        self._values = list(values)
+        self._created = time.time()
+
+    def collect(self) -> Iterator[Metric]:
+        counters, values, created = self._counters, self._values, self._created
+        labels = ["model_name", "engine"]
+        for name, doc, field in self._DOCS:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, getattr(counters, field), created=created)
+            yield family
+        success = CounterMetricFamily("vllm:request_success",
+                                      "Count of successfully processed requests.",
+                                      labels=[*labels, "finished_reason"])
+        for reason in ("stop", "length", "abort"):
+            success.add_metric([*values, reason], counters.finished.get(reason, 0),
+                               created=created)
+        yield success
+        queue = counters.queue_time
+        histogram = HistogramMetricFamily(
+            "vllm:request_queue_time_seconds",
+            "Histogram of time spent in WAITING phase for request.", labels=labels)
+        bounds = [*map(str, map(float, queue.bounds)), "+Inf"]
+        histogram.add_metric(values, list(zip(bounds, queue.cumulative(), strict=True)),
+                             queue.sum)
+        yield histogram

@@ -173,7 +173,7 @@ def test_the_issue_s_examples_repeat_and_a_prefix_shared_inside_a_block() -> Non
                                  _seq("c", base[:200] + _ids(100, 1)))
     assert (first.num_cached_tokens, repeat.num_cached_tokens,
             shared.num_cached_tokens) == (0, 288, 192)
-    assert (model.prefix_cache_queries, model.prefix_cache_hits) == (900, 480)
+    assert (model.counters.prefix_cache_queries, model.counters.prefix_cache_hits) == (900, 480)
     # Prefill is charged for the computed tokens only: 300 - 288 in one step.
     assert first.num_cache_creation_tokens == 288 and repeat.num_cache_creation_tokens == 0
 
@@ -239,9 +239,9 @@ def test_requests_without_token_ids_share_nothing_but_hit_their_own_blocks_again
     a = Sequence("a", 600, 300, 300, 0.0)
     b = Sequence("b", 600, 300, 300, 0.0)
     results = list(simulate(model, [a, b]))
-    assert model.num_preemptions > 0
+    assert model.counters.preemptions > 0
     assert a.num_cached_tokens == b.num_cached_tokens == 0
-    assert (model.prefix_cache_queries, model.prefix_cache_hits) == (1200, 0)
+    assert (model.counters.prefix_cache_queries, model.counters.prefix_cache_hits) == (1200, 0)
     preempted = a if a.num_preemptions else b
     recomputed = sum(r.batch.scheduled.get(preempted, 0) for r in results)
     # Its resumption computed fewer than all of its tokens again: it found its blocks.
@@ -253,7 +253,7 @@ def test_without_prefix_caching_nothing_is_counted_or_found() -> None:
     prompt = _ids(300)
     _, again = _run(model, _seq("a", prompt), _seq("b", prompt))
     assert again.num_cached_tokens == 0
-    assert (model.prefix_cache_queries, model.prefix_cache_hits) == (0, 0)
+    assert (model.counters.prefix_cache_queries, model.counters.prefix_cache_hits) == (0, 0)
 
 
 requests = st.lists(
@@ -292,8 +292,8 @@ def test_under_any_load_hits_stay_below_the_prompt_and_the_pool_stays_consistent
         assert 0 <= seq.num_cached_tokens <= seq.prompt_tokens - 1
         assert seq.num_cached_tokens % block_size == 0
         queries += seq.prompt_tokens
-    assert model.prefix_cache_queries == queries
-    assert model.prefix_cache_hits == sum(s.num_cached_tokens for s in seqs)
+    assert model.counters.prefix_cache_queries == queries
+    assert model.counters.prefix_cache_hits == sum(s.num_cached_tokens for s in seqs)
     assert model.free_blocks == config.num_kv_blocks
 
 

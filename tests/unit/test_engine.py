@@ -86,7 +86,7 @@ def test_fcfs_preempts_the_latest_arrival_and_requeues_it_first() -> None:
     assert preempted[0] is c
     assert c.status is SequenceStatus.WAITING and c.num_computed_tokens == 0
     assert model.waiting.peek() is c
-    assert model.num_preemptions >= 1
+    assert model.counters.preemptions >= 1
 
 
 def test_priority_policy_preempts_the_lowest_priority() -> None:
@@ -339,7 +339,7 @@ def test_preemption_follows_vllm_v1(config: EngineConfig,
                 assert head == batch.preempted[::-1]
             victims += len(batch.preempted)
         now = model.complete(batch, now + batch.duration_s).end_s
-    assert model.num_preemptions == victims == sum(s.num_preemptions for s in pending)
+    assert model.counters.preemptions == victims == sum(s.num_preemptions for s in pending)
     assert all(s.output_tokens == s.target_output_tokens for s in pending)
 
 

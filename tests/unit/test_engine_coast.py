@@ -79,7 +79,7 @@ def _state(model: StepModel, batch: Batch | None) -> dict[str, Any]:
         batch.duration_s)
     return {"seqs": seqs, "running": [s.request_id for s in model.running],
             "waiting": [s.request_id for s in model.waiting], "free": model.free_blocks,
-            "preemptions": model.num_preemptions, "batch": in_flight,
+            "counters": dataclasses.astuple(model.counters), "batch": in_flight,
             "in_flight": model._in_flight is batch}
 
 

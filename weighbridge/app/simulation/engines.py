@@ -1,9 +1,9 @@
-"""One emulated engine in virtual time: the emulator's StepModel, its API front end, and the
-counters its ``/metrics`` would show.
+"""One emulated engine in virtual time: the emulator's StepModel and its API front end.
 
 The step model is the live emulator's own class (``weighbridge.emulator.engine.StepModel``); only
-the clock differs. What a scrape returns is built from the model's state and the counters the
-emulator's ``EngineMetrics`` keeps, as ``weighbridge.vllm_metrics.BackendSample``: rendering
+the clock differs. What a scrape returns is built from the model's state and its counters
+(``StepModel.counters``, the ones the emulator's ``/metrics`` renders), as
+``weighbridge.vllm_metrics.BackendSample``: rendering
 and parsing the Prometheus text on every poll (as live) costs ~1 ms per scrape and would dominate an
 hour-long run, so the equality of both paths is a test instead
 (tests/unit/simulation/test_engines.py renders the live exposition and parses it with the
@@ -40,17 +40,6 @@ class SimEngine:
         self.reports_cached_tokens = options.enable_prompt_tokens_details
         self.batch: Batch | None = None  # the step in flight
         self.steps = 0
-        # vLLM's counters, as emulator.metrics.EngineMetrics.on_step counts them.
-        self.prompt_tokens_total = 0
-        self.generation_tokens_total = 0
-        self.preemptions_total = 0
-        # vllm:prefix_cache_queries and _hits: the model's, as the last step's end counted them
-        # (with the admissions of the step scheduled there).
-        self.prefix_cache_queries_total = 0
-        self.prefix_cache_hits_total = 0
-        # vllm:request_queue_time_seconds, observed when a request finishes (metrics.on_finish).
-        self.queue_time_sum = 0.0
-        self.queue_time_count = 0
 
     @property
     def busy(self) -> bool:
@@ -85,34 +74,15 @@ class SimEngine:
         model = self.model
         result = model.complete(batch, end_s)
         self.steps += 1
-        if batch.preempted:
-            self.preemptions_total += len(batch.preempted)
         emitted = result.emitted
-        self.generation_tokens_total += len(emitted)
         if emitted:  # the front end streams them before its next admission, as live
             self.front_end.streamed(end_s, len(emitted))
-        for seq in emitted:
-            if seq.output_tokens == 1:
-                self.prompt_tokens_total += seq.prompt_tokens
-                if seq.pooling:  # its one output is the pooled state, not a generated token
-                    self.generation_tokens_total -= 1
-        for seq in result.finished:
-            if seq.finish_reason not in (None, "abort") and seq.first_scheduled_s is not None:
-                queued = seq.queued_s if seq.queued_s is not None else seq.arrival_s
-                self.queue_time_sum += seq.first_scheduled_s - queued
-                self.queue_time_count += 1
         if model.running or len(model.waiting):
             following = model.schedule(end_s)
             self.batch = following
-            self._count_lookups()
             return result, None if following is None else end_s + following.duration_s
         self.batch = None
-        self._count_lookups()
         return result, None
-
-    def _count_lookups(self) -> None:
-        self.prefix_cache_queries_total = self.model.prefix_cache_queries
-        self.prefix_cache_hits_total = self.model.prefix_cache_hits
 
     def coast_plan(self, end_s: float, until_s: float) -> Coast | None:
         """The plain decode steps this engine can take at once from the step ending at
@@ -123,33 +93,31 @@ class SimEngine:
     def coast(self, plan: Coast, steps: int) -> tuple[list[float], float]:
         """``advance()`` the first ``steps`` steps of ``plan`` at once. Returns their end
         times (every sequence of ``plan.running`` emitted a token at each) and when the step
-        left in flight ends. The counters move as ``advance`` moves them step by step: no
-        prompt is counted (every sequence had its first token), no preemption, nothing
-        finishes."""
+        left in flight ends. The model's counters move as step by step."""
         assert self.batch is not None
         ends, following = self.model.coast_apply(self.batch, plan, steps)
         n = len(plan.running)
         self.steps += steps
-        self.generation_tokens_total += n * steps
         front_end = self.front_end
         if front_end.token_s:
             for end in ends:
                 front_end.streamed(end, n)
         self.batch = following
-        self._count_lookups()
         return ends, ends[-1] + following.duration_s
 
     def sample(self, at_s: float) -> BackendSample:
         """What a scrape sent at ``at_s`` reads (the sidecar stamps the send time)."""
         model = self.model
+        counters = model.counters
         return BackendSample(
             at_s=at_s, waiting=float(model.num_waiting), running=float(model.num_running),
             kv_cache_usage=model.kv_cache_usage,
-            generation_tokens_total=float(self.generation_tokens_total),
-            prompt_tokens_total=float(self.prompt_tokens_total),
-            preemptions_total=float(self.preemptions_total),
-            queue_time_sum=self.queue_time_sum, queue_time_count=float(self.queue_time_count),
+            generation_tokens_total=float(counters.generation_tokens),
+            prompt_tokens_total=float(counters.prompt_tokens),
+            preemptions_total=float(counters.preemptions),
+            queue_time_sum=counters.queue_time.sum,
+            queue_time_count=float(counters.queue_time.count),
             kv_blocks=model.config.num_kv_blocks, block_size=model.config.block_size,
             prefix_caching=model.config.enable_prefix_caching,
-            prefix_cache_queries_total=float(self.prefix_cache_queries_total),
-            prefix_cache_hits_total=float(self.prefix_cache_hits_total))
+            prefix_cache_queries_total=float(counters.prefix_cache_queries),
+            prefix_cache_hits_total=float(counters.prefix_cache_hits))
