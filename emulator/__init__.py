@@ -1,9 +1,9 @@
 """A vLLM-compatible engine emulator: a pure step model of continuous batching, chunked
 prefill, a finite KV cache and preemption, and an HTTP face with vLLM's API and metrics.
 
-The surface (``__all__``) is what the application and the other parts use: the step model
-and its types (``engine``), the step-time profiles, the options declared once
-(``EmulatorOptions``), the tokenizers, the parsed requests and the one rule that turns
+The surface (``__all__``) is what the application and the other parts use: the step model,
+its types (``engine``) and its counters (``counters``), the step-time profiles, the options
+declared once (``EmulatorOptions``), the tokenizers, the parsed requests and the one rule that turns
 them into the engine's sequences (``engine_sequences``), the API front end and
 end-of-sequence model the virtual-time engines reuse, the HTTP server, and the real-vLLM
 harness. Each name is read from its module on first use (``weighbridge.surface``), so
@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 from weighbridge.surface import surface
 
 if TYPE_CHECKING:
-    from weighbridge.emulator.api import EmbeddingRequest, GenerationRequest, embeddings_response
+    from weighbridge.emulator.api import (
+        EmbeddingRequest,
+        GenerationRequest,
+        PoolingRequest,
+        embeddings_response,
+    )
+    from weighbridge.emulator.counters import EngineCounters
     from weighbridge.emulator.engine import (
         Batch,
         Coast,
@@ -38,7 +44,9 @@ if TYPE_CHECKING:
     from weighbridge.emulator.tokenizer import RULE, ModelTokenizer
 else:
     __getattr__, __dir__ = surface(__name__, {
-        "api": ("EmbeddingRequest", "GenerationRequest", "embeddings_response"),
+        "api": ("EmbeddingRequest", "GenerationRequest", "PoolingRequest",
+                "embeddings_response"),
+        "counters": ("EngineCounters",),
         "engine": ("Batch", "Coast", "EngineConfig", "Sequence", "SequenceStatus", "StepModel",
                    "StepResult", "simulate"),
         "eos": ("EosModel",),
@@ -63,9 +71,11 @@ __all__ = [
     "EmulatorOptions",
     "EmulatorSettings",
     "EngineConfig",
+    "EngineCounters",
     "EosModel",
     "GenerationRequest",
     "ModelTokenizer",
+    "PoolingRequest",
     "RealVllmServer",
     "Sequence",
     "SequenceStatus",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import re
 import struct
 import time
 import uuid
@@ -70,26 +71,60 @@ T = TypeVar("T")
 # true is 1, 4.0 and "8" are integers, false is 0 and so below the bound.
 _STREAM_INTERVAL: TypeAdapter[int | None] = TypeAdapter(Annotated[int, Field(ge=1)] | None)
 
-# vLLM's stand-in for a rejected value in its message is cut at this many characters.
+# vLLM's stand-in for a rejected value in its message is cut at this many characters, a
+# rendered error at _MAX_ERROR_CHARS, and a message lists at most _MAX_REPORTED_ERRORS
+# (vllm/entrypoints/serve/exception_handling/handlers/validation.py).
 _MAX_ERROR_INPUT_CHARS = 200
+_MAX_ERROR_CHARS = 1000
+_MAX_REPORTED_ERRORS = 10
+# The segments of a pydantic error's location that vLLM leaves out of its message and
+# `param`: pydantic's names for its wrappers and for a union's branches (vLLM's request
+# models are wrapped, so their branches are named in brackets, which vLLM drops too).
+_INTERNAL_LOC = frozenset({
+    "function-wrap", "function-after", "function-before", "function-plain", "json-or-python",
+    "lax-or-strict", "chain", "default", "nullable", "tagged-union", "union", "call",
+    "arguments", "is-instance", "is-subclass", "callable", "str", "int", "float", "bool",
+    "bytes", "bytearray", "list", "tuple", "dict", "set", "frozenset", "complex", "none",
+    "nonetype"})
+_BRACKETED = re.compile(r"[\[\]{}()]")
 
 
 def _validated(body: dict[str, Any], name: str, adapter: TypeAdapter[T]) -> T:
     """``body[name]`` as vLLM's request model validates it; else vLLM's 400 for a request
-    body that fails validation (FastAPI's error, as vLLM renders it in
-    vllm/entrypoints/serve/exception_handling/handlers/validation.py)."""
+    body that fails validation."""
     try:
         return adapter.validate_python(body.get(name))
     except ValidationError as e:
-        errors = e.errors(include_url=False)
-    loc = f"body.{name}"
-    # vLLM prints each error's dict with ``loc`` joined into one dotted string and ``input``
-    # summarised, the keys in pydantic's order.
-    rendered = [str({**error, "loc": ".".join([loc, *map(str, error["loc"])]),
-                     "input": _error_input(error["input"])}) for error in errors]
+        raise validation_error(e, ("body", name)) from None
+
+
+def validation_error(error: ValidationError, loc: tuple[str, ...] = ("body",),
+                     branches: Collection[str] = ()) -> ApiError:
+    """vLLM's 400 for a request body that fails validation: FastAPI's error as vLLM renders
+    it, each of pydantic's errors with its ``loc`` joined into one dotted string (less the
+    union ``branches`` and pydantic's own markers) and its ``input`` summarised, the first
+    error's location the ``param``. ``loc``: where the validated value sits in the body."""
+    errors = error.errors(include_url=False)
+    # vLLM prints each error's dict with its keys in pydantic's order.
+    located = [{**e, "loc": _dotted((*loc, *map(str, e["loc"])), branches),
+                "input": _error_input(e["input"])} for e in errors]
+    rendered = []
+    for e in located[:_MAX_REPORTED_ERRORS]:
+        text = str(e)
+        rendered.append(text if len(text) <= _MAX_ERROR_CHARS
+                        else text[:_MAX_ERROR_CHARS] + "...[truncated]")
     label = "error" if len(errors) == 1 else "errors"
     message = f"{len(errors)} validation {label}:\n" + "\n".join(f"  {r}" for r in rendered)
-    raise ApiError(400, message, "Bad Request", param=loc)
+    if len(errors) > _MAX_REPORTED_ERRORS:
+        message += f"\n  ...and {len(errors) - _MAX_REPORTED_ERRORS} more {label}"
+    return ApiError(400, message, "Bad Request",
+                    param=str(located[0]["loc"]) if located else None)
+
+
+def _dotted(loc: tuple[str, ...], branches: Collection[str]) -> str:
+    parts = [p for p in loc if p not in branches and p.lower() not in _INTERNAL_LOC
+             and not _BRACKETED.search(p)]
+    return ".".join(parts or loc)
 
 
 def _error_input(value: Any) -> str:
@@ -202,6 +237,17 @@ def _check_model(body: Any, served_model: str, adapters: Collection[str]) -> str
                    f"{served_model}.", "NotFoundError", "model")
 
 
+def pooling_model(name: Any, served_model: str, adapters: Collection[str]) -> str | None:
+    """The LoRA adapter a pooling request's ``model`` names, None for the served model (or
+    none named), or vLLM's 404 for a pooling request (which, unlike generation's, lists no
+    aliases)."""
+    if name is None or name == "" or name == served_model:
+        return None
+    if isinstance(name, str) and name in adapters:
+        return name
+    raise ApiError(404, f"The model `{name}` does not exist.", "NotFoundError")
+
+
 def _check_context(prompt_tokens: int, max_model_len: int) -> None:
     if prompt_tokens > max_model_len:
         raise ApiError(
@@ -285,19 +331,30 @@ def parse_generation_request(
 EMBEDDING_SIZE = HIDDEN_SIZE
 
 
-@dataclass(frozen=True, slots=True)
-class EmbeddingRequest:
-    """One /v1/embeddings request: each input is a prompt of its own to the engine (as in
-    vLLM, which runs a prefill-only request per input)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolingRequest:
+    """A request vLLM's pooling runner serves: each input a prefill-only request to the
+    engine, whose one output is the pooled state at the end of its prefill."""
 
     model: str  # the name answered with: the served model's, or the LoRA adapter's
-    inputs: tuple[tuple[int, ...] | str, ...]  # token ids, or text
     input_ids: tuple[tuple[int, ...], ...]  # each input's token ids, as the engine sees it
+    priority: int = 0
+    user: str | None = None
+    lora: str | None = None  # the LoRA adapter that serves it
+
+    @property
+    def usage_tokens(self) -> int:
+        """The prompt tokens its answer's usage counts: every input's."""
+        return sum(map(len, self.input_ids))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmbeddingRequest(PoolingRequest):
+    """One /v1/embeddings request."""
+
+    inputs: tuple[tuple[int, ...] | str, ...]  # token ids, or text
     prompt_tokens: tuple[int, ...]  # per input
     encoding_format: Literal["float", "base64"]
-    priority: int
-    user: str | None
-    lora: str | None = None  # the LoRA adapter that serves it
 
 
 def _token_ids(value: Any, vocab_size: int) -> tuple[int, ...] | None:
@@ -316,7 +373,9 @@ def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
                             tokenizer: Tokenizer = RULE) -> EmbeddingRequest:
     """``input``: a string, a list of strings, a list of token ids, or a list of lists of
     token ids, as OpenAI's embeddings API and vLLM take it."""
-    lora = _check_model(body, served_model, adapters)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    lora = pooling_model(body.get("model"), served_model, adapters)
     raw = body.get("input")
     inputs: list[tuple[int, ...] | str]
     ids = _token_ids(raw, vocab_size)
@@ -363,19 +422,36 @@ def parse_embedding_request(body: Any, *, served_model: str, max_model_len: int,
                             lora=lora)
 
 
-def embedding_vector(value: tuple[int, ...] | str) -> list[float]:
-    """A unit vector of ``EMBEDDING_SIZE`` floats determined by the input alone, so the same
-    input embeds the same way every time (as a real model would)."""
-    seed = hashlib.sha256(repr(value).encode()).digest()
+def pooled_state(ids: tuple[int, ...]) -> list[float]:
+    """The emulated model's hidden state at the last of ``ids``, what its pooler reads:
+    ``EMBEDDING_SIZE`` floats determined by the token ids alone, so the same prompt pools
+    the same way every time and whatever form it came in (as on a real model)."""
+    seed = hashlib.sha256(repr(tuple(ids)).encode()).digest()
     raw: list[float] = []
     counter = 0
     while len(raw) < EMBEDDING_SIZE:
         block = hashlib.sha256(seed + counter.to_bytes(4, "little")).digest()
         raw.extend(b / 127.5 - 1.0 for b in block)
         counter += 1
-    vector = raw[:EMBEDDING_SIZE]
-    norm = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return raw[:EMBEDDING_SIZE]
+
+
+def normalised(vector: Sequence[float]) -> list[float]:
+    """``vector`` scaled to unit length (an embedding pooler's activation)."""
+    norm = math.sqrt(math.fsum(x * x for x in vector)) or 1.0
     return [x / norm for x in vector]
+
+
+def embedding_vector(ids: tuple[int, ...]) -> list[float]:
+    """The embedding of a prompt: its pooled state as a unit vector."""
+    return normalised(pooled_state(ids))
+
+
+def pooling_usage(prompt_tokens: int) -> dict[str, Any]:
+    """The usage of a pooling request's answer (vLLM's ``UsageInfo``): prompt tokens only."""
+    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens,
+            "completion_tokens": 0, "prompt_tokens_details": None,
+            "completion_tokens_details": None}
 
 
 def embeddings_response(request: EmbeddingRequest, request_id: str,
@@ -390,8 +466,7 @@ def embeddings_response(request: EmbeddingRequest, request_id: str,
     prompt = sum(request.prompt_tokens)
     return {"id": request_id, "object": "list", "created": int(time.time()),
             "model": request.model, "data": data,
-            "usage": {"prompt_tokens": prompt, "total_tokens": prompt, "completion_tokens": 0,
-                      "prompt_tokens_details": None}}
+            "usage": pooling_usage(prompt)}
 
 
 def new_request_id(endpoint: Endpoint) -> str:

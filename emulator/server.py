@@ -25,6 +25,7 @@ from weighbridge.emulator.api import (
     ApiError,
     Endpoint,
     GenerationRequest,
+    PoolingRequest,
     ResponseShape,
     embedding_vector,
     embeddings_response,
@@ -39,8 +40,15 @@ from weighbridge.emulator.frontend import ApiFrontEnd
 from weighbridge.emulator.intake import engine_sequences
 from weighbridge.emulator.metrics import EngineMetrics
 from weighbridge.emulator.options import LoraModule
+from weighbridge.emulator.pooling import (
+    BinaryAnswer,
+    new_pooling_id,
+    parse_pooling_request,
+    pooling_response,
+)
 from weighbridge.emulator.profiles import StepTimeProfile
 from weighbridge.emulator.tokenizer import RULE, Tokenizer
+from weighbridge.endpoints import EndpointKind
 
 MAX_BODY_BYTES = 16 * 1024 * 1024
 
@@ -237,7 +245,11 @@ class Emulator:
                                    middlewares=[self._errors])
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat_completions)
-        self.app.router.add_post("/v1/embeddings", self.embeddings)
+        self.app.router.add_post(EndpointKind.EMBEDDINGS, self.embeddings)
+        for kind in (EndpointKind.POOLING, EndpointKind.CLASSIFY, EndpointKind.SCORE,
+                     EndpointKind.RERANK):
+            for path in kind.paths:
+                self.app.router.add_post(path, functools.partial(self.pooling, kind))
         self.app.router.add_post("/tokenize", self.tokenize)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
@@ -404,8 +416,35 @@ class Emulator:
                                       vocab_size=s.vocab_size, adapters=self.adapters,
                                       tokenizer=s.tokenizer)
         request_id = f"embd-{uuid.uuid4().hex[:16]}"
+        if not await self._pool(req, request_id):
+            return web.Response(status=499)  # aborted: the client is gone
+        return _json_response(embeddings_response(
+            req, request_id, [embedding_vector(ids) for ids in req.input_ids]))
+
+    async def pooling(self, kind: EndpointKind, request: web.Request) -> web.Response:
+        """``/pooling``, ``/classify``, ``/score`` and ``/rerank`` (emulator/pooling.py): every
+        input a prefill-only request to the engine, the answer once all are done."""
+        body = await self._json_body(request)
+        s = self.settings
+        req = parse_pooling_request(kind, body, served_model=s.model_name,
+                                    max_model_len=s.engine.max_model_len,
+                                    vocab_size=s.vocab_size, adapters=self.adapters,
+                                    tokenizer=s.tokenizer)
+        request_id = new_pooling_id(kind)
+        if not await self._pool(req, request_id):
+            return web.Response(status=499)
+        answer = pooling_response(req, request_id)
+        if isinstance(answer, BinaryAnswer):
+            headers = {} if answer.metadata is None else {"metadata": answer.metadata}
+            return web.Response(body=answer.body, headers=headers,
+                                content_type="application/octet-stream")
+        return _json_response(answer)
+
+    async def _pool(self, req: PoolingRequest, request_id: str) -> bool:
+        """Run every input of ``req`` through the engine; False if the client left first
+        (its sequences are aborted, their KV blocks freed)."""
         seqs = engine_sequences(req, request_id, self.runner.clock(), self.eos,
-                                s.engine.scheduling_policy)
+                                self.settings.engine.scheduling_policy)
         self._refuse_priority(req.priority)
         submitted: list[TokenStream] = []
         try:
@@ -418,10 +457,7 @@ class Emulator:
                 while not stream.finished:
                     await stream.wakeup.wait()
                     stream.wakeup.clear()
-            if any(not seq.is_finished for seq in seqs):
-                return web.Response(status=499)  # aborted: the client is gone
-            return _json_response(embeddings_response(
-                req, request_id, [embedding_vector(x) for x in req.inputs]))
+            return all(seq.is_finished and seq.finish_reason != "abort" for seq in seqs)
         finally:
             for seq in seqs:
                 if not seq.is_finished:

@@ -76,7 +76,8 @@ async def test_one_unit_vector_per_input_and_the_same_one_for_the_same_input(
     assert vectors[0] == vectors[2] != vectors[1]
     prompt = 2 * tokens("x y") + tokens("z")
     assert body["usage"] == {"prompt_tokens": prompt, "total_tokens": prompt,
-                             "completion_tokens": 0, "prompt_tokens_details": None}
+                             "completion_tokens": 0, "prompt_tokens_details": None,
+                             "completion_tokens_details": None}
 
     encoded = await (await client.post("/v1/embeddings", json={
         "input": "x y", "encoding_format": "base64"})).json()

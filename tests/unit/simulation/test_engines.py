@@ -1,6 +1,7 @@
 """A simulated scrape reads what the live path reads: the emulator's /metrics exposition,
-parsed by the sidecar's parser, on the same engine state (embeddings inputs among the
-requests: a pooling sequence counts its prompt, and no generated token)."""
+parsed by the sidecar's parser, on the same engine state (embeddings inputs and a rerank's
+query and documents among the requests: a pooling sequence counts its prompt, and no
+generated token)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.emulator.api import EmbeddingRequest, GenerationRequest
 from weighbridge.emulator.metrics import EngineMetrics
 from weighbridge.emulator.options import EmulatorOptions
+from weighbridge.emulator.pooling import ScoringRequest
+from weighbridge.endpoints import EndpointKind
 from weighbridge.vllm_metrics import parse_vllm_metrics
 
 # A small KV cache so the run preempts (the preemption counter must agree too).
@@ -35,6 +38,12 @@ def _embeddings(*lengths: int) -> EmbeddingRequest:
                             encoding_format="float", priority=1, user=None)
 
 
+def _rerank(query: int, *documents: int) -> ScoringRequest:
+    ids = tuple(tuple(range(9, 9 + n)) for n in (query, *documents))
+    return ScoringRequest(kind=EndpointKind.RERANK, model="m", input_ids=ids, queries=1,
+                          documents=tuple(map(str, documents)))
+
+
 def test_sample_equals_the_parsed_exposition_at_every_step() -> None:
     engine = SimEngine("engine-0", OPTIONS)
     metrics = EngineMetrics(engine.model, "m")
@@ -44,6 +53,9 @@ def test_sample_equals_the_parsed_exposition_at_every_step() -> None:
             engine.model.add(seq)
         if i % 6 == 0:
             for seq in engine.sequences(_embeddings(20 + i, 90), f"e{i}", 0.0):
+                engine.model.add(seq)
+        if i % 8 == 0:
+            for seq in engine.sequences(_rerank(12, 30, 40), f"s{i}", 0.0):
                 engine.model.add(seq)
     now, compared, preempted = 0.0, 0, 0
     end = engine.start_step(now)
@@ -60,7 +72,7 @@ def test_sample_equals_the_parsed_exposition_at_every_step() -> None:
         now, end = end, following
     assert compared > 50
     assert preempted > 0  # the counter was exercised
-    # Every generation's tokens, and none for the 8 pooled inputs.
+    # Every generation's tokens, and none for the 8 pooled inputs and the 3 reranks' 9.
     assert engine.sample(now).generation_tokens_total == sum(30 + i for i in range(24))
     assert engine.sample(now).prompt_tokens_total == sum(
-        40 + 17 * i for i in range(24)) + sum(20 + i + 90 for i in range(0, 24, 6))
+        40 + 17 * i for i in range(24)) + sum(20 + i + 90 for i in range(0, 24, 6)) + 3 * 82
