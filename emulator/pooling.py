@@ -87,8 +87,17 @@ class _Completion(_Basic):
     add_special_tokens: bool = True
 
 
+class ChatMessage(TypedDict, total=False):
+    """A chat message's fields the emulator reads (vLLM's are OpenAI's message types): typed,
+    so that a body with both ``input`` and ``messages`` is read as a chat, as vLLM's union
+    of its request forms reads it."""
+
+    role: Required[str]
+    content: str | list[dict[str, Any]] | None
+
+
 class _Chat(_Basic):
-    messages: list[Any]
+    messages: list[ChatMessage]
     add_generation_prompt: bool = False
     continue_final_message: bool = False
     add_special_tokens: bool = False
@@ -330,16 +339,12 @@ def _chat_ids(parsed: _Chat, server: _Server) -> tuple[int, ...]:
         raise ApiError(400, "Cannot apply chat template to an empty conversation. Provide "
                        "at least one message.")
     turns = []
-    for i, message in enumerate(parsed.messages):
-        role = message.get("role") if isinstance(message, dict) else None
-        content = message.get("content", "") if isinstance(message, dict) else None
-        if isinstance(content, list):
-            content = "".join(p.get("text", "") for p in content
-                              if isinstance(p, dict) and p.get("type") == "text")
-        if not isinstance(role, str) or not isinstance(content, str | None):
-            raise ApiError(400, f"messages[{i}] must be an object with a string role and "
-                           "text content")
-        turns.append((role, content or ""))
+    for message in parsed.messages:
+        content = message.get("content")
+        if isinstance(content, list):  # the text of the text parts
+            content = "".join(str(p.get("text", "")) for p in content
+                              if p.get("type") == "text")
+        turns.append((message["role"], content or ""))
     ids = server.tokenizer.chat_ids(turns, parsed.add_generation_prompt)
     if parsed.add_special_tokens:  # the tokenizer's own BOS, before the template's
         ids = server.tokenizer.prompt_ids("") + ids

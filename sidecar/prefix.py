@@ -62,6 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from weighbridge.endpoints import EndpointKind
 from weighbridge.sidecar.prompt import BYTES_PER_TOKEN, content_text
 
 TEXT_BLOCK_BYTES = 64  # 16 tokens at the prior rate: vLLM's default block size
@@ -106,13 +107,13 @@ class PromptPrefix:
     _blocks: dict[int, tuple[int, ...]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, endpoint: str, body: dict[str, Any]) -> PromptPrefix | None:
+    def of(cls, kind: EndpointKind, body: dict[str, Any]) -> PromptPrefix | None:
         """The prompt of a body ``sidecar.prompt`` has validated: a completion's token ids
         or text, a chat's messages as role and text in order; None for a batch of prompts
-        and for embeddings (one engine request per input, or no generation)."""
-        if endpoint.endswith("/chat/completions"):
+        and for the pooling kinds (one engine request per input)."""
+        if kind is EndpointKind.CHAT:
             return cls(messages=body["messages"])
-        if endpoint.endswith("/embeddings"):
+        if kind is not EndpointKind.COMPLETIONS:
             return None
         prompt = body["prompt"]
         if isinstance(prompt, str):

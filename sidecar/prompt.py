@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from weighbridge.endpoints import EndpointKind
+
 BYTES_PER_TOKEN = 4
 # No vocabulary has a token id beyond int64, vLLM's type for ids.
 TOKEN_ID_MAX = 2**63 - 1
@@ -41,22 +43,42 @@ def content_text(content: Any, where: str) -> str:
     raise PromptError(f"{where}: content must be a string or a list of parts")
 
 
-def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
+def prompt_tokens(kind: EndpointKind, body: dict[str, Any]) -> int:
     """Exact for token-id prompts, an estimate for text. A token-id prompt is normalised in
-    ``body`` to plain integers (the body is forwarded)."""
-    if endpoint.endswith("/chat/completions"):
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise PromptError("messages must be a non-empty list")
-        total = 1
-        for i, message in enumerate(messages):
-            if not isinstance(message, dict):
-                raise PromptError(f"messages[{i}] must be an object")
-            text = content_text(message.get("content"), f"messages[{i}]")
-            total += CHAT_TOKENS_PER_MESSAGE + (_text_tokens(text) if text else 0)
-        return total
-    # /v1/embeddings takes its text or token ids in `input`, in the forms of `prompt`.
-    field = "input" if endpoint.endswith("/embeddings") else "prompt"
+    ``body`` to plain integers (the body is forwarded). A pooling request's prompt is every
+    input's, and a score's or a rerank's every query's and document's (each an input of its
+    own, as vLLM runs them for an embedding model; a cross-encoder's usage, which counts the
+    query once per document, settles the difference)."""
+    if kind is EndpointKind.CHAT:
+        return _chat_tokens(body)
+    if kind is EndpointKind.COMPLETIONS:
+        return _input_tokens(body, "prompt")
+    if kind is EndpointKind.RERANK:
+        query = _score_side(body, "query", many=False)
+        return _texts_tokens(query) + _texts_tokens(_score_side(body, "documents"))
+    if kind is EndpointKind.SCORE:
+        return _score_tokens(body)
+    # Embeddings, /pooling and /classify take `input` in the forms of `prompt`, or a chat,
+    # which vLLM reads first when a body has both.
+    if isinstance(body.get("messages"), list):
+        return _chat_tokens(body)
+    return _input_tokens(body, "input")
+
+
+def _chat_tokens(body: dict[str, Any]) -> int:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise PromptError("messages must be a non-empty list")
+    total = 1
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise PromptError(f"messages[{i}] must be an object")
+        text = content_text(message.get("content"), f"messages[{i}]")
+        total += CHAT_TOKENS_PER_MESSAGE + (_text_tokens(text) if text else 0)
+    return total
+
+
+def _input_tokens(body: dict[str, Any], field: str) -> int:
     prompt = body.get(field)
     if isinstance(prompt, str):
         if not prompt:
@@ -74,6 +96,48 @@ def prompt_tokens(endpoint: str, body: dict[str, Any]) -> int:
             return sum(len(ids) for ids in batch if ids is not None)
     raise PromptError(f"{field} must be a non-empty string, list of strings, list of token "
                       "ids or list of lists of token ids")
+
+
+# A score request's two sides, by the first pair of fields it has both of, in the order vLLM
+# tries its request forms (vllm/entrypoints/pooling/scoring/protocol.py).
+_SCORE_SIDES = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"),
+                ("text_1", "text_2"))
+
+
+def _score_tokens(body: dict[str, Any]) -> int:
+    for first, second in _SCORE_SIDES:
+        if body.get(first) is not None and body.get(second) is not None:
+            queries, documents = _score_side(body, first), _score_side(body, second)
+            if len(queries) > 1 and len(queries) != len(documents):
+                # vLLM's rule: one query for every document, or one each.
+                raise PromptError(f"{first} and {second} must be 1:1, 1:N or N:N")
+            return _texts_tokens(queries) + _texts_tokens(documents)
+    raise PromptError("a score request takes queries and documents (or items), data_1 and "
+                      "data_2, or text_1 and text_2")
+
+
+def _score_side(body: dict[str, Any], field: str, many: bool = True) -> list[str]:
+    """The texts of a score or rerank field: a string or ``{"content": [parts]}`` (its text
+    parts), or (``many``) a non-empty list of them."""
+    value = body.get(field)
+    items = value if many and isinstance(value, list) else [value]
+    if not items:
+        raise PromptError(f"{field} must not be empty")
+    texts = []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("content"), list):
+            texts.append(content_text(item["content"], field))
+        else:
+            kinds = "a string or an object with content parts"
+            raise PromptError(f"{field} must be {kinds}" + (", or a list of them" if many
+                                                              else ""))
+    return texts
+
+
+def _texts_tokens(texts: list[str]) -> int:
+    return sum(_text_tokens(text) for text in texts)
 
 
 def json_integer(value: Any) -> int | None:

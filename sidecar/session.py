@@ -42,8 +42,9 @@ import orjson
 
 from weighbridge import headers as headers_
 from weighbridge import output_budget
+from weighbridge.endpoints import EndpointKind
 from weighbridge.keys import key_digest
-from weighbridge.sidecar.config import EMBEDDINGS, Config
+from weighbridge.sidecar.config import Config
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.openapi import DEADLINE_MS
 from weighbridge.sidecar.prefix import PromptPrefix
@@ -57,10 +58,11 @@ __all__ = ["BACKEND_FAILED", "BACKEND_UNAVAILABLE", "MAX_BODY_DEPTH",
            "Ingress", "Prompt", "RelayOutcome", "RequestSession", "Usage", "bearer",
            "body_too_large", "rejection", "tokens_in_chunks"]
 
-# The body's integer fields the sidecar reads, as vLLM types them (int64); vLLM's embeddings
-# take no stream_interval (nor read it).
-_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "priority")
-_GENERATION_INTEGER_FIELDS = (*_INTEGER_FIELDS, "stream_interval", "n")
+# The body's integer fields the sidecar reads, as vLLM types them (int64), per kind: the
+# pooling kinds take no output budget, stream_interval or n (nor read them).
+_GENERATION_INTEGER_FIELDS = ("max_tokens", "max_completion_tokens", "priority",
+                              "stream_interval", "n")
+_POOLING_INTEGER_FIELDS = ("priority",)
 # The deepest body the sidecar can forward: orjson writes no deeper.
 MAX_BODY_DEPTH = 255
 # vLLM's request models bound their integers to int64 (priority explicitly; the others by
@@ -178,7 +180,7 @@ class Arrival:
     forward (normalised: integers as integers, the output limit as its budget)."""
 
     caller: Caller
-    endpoint: str
+    endpoint: EndpointKind  # its path is the one forwarded
     body: dict[str, Any]
     tier: str
     deadline_ms: float | None
@@ -200,8 +202,8 @@ class Arrival:
 
     @property
     def stream(self) -> bool:
-        # Embeddings never stream (vLLM ignores the field there).
-        return self.endpoint != EMBEDDINGS and bool(self.body.get("stream", False))
+        # The pooling kinds never stream (vLLM ignores the field there).
+        return self.endpoint.generates and bool(self.body.get("stream", False))
 
 
 class Ingress:
@@ -255,25 +257,30 @@ class Ingress:
 
     def read(self, caller: Caller, endpoint: str, headers: Mapping[str, str],
              body: bytes | dict[str, Any], prompt: Prompt | None = None) -> Arrival:
-        """Validate everything the sidecar relies on (the backend validates the rest). A
-        parsed ``body`` is normalised in place; ``prompt``: counted by the front (the body
-        has none), else counted from the body."""
+        """Validate everything the sidecar relies on (the backend validates the rest) for a
+        request on the path ``endpoint`` (any path vLLM serves a kind on; the arrival is of
+        its kind, whose path is forwarded). A parsed ``body`` is normalised in place;
+        ``prompt``: counted by the front (the body has none), else counted from the body."""
         self._configured(caller)
         try:
             return self._read(caller, endpoint, headers, body, prompt)
         except ApiError as e:
             raise self.refused(caller, e) from None
 
-    def _read(self, caller: Caller, endpoint: str, headers: Mapping[str, str],
+    def _read(self, caller: Caller, path: str, headers: Mapping[str, str],
               raw: bytes | dict[str, Any], prompt: Prompt | None) -> Arrival:
+        kind = EndpointKind.of_path(path)
+        if kind is None:
+            raise ApiError(404, "unknown_endpoint", f"no endpoint is served at {path!r}",
+                           "invalid_request_error")
         body = raw if isinstance(raw, dict) else self._decode(raw)
         tier = self._tier(caller, headers.get(headers_.TIER))
         deadline_ms = _deadline_ms(headers.get(headers_.DEADLINE_MS))
-        _integers(endpoint, body)
-        max_tokens = self._output_budget(endpoint, body)
-        _fields(endpoint, body)
+        _integers(kind, body)
+        max_tokens = self._output_budget(kind, body)
+        _fields(kind, body)
         if prompt is None:
-            prompt = _prompt(endpoint, body)
+            prompt = _prompt(kind, body)
         try:
             # What is forwarded must serialise, known before the request takes any budget:
             # orjson reads 1,024 levels of nesting but writes 255.
@@ -281,8 +288,10 @@ class Ingress:
         except orjson.JSONEncodeError:
             raise _bad_request("invalid_body", f"the request body nests deeper than "
                                f"{MAX_BODY_DEPTH} levels") from None
-        return Arrival(caller, endpoint, body, tier, deadline_ms, prompt.tokens, max_tokens,
-                       output_budget.sequences(body), prompt.prefix)
+        # A pooling request is one engine request per input, however many answers `n` asks.
+        sequences = output_budget.sequences(body) if kind.generates else 1
+        return Arrival(caller, kind, body, tier, deadline_ms, prompt.tokens, max_tokens,
+                       sequences, prompt.prefix)
 
     def _decode(self, raw: bytes) -> dict[str, Any]:
         if len(raw) > self.config.max_body_bytes:
@@ -308,13 +317,13 @@ class Ingress:
                            "permission_error")
         return asked
 
-    def _output_budget(self, endpoint: str, body: dict[str, Any]) -> int | None:
+    def _output_budget(self, kind: EndpointKind, body: dict[str, Any]) -> int | None:
         """The output tokens a sequence may generate, as vLLM reads the body (None:
         unbounded but by the context); ``max_tokens_limit`` refuses a larger one asked for,
         and is forwarded as the budget of a request that asked for none."""
-        if endpoint == EMBEDDINGS:
-            return 0  # an embeddings request generates nothing
-        chat = endpoint.endswith("/chat/completions")
+        if not kind.generates:
+            return 0  # a pooling request generates nothing: it costs its input tokens
+        chat = kind is EndpointKind.CHAT
         field = output_budget.budget_field(chat, body)
         asked = body.get(field)
         if asked is not None and asked < 1:
@@ -365,9 +374,9 @@ def _deadline_ms(raw: str | None) -> float | None:
     return float(raw)
 
 
-def _integers(endpoint: str, body: dict[str, Any]) -> None:
+def _integers(kind: EndpointKind, body: dict[str, Any]) -> None:
     """The integer fields the sidecar reads, as 64-bit integers (16.0 is forwarded as 16)."""
-    for field in _INTEGER_FIELDS if endpoint == EMBEDDINGS else _GENERATION_INTEGER_FIELDS:
+    for field in _GENERATION_INTEGER_FIELDS if kind.generates else _POOLING_INTEGER_FIELDS:
         value = body.get(field)
         if value is None:
             continue
@@ -381,21 +390,21 @@ def _integers(endpoint: str, body: dict[str, Any]) -> None:
         body[field] = number
 
 
-def _prompt(endpoint: str, body: dict[str, Any]) -> Prompt:
+def _prompt(kind: EndpointKind, body: dict[str, Any]) -> Prompt:
     """The body's prompt, counted (exact for token ids, estimated for text; token ids are
     normalised in ``body``), with what the prefix index reads of it."""
     try:
-        tokens = prompt_tokens(endpoint, body)
+        tokens = prompt_tokens(kind, body)
     except PromptError as e:
         raise _bad_request("invalid_prompt", str(e)) from None
-    return Prompt(tokens, PromptPrefix.of(endpoint, body))
+    return Prompt(tokens, PromptPrefix.of(kind, body))
 
 
-def _fields(endpoint: str, body: dict[str, Any]) -> None:
+def _fields(kind: EndpointKind, body: dict[str, Any]) -> None:
     """The other fields the sidecar reads, by their types and bounds."""
-    if endpoint != EMBEDDINGS and body.get("n") is not None and body["n"] < 1:
+    if kind.generates and body.get("n") is not None and body["n"] < 1:
         raise _bad_request("invalid_n", "n must be at least 1")
-    if endpoint != EMBEDDINGS and body.get("stream_interval") is not None \
+    if kind.generates and body.get("stream_interval") is not None \
             and body["stream_interval"] < 1:
         # Live charging counts a streamed chunk's tokens by it (vLLM refuses it too).
         raise _bad_request("invalid_stream_interval", "stream_interval must be at least 1")

@@ -35,8 +35,9 @@ from typing import Any, Generic, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
+from weighbridge.endpoints import EndpointKind
 from weighbridge.hf_tokenizer import HfTokenizer
-from weighbridge.sidecar.config import EMBEDDINGS, Config
+from weighbridge.sidecar.config import Config
 
 __all__ = ["PromptTokenizers", "TextPrompt", "TokenizeQueue", "TokenizerCollector",
            "text_prompt"]
@@ -70,12 +71,13 @@ class TextPrompt:
 
 def text_prompt(endpoint: str, body: dict[str, Any]) -> TextPrompt | None:
     """What of a validated body (sidecar.session) the tokenizer counts, or None: token ids,
-    a batch of prompts, embeddings, content parts, a message with fields beyond role and
-    content, and the fields that make vLLM render or cut it otherwise."""
-    if endpoint == EMBEDDINGS:
-        return None
-    if endpoint.endswith("/chat/completions"):
+    a batch of prompts, the pooling kinds, content parts, a message with fields beyond role
+    and content, and the fields that make vLLM render or cut it otherwise."""
+    kind = EndpointKind.of_path(endpoint)
+    if kind is EndpointKind.CHAT:
         return _chat(body)
+    if kind is not EndpointKind.COMPLETIONS:
+        return None
     prompt = body.get("prompt")
     special = body.get("add_special_tokens", True)
     if not isinstance(prompt, str) or not isinstance(special, bool) \

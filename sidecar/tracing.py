@@ -26,13 +26,17 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from weighbridge.endpoints import EndpointKind
 from weighbridge.redaction import redact_url
-from weighbridge.sidecar.config import EMBEDDINGS, Telemetry
+from weighbridge.sidecar.config import Telemetry
 
 TRACER_NAME = "weighbridge.sidecar"
-# GenAI operation names (semantic conventions) of the proxied endpoints.
-OPERATIONS = {"/v1/chat/completions": "chat", "/v1/completions": "text_completion",
-              EMBEDDINGS: "embeddings"}
+# GenAI operation names of the proxied kinds: the semantic conventions' where they name one,
+# else the kind's own name.
+OPERATIONS = {EndpointKind.CHAT: "chat", EndpointKind.COMPLETIONS: "text_completion",
+              EndpointKind.EMBEDDINGS: "embeddings", EndpointKind.POOLING: "pooling",
+              EndpointKind.CLASSIFY: "classify", EndpointKind.SCORE: "score",
+              EndpointKind.RERANK: "rerank"}
 # A client chooses the model string; a long one must not bloat every span.
 MAX_MODEL_CHARS = 256
 
@@ -71,10 +75,11 @@ class RequestTracing:
         return None if provider is None else cls(provider)
 
     def start(self, endpoint: str, headers: Mapping[str, str]) -> RequestTrace:
-        """The trace of a request that just arrived at ``endpoint``."""
+        """The trace of a request that just arrived at ``endpoint`` (a path)."""
         parent = _PROPAGATOR.extract({"traceparent": headers.get("traceparent", ""),
                                       "tracestate": headers.get("tracestate", "")})
-        operation = OPERATIONS.get(endpoint, "generate")
+        kind = EndpointKind.of_path(endpoint)
+        operation = "generate" if kind is None else OPERATIONS[kind]
         root = self.tracer.start_span(
             operation, context=parent, kind=SpanKind.SERVER,
             attributes={"gen_ai.operation.name": operation, "http.request.method": "POST",
