@@ -22,15 +22,18 @@ cannot hit on the answer).
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
+from weighbridge.loadgen.identity import AGENTIC_CONTEXT, agentic_context
 from weighbridge.loadgen.plan import Message, RequestPlan
-from weighbridge.loadgen.tenants import TenantSpec
+from weighbridge.loadgen.tenants import ENDPOINT_PATHS, TenantSpec
 
-__all__ = ["TRACE_BLOCK", "ChatFraming", "block_sizes", "build_body", "message_token_ids",
-           "prompt_text", "prompt_token_ids"]
+__all__ = ["TRACE_BLOCK", "BodyOptions", "ChatFraming", "block_sizes", "build_body",
+           "message_token_ids", "prompt_fields", "prompt_text", "prompt_token_ids",
+           "request_fields"]
 
 TRACE_BLOCK = 512  # tokens per hash id of a Mooncake trace
 
@@ -114,42 +117,77 @@ class ChatFraming:
         self.observed = True
 
 
-def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None = None,
-               chat_words: int | None = None) -> bytes:
-    """The JSON body for ``plan``; chat requests carry ``chat_words`` words of text, an
-    embeddings request its prompt as token-id ``input`` (nothing to generate or stream).
-    Its ``model`` is the plan's (the tenant's, else the run's), else ``model``; none when
-    neither is set."""
+@dataclass(frozen=True, slots=True)
+class BodyOptions:
+    """What a tenant adds to every body besides its plan: ``ignore_eos``, continuous usage,
+    vLLM's ``priority``, and vllm-router's agentic context (weighbridge.loadgen.identity)."""
+
+    ignore_eos: bool = True
+    continuous_usage: bool = False
+    priority: int | None = None
+    agentic_context: bool = False
+
+    @classmethod
+    def of(cls, tenant: TenantSpec) -> BodyOptions:
+        return cls(ignore_eos=tenant.ignore_eos, continuous_usage=tenant.continuous_usage,
+                   priority=tenant.priority,
+                   agentic_context=AGENTIC_CONTEXT in tenant.identity)
+
+
+def request_fields(plan: RequestPlan, options: BodyOptions, model: str | None = None
+                   ) -> dict[str, Any]:
+    """Every field of ``plan``'s body but its prompt. The simulator gives these to the
+    sidecar with the prompt counted from the plan; :func:`build_body` adds the prompt. Its
+    ``model`` is the plan's (the tenant's, else the run's), else ``model``; none when neither
+    is set. The endpoint is the plan's: a replayed row may name its own."""
     model = plan.model or model
     body: dict[str, Any] = {}
-    if tenant.endpoint == "embeddings":
-        body["input"] = prompt_token_ids(plan.prompt_tokens, plan.content_seed)
-    else:
+    embeddings = plan.endpoint == ENDPOINT_PATHS["embeddings"]
+    if not embeddings:
         body.update(max_tokens=plan.max_tokens, stream=plan.stream)
     if model:
         body["model"] = model
-    if plan.messages is not None:
-        if tenant.endpoint == "chat":
-            body["messages"] = [{"role": m.role, "content": _message_text(m)}
-                                for m in plan.messages]
-        else:
-            body["prompt"] = [i for m in plan.messages for i in message_token_ids(m)]
-        if plan.session_id is not None and tenant.endpoint == "completions":
-            body["return_token_ids"] = True  # the answer's ids go back in the next turn
-    elif tenant.endpoint == "chat":
-        words = plan.prompt_tokens if chat_words is None else chat_words
-        body["messages"] = [{"role": "user", "content": prompt_text(words, plan.content_seed)}]
-    elif tenant.endpoint == "completions":
-        body["prompt"] = prompt_token_ids(plan.prompt_tokens, plan.content_seed)
-    if tenant.ignore_eos and tenant.endpoint != "embeddings":
+    if plan.session_id is not None and plan.endpoint == ENDPOINT_PATHS["completions"]:
+        body["return_token_ids"] = True  # the answer's ids go back in the next turn
+    if options.ignore_eos and not embeddings:
         body["ignore_eos"] = True
     if plan.stream:
-        options = {"include_usage": True}
-        if tenant.continuous_usage:
-            options["continuous_usage_stats"] = True
-        body["stream_options"] = options
+        stream_options = {"include_usage": True}
+        if options.continuous_usage:
+            stream_options["continuous_usage_stats"] = True
+        body["stream_options"] = stream_options
     if plan.user is not None:
         body["user"] = plan.user
-    if tenant.priority is not None:
-        body["priority"] = tenant.priority
+    if options.priority is not None:
+        body["priority"] = options.priority
+    if options.agentic_context and (context := agentic_context(plan)) is not None:
+        body["vllm_xargs"] = {"agentic_context": context}
+    return body
+
+
+def prompt_fields(plan: RequestPlan, chat_words: int | None = None) -> dict[str, Any]:
+    """``plan``'s prompt as its endpoint takes it: chat messages (``chat_words`` words for a
+    prefix-free one), completions token ids, or an embeddings request's token-id
+    ``input``."""
+    if plan.endpoint == ENDPOINT_PATHS["embeddings"]:
+        return {"input": prompt_token_ids(plan.prompt_tokens, plan.content_seed)}
+    chat = plan.endpoint == ENDPOINT_PATHS["chat"]
+    if plan.messages is not None:
+        if chat:
+            return {"messages": [{"role": m.role, "content": _message_text(m)}
+                                 for m in plan.messages]}
+        return {"prompt": [i for m in plan.messages for i in message_token_ids(m)]}
+    if chat:
+        words = plan.prompt_tokens if chat_words is None else chat_words
+        return {"messages": [{"role": "user",
+                              "content": prompt_text(words, plan.content_seed)}]}
+    return {"prompt": prompt_token_ids(plan.prompt_tokens, plan.content_seed)}
+
+
+def build_body(plan: RequestPlan, tenant: TenantSpec, model: str | None = None,
+               chat_words: int | None = None) -> bytes:
+    """The JSON body for ``plan`` as ``tenant`` sends it: :func:`request_fields` and the
+    prompt (:func:`prompt_fields`)."""
+    body = request_fields(plan, BodyOptions.of(tenant), model)
+    body.update(prompt_fields(plan, chat_words))
     return orjson.dumps(body)

@@ -2,12 +2,15 @@
 
 Each open-loop tenant gets a scheduler greenlet that sleeps until each request's due time and
 spawns a greenlet for it, so a request is sent on time whether or not earlier ones have
-finished; its latencies start at the due time. Closed-loop users are a greenlet each, and so
-is each multi-turn session (started at its open-loop time; its turns follow its answers as
-weighbridge.loadgen.sessions says). A trace replaces the tenants' schedules with its own
-plans, sent at their times. When
-the run stops, whatever has not finished is recorded as ``cancelled`` (with ``sent_s`` unset
-if it never left), so every scheduled request ends in exactly one record.
+finished; its latencies start at the due time. Closed-loop users are a greenlet each. A
+conversation (a multi-turn session, an agent program, a replayed trace's session:
+weighbridge.loadgen.conversations) starts at its open-loop time, and each of its
+requests is a greenlet that, once its answer has ended, spawns those the conversation plans
+next (a program's subagents run side by side; their parent's next call follows the last of
+them). A trace replaces the tenants' schedules with its own plans and sessions, sent at
+their times. When the run stops, whatever has not finished is recorded as ``cancelled``
+(with ``sent_s`` unset if it never left), so every scheduled request ends in exactly one
+record.
 
 The driver knows nothing about Locust: the glue passes callbacks for the finished records
 (records file, Locust statistics, exporter) and for starts and schedule lag (exporter).
@@ -20,7 +23,7 @@ import math
 import random
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import gevent
@@ -29,6 +32,8 @@ from gevent.pool import Group
 from weighbridge.loadgen.arrivals import Closed
 from weighbridge.loadgen.bodies import ChatFraming, build_body
 from weighbridge.loadgen.client import HttpTarget
+from weighbridge.loadgen.conversations import Conversation, conversations_of
+from weighbridge.loadgen.identity import request_headers
 from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import (
     RequestPlan,
@@ -40,8 +45,8 @@ from weighbridge.loadgen.plan import (
     share,
 )
 from weighbridge.loadgen.scenario import Workload
-from weighbridge.loadgen.sessions import Session, first_turn, next_turn, sessions_of
-from weighbridge.loadgen.tenants import TenantSpec
+from weighbridge.loadgen.tenants import ENDPOINT_PATHS, TenantSpec
+from weighbridge.loadgen.trace import TraceReplay
 from weighbridge.records import RequestRecord
 
 __all__ = ["DriverStats", "RequestCancelled", "TrafficDriver"]
@@ -94,7 +99,7 @@ class TrafficDriver:
         count: int = 1,
         until_s: float = math.inf,
         chat_overhead: int | None = None,  # the chat template's framing, if measured
-        trace: Sequence[RequestPlan] | None = None,  # replaces the tenants' schedules
+        trace: TraceReplay | None = None,  # replaces the tenants' schedules
         on_record: RecordHook,
         on_start: StartHook | None = None,
         on_lag: LagHook | None = None,
@@ -130,11 +135,14 @@ class TrafficDriver:
 
     def start(self) -> None:
         if self.trace is not None:
-            self._schedulers.spawn(self._guarded, self._replay, self.trace)
+            self._schedulers.spawn(self._guarded, self._replay, self.trace.plans)
+            self._schedulers.spawn(self._guarded, self._conversations, self.trace.sessions)
             return
         for tenant in self.workload.tenants:
-            if tenant.sessions is not None:
-                self._schedulers.spawn(self._guarded, self._session_starts, tenant)
+            conversations = conversations_of(tenant, self.workload, self.seed, self.until_s,
+                                             self.model)
+            if conversations is not None:
+                self._schedulers.spawn(self._guarded, self._conversations, conversations)
                 continue
             self._schedulers.spawn(self._guarded, self._open_loop, tenant)
             for phase, start, end, user, process in closed_users(
@@ -211,28 +219,33 @@ class TrafficDriver:
             request = self._prepare(tenant, plan)
             self._requests.spawn(self._send_when_due, tenant, self._meter(plan), *request)
 
-    def _session_starts(self, tenant: TenantSpec) -> None:
-        for session in sessions_of(tenant, self.workload, self.seed, self.until_s):
-            if session.seq % self.count == self.index:
-                self._sleep_until(session.start_s - _SPAWN_AHEAD_S)
-                self._requests.spawn(self._guarded, self._session, session)
+    def _conversations(self, conversations: Iterable[Conversation]) -> None:
+        """Conversations in the order they start; conversation ``i`` belongs to process
+        ``i % count`` (a session's or a program's sequence number among its tenant's)."""
+        for i, conversation in enumerate(conversations):
+            if i % self.count != self.index:
+                continue
+            plan = conversation.first()
+            if plan.scheduled_s >= self.until_s:
+                return
+            self._sleep_until(plan.scheduled_s - _SPAWN_AHEAD_S)
+            self._requests.spawn(self._guarded, self._turn, conversation, plan)
 
-    def _session(self, session: Session) -> None:
-        """One session's turns, each sent its think time after the previous answer ended."""
-        tenant = session.tenant
-        plan: RequestPlan | None = first_turn(session, self.workload, self.seed, self.model)
-        while plan is not None and plan.scheduled_s < self.until_s:
-            request = self._prepare(tenant, plan)
-            meter = self._meter(plan)
-            self._sleep_until(plan.scheduled_s)  # cancelled here: stop() records it if due
-            self._perform(tenant, meter, *request)
-            answer = meter.answer()
-            if answer is not None and answer.token_ids is None \
-                    and tenant.endpoint == "completions":
-                self.stats.answers_without_ids[tenant.name] += 1
-            assert meter.end_s is not None
-            plan = next_turn(session, plan, answer, meter.end_s, self.workload, self.seed,
-                             self.model)
+    def _turn(self, conversation: Conversation, plan: RequestPlan) -> None:
+        """One request of a conversation; when it has ended, those that follow it."""
+        tenant = self._tenants[plan.tenant]
+        request = self._prepare(tenant, plan)
+        meter = self._meter(plan)
+        self._sleep_until(plan.scheduled_s)  # cancelled here: stop() records it if due
+        self._perform(tenant, meter, *request)
+        answer = meter.answer()
+        if answer is not None and answer.token_ids is None \
+                and plan.endpoint == ENDPOINT_PATHS["completions"]:
+            self.stats.answers_without_ids[tenant.name] += 1
+        assert meter.end_s is not None
+        for follow in conversation.ended(plan, answer, meter.end_s):
+            if not self._stopped and follow.scheduled_s < self.until_s:
+                self._requests.spawn(self._guarded, self._turn, conversation, follow)
 
     def _send_when_due(self, tenant: TenantSpec, meter: StreamMeter, body: bytes,
                        headers: dict[str, str], words: int | None) -> None:
@@ -262,7 +275,7 @@ class TrafficDriver:
         words = None
         if tenant.endpoint == "chat" and plan.messages is None:
             words = self._framing[tenant.name].words_for(plan.prompt_tokens)
-        headers = tenant.request_headers
+        headers = request_headers(plan, tenant)
         if tenant.api_key:
             headers["authorization"] = f"Bearer {tenant.api_key}"
         return build_body(plan, tenant, chat_words=words), headers, words

@@ -58,9 +58,10 @@ from weighbridge.loadgen.tenants import TenantsError
 from weighbridge.loadgen.trace import (
     TenantRule,
     TraceError,
+    TraceReplay,
     TraceRows,
     read_trace_rows,
-    trace_plans,
+    trace_replay,
 )
 from weighbridge.records import RecordAppender, RequestRecord
 from weighbridge.rundir import (
@@ -124,19 +125,21 @@ class _Options:
         rows = self.trace_rows()
         if rows is None:
             return workload
-        # One phase: the trace's last send, then as long as its slowest tenant may wait.
-        end = rows.end_s / self.trace_speed + max(t.timeout_s for t in workload.tenants)
+        # One phase: the trace's last send, then as long as its slowest tenant may wait for
+        # each turn of its longest session (a replay ends sooner: when its last answer has).
+        end = rows.end_s / self.trace_speed + rows.longest_session * max(
+            t.timeout_s for t in workload.tenants)
         assert self.trace is not None
         return Workload(f"trace:{self.trace.stem}", (PhaseSpan("trace", 0.0, end),),
                         workload.tenants)
 
-    def plans(self, workload: Workload, model: str | None) -> list[RequestPlan] | None:
-        """The trace's plans (None without a trace), with the run's model."""
+    def replay(self, workload: Workload, model: str | None) -> TraceReplay | None:
+        """What the trace sends (None without a trace), with the run's model."""
         rows = self.trace_rows()
         if rows is None:
             return None
-        return trace_plans(rows, workload.tenants, self.trace_tenants, speed=self.trace_speed,
-                           seed=self.seed, model=model)
+        return trace_replay(rows, workload.tenants, self.trace_tenants, speed=self.trace_speed,
+                            seed=self.seed, model=model)
 
 
 @dataclass
@@ -250,7 +253,7 @@ def _resolve(parsed: Any) -> _Options:
     )
     try:
         # Loads and checks the tenants (and the trace's rows and tenants) now, not mid-run.
-        options.plans(options.workload(), None)
+        options.replay(options.workload(), None)
     except (TraceError, OSError) as exc:
         raise ScenarioError(f"--trace: {exc}") from None
     return options
@@ -455,13 +458,17 @@ def _start_sending(environment: Environment) -> None:
         # as its record's latencies do.
         exporter.request_started(plan.tenant, plan.tier, plan.prompt_tokens + plan.max_tokens,
                                  t0 + plan.scheduled_s)
+        program = plan.program
+        if program is not None and program.parent_id is None and plan.turn == 0:
+            exporter.program_started(plan.tenant, plan.tier, program.program_id,
+                                     t0 + plan.scheduled_s)
 
     target = HttpTarget(environment.host or "", max_connections=options.max_connections)
     state.driver = TrafficDriver(
         workload, target, run_id=str(run["run_id"]), t0=t0, seed=options.seed,
         model=run.get("model"), index=index, count=count,
         until_s=float(run["until_s"]), chat_overhead=run.get("chat_overhead"),
-        trace=options.plans(workload, run.get("model")), on_record=on_record,
+        trace=options.replay(workload, run.get("model")), on_record=on_record,
         on_start=on_start if exporter is not None else None,
         on_lag=exporter.schedule_lag if exporter is not None else None,
     )

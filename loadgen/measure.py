@@ -16,7 +16,8 @@ rules are tested exactly:
   one), never a count of chunks; ``cached_tokens`` from its
   ``prompt_tokens_details.cached_tokens`` (vLLM with ``--enable-prompt-tokens-details``),
   None when the server does not report it.
-* **the answer** of a session's turn (:meth:`StreamMeter.answer`): the content it streamed,
+* **the answer** of a conversation's turn (:meth:`StreamMeter.answer`: a session's, an agent
+  program's call): the content it streamed,
   and the token ids of its choices when the server returned them (vLLM's ``token_ids``).
 * **status**: ``ok`` when the stream ended with ``[DONE]`` (or a whole non-streamed body
   arrived) without an error event; ``rejected`` for 429 and 503 and any answer carrying
@@ -33,8 +34,7 @@ from typing import Any, Protocol
 import orjson
 
 from weighbridge import headers as headers_
-from weighbridge.loadgen.plan import RequestPlan
-from weighbridge.loadgen.sessions import Answer
+from weighbridge.loadgen.plan import Answer, ProgramRef, RequestPlan
 from weighbridge.records import RequestRecord, Status
 from weighbridge.statistics import percentile
 
@@ -86,7 +86,8 @@ class StreamMeter:
         self.prompt_tokens: int | None = None
         self.output_tokens: int | None = None
         self.cached_tokens: int | None = None
-        # A session's turn keeps its answer for the next turn; other requests keep nothing.
+        # A conversation's turn (a session's, a program's call: session_id set) keeps its
+        # answer for the next turn; other requests keep nothing.
         self._answer: list[str] | None = [] if plan.session_id is not None else None
         self._answer_ids: list[int] | None = None
         self.chunks = 0
@@ -293,4 +294,12 @@ class StreamMeter:
             status=self.status, http_status=self.http_status, reason=self.reason,
             backend=self.backend, queue_s=self.queue_s, model=plan.model,
             session_id=plan.session_id, turn=plan.turn, cached_tokens=self.cached_tokens,
+            **_program_fields(plan.program),
         )
+
+
+def _program_fields(program: ProgramRef | None) -> dict[str, Any]:
+    if program is None:
+        return {}
+    return {"program_id": program.program_id, "parent_program_id": program.parent_id,
+            "program_calls": program.calls}

@@ -18,8 +18,8 @@ from weighbridge.loadgen.arrivals import Closed
 from weighbridge.loadgen.scenario import Workload
 from weighbridge.loadgen.tenants import TenantSpec
 
-__all__ = ["Due", "Message", "RequestPlan", "closed_users", "open_loop_schedule", "plan_request",
-           "share", "system_message"]
+__all__ = ["Answer", "Due", "Message", "ProgramRef", "RequestPlan", "closed_users",
+           "open_loop_schedule", "plan_request", "share", "system_message"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,17 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgramRef:
+    """The agent program a request is a call of (weighbridge.loadgen.programs, or a replayed
+    trace's session), named as its harness names it."""
+
+    program_id: str
+    root_id: str  # the program at the top of its fork-join family (nobody forked it)
+    parent_id: str | None  # the program that forked it; None for the root
+    calls: int  # the calls its own thread planned (a call is a turn of its conversation)
+
+
+@dataclass(frozen=True, slots=True)
 class RequestPlan:
     request_id: str
     tenant: str
@@ -67,6 +78,17 @@ class RequestPlan:
     messages: tuple[Message, ...] | None = None
     session_id: str | None = None
     turn: int | None = None
+    program: ProgramRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What the server answered a turn: its length in tokens (usage), its text, and its
+    token ids when the server returned them."""
+
+    tokens: int
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
 
 
 def open_loop_schedule(tenant: TenantSpec, workload: Workload, seed: int,

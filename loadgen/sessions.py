@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from weighbridge.loadgen.plan import (
+    Answer,
     Message,
     RequestPlan,
     open_loop_schedule,
@@ -34,7 +35,8 @@ from weighbridge.loadgen.plan import (
 from weighbridge.loadgen.scenario import Workload
 from weighbridge.loadgen.tenants import TenantSpec
 
-__all__ = ["Answer", "Session", "first_turn", "next_turn", "phase_at", "sessions_of"]
+__all__ = ["Answer", "Session", "SessionTurns", "first_turn", "next_turn", "phase_at",
+           "sessions_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,16 +47,6 @@ class Session:
     turns: int  # as drawn; fewer are sent when a turn fails or the run ends
     user: str | None  # the `user` field of every turn
     start_s: float
-
-
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """What the server answered a turn: its length in tokens (usage), its text, and its
-    token ids when the server returned them."""
-
-    tokens: int
-    text: str | None = None
-    token_ids: tuple[int, ...] | None = None
 
 
 def session_id(tenant: str, seq: int) -> str:
@@ -129,3 +121,23 @@ def next_turn(session: Session, previous: RequestPlan, answer: Answer | None, en
     reply = Message("assistant", answer.tokens, text=answer.text, token_ids=answer.token_ids)
     return _turn(session, previous.turn + 1, (*previous.messages, reply),
                  max(end_s, previous.scheduled_s) + think_s, workload, seed, model)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionTurns:
+    """A session as a conversation (weighbridge.loadgen.conversations): its turns, one
+    after each answer."""
+
+    session: Session
+    workload: Workload
+    seed: int
+    model: str | None = None  # the run's, for a tenant naming none
+
+    def first(self) -> RequestPlan:
+        return first_turn(self.session, self.workload, self.seed, self.model)
+
+    def ended(self, plan: RequestPlan, answer: Answer | None, end_s: float
+              ) -> list[RequestPlan]:
+        turn = next_turn(self.session, plan, answer, end_s, self.workload, self.seed,
+                         self.model)
+        return [] if turn is None else [turn]

@@ -18,10 +18,15 @@ A tenants file is YAML with one list::
         phases: {flood: {kind: poisson, rate: 50}, recovery: null}   # ... unless overridden
         system_prompt: {length: 600, shared: support-bot}   # the same text before every prompt
         sessions: {turns: {kind: uniform, low: 2, high: 8}, think_ms: 4000}
+        programs: {calls: {kind: uniform, low: 4, high: 12}, tool_ms: 1500, tool_output: 200,
+                   subagents: {probability: 0.2, count: 2, calls: 3}}
+        identity: [claude_code, agentic_context]   # how its requests name their program
 
-A tenant without ``system_prompt`` and ``sessions`` is in **prefix-free mode**: no two of
-its prompts share a prefix. With ``sessions``, ``arrival`` says when sessions start and
-``lengths`` draws each turn's new user message and answer (weighbridge.loadgen.sessions).
+A tenant without ``system_prompt``, ``sessions`` and ``programs`` is in **prefix-free
+mode**: no two of its prompts share a prefix. With ``sessions``, ``arrival`` says when
+sessions start and ``lengths`` draws each turn's new user message and answer
+(weighbridge.loadgen.sessions); with ``programs``, when agent programs start, ``lengths``
+drawing each program's task and each call's answer (weighbridge.loadgen.programs).
 
 Problems are reported once, at load, as ``TenantsError`` with one ``path: message`` line each
 (``tenants.0.lengths.prompt.low: ...``), naming the file.
@@ -29,6 +34,7 @@ Problems are reported once, at load, as ``TenantsError`` with one ``path: messag
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -40,6 +46,7 @@ from pydantic import (
     Field,
     NonNegativeInt,
     PositiveFloat,
+    PositiveInt,
     ValidationError,
     model_validator,
 )
@@ -48,10 +55,14 @@ from weighbridge import headers as headers_
 from weighbridge.loadgen.arrivals import Arrival, Closed
 from weighbridge.loadgen.lengths import Distribution, Lengths
 
-__all__ = ["ENDPOINT_PATHS", "Sessions", "SystemPrompt", "TenantSpec", "TenantsError",
-           "TenantsFile", "load_tenants"]
+__all__ = ["ENDPOINT_PATHS", "HARNESSES", "Harness", "Programs", "Sessions", "Subagents",
+           "SystemPrompt", "TenantSpec", "TenantsError", "TenantsFile", "load_tenants"]
 
 Endpoint = Literal["completions", "chat", "embeddings"]
+# How a request names its agent program (weighbridge.loadgen.identity): an agent harness's
+# headers, or vllm-router's vllm_xargs.agentic_context in the body.
+Harness = Literal["claude_code", "opencode", "codex", "agentic_context"]
+HARNESSES: tuple[str, ...] = typing.get_args(Harness)
 ENDPOINT_PATHS: dict[str, str] = {
     "completions": "/v1/completions",
     "chat": "/v1/chat/completions",
@@ -81,6 +92,29 @@ class Sessions(_Model):
     think_ms: Distribution
 
 
+class Subagents(_Model):
+    """Fork-join: after each of its calls but the last, a program forks ``count`` subagents
+    with chance ``probability``; each is a program of ``calls`` calls that starts from its
+    parent's context and its own task, and the parent resumes when they have all ended.
+    Subagents fork in turn down to ``depth`` levels below the program a person started."""
+
+    probability: float = Field(ge=0, le=1)
+    count: Distribution
+    calls: Distribution
+    depth: PositiveInt = 1
+
+
+class Programs(_Model):
+    """Agent programs: each starts at an open-loop arrival of the tenant with ``calls``
+    calls; after each answer but the last its tool runs for ``tool_ms`` and appends
+    ``tool_output`` tokens to the context the next call resends (weighbridge.loadgen.programs)."""
+
+    calls: Distribution
+    tool_ms: Distribution
+    tool_output: Distribution
+    subagents: Subagents | None = None
+
+
 class TenantSpec(_Model):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     api_key: str | None = None
@@ -108,22 +142,35 @@ class TenantSpec(_Model):
     phases: dict[str, Arrival | None] = Field(default_factory=dict)
     system_prompt: SystemPrompt | None = None
     sessions: Sessions | None = None
+    programs: Programs | None = None
+    # How its requests name their agent program, each harness as it sends it (several may
+    # be combined); none: they name none.
+    identity: tuple[Harness, ...] = ()
 
     @model_validator(mode="after")
     def _prefix_structure_fits(self) -> TenantSpec:
-        if self.endpoint == "embeddings" and (self.system_prompt or self.sessions):
-            raise ValueError("system_prompt and sessions: an embeddings tenant sends one "
-                             "input, with no prefix structure")
-        if self.sessions is not None and any(
+        if self.endpoint == "embeddings" and (self.system_prompt or self.sessions
+                                              or self.programs):
+            raise ValueError("system_prompt, sessions and programs: an embeddings tenant "
+                             "sends one input, with no prefix structure")
+        if self.sessions is not None and self.programs is not None:
+            raise ValueError("sessions and programs: a tenant's arrivals start one or the "
+                             "other")
+        kind = "sessions" if self.sessions is not None else \
+            "programs" if self.programs is not None else None
+        if kind is not None and any(
                 isinstance(a, Closed) for a in (self.arrival, *self.phases.values())):
-            raise ValueError("sessions: sessions arrive open loop; a closed-loop arrival "
-                             "does not fit (a session's turns already wait for answers)")
+            raise ValueError(f"{kind}: {kind} arrive open loop; a closed-loop arrival does "
+                             "not fit (their requests already wait for answers)")
+        if len(set(self.identity)) != len(self.identity):
+            raise ValueError("identity: a harness is named twice")
         return self
 
     @property
     def prefix_free(self) -> bool:
-        """No two prompts of the tenant share a prefix (no system prompt, no sessions)."""
-        return self.system_prompt is None and self.sessions is None
+        """No two prompts of the tenant share a prefix (no system prompt, sessions or
+        programs)."""
+        return self.system_prompt is None and self.sessions is None and self.programs is None
 
     @model_validator(mode="before")
     @classmethod

@@ -28,9 +28,11 @@ import pyarrow.parquet as pq
 __all__ = [
     "ADDED_FIELDS",
     "FIELD_NAMES",
+    "PROGRAM_ENDS",
     "RECORD_SCHEMA",
     "SCHEMA_VERSION",
     "STATUSES",
+    "ProgramEnd",
     "RecordAppender",
     "RequestRecord",
     "Status",
@@ -44,6 +46,8 @@ __all__ = [
 
 Status = Literal["ok", "rejected", "error", "cancelled", "timeout"]
 STATUSES: frozenset[str] = frozenset(typing.get_args(Status))
+ProgramEnd = Literal["completed", "failed"]
+PROGRAM_ENDS: tuple[str, ...] = typing.get_args(ProgramEnd)
 
 _INT64_MAX = 2**63 - 1
 
@@ -85,6 +89,12 @@ class RequestRecord:
     session_id: str | None = None
     turn: int | None = None
     cached_tokens: int | None = None
+    # Schema 4: the agent program the request is a call of (weighbridge.loadgen.programs, or
+    # a replayed trace's session), the program that forked it (None for a program nobody
+    # forked), and the calls its program planned (its turns); None outside programs.
+    program_id: str | None = None
+    parent_program_id: str | None = None
+    program_calls: int | None = None
 
     def __post_init__(self) -> None:
         # Validation happens here so that JSONL, Parquet and direct construction all hold
@@ -109,6 +119,24 @@ class RequestRecord:
         if self.prompt_tokens is None or self.cached_tokens is None:
             return None
         return self.prompt_tokens - self.cached_tokens
+
+    @property
+    def program_end(self) -> ProgramEnd | None:
+        """How this request ended its program, when it did. A program nobody forked (a
+        root: what a person waits for) is ``completed`` when its last planned call ends ok,
+        and ``failed`` when any of its calls ends neither ok nor cut off by the run's end
+        (``cancelled``: the program is unfinished). A forked program's calls end no root:
+        its parent resumes without its answer (weighbridge.loadgen.programs)."""
+        if self.program_id is None or self.parent_program_id is not None:
+            return None
+        if self.status == "cancelled":
+            return None
+        if self.status != "ok":
+            return "failed"
+        if self.turn is not None and self.program_calls is not None \
+                and self.turn + 1 >= self.program_calls:
+            return "completed"
+        return None
 
     @property
     def e2e_s(self) -> float:
@@ -201,10 +229,11 @@ _ARROW_TYPES: dict[type, pa.DataType] = {
     float: pa.float64(),
 }
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Fields added after schema 1 -> the schema version that added them. Each is optional and
 # comes after every field of schema 1; an older file without it reads it as null.
-ADDED_FIELDS: dict[str, int] = {"model": 2, "session_id": 3, "turn": 3, "cached_tokens": 3}
+ADDED_FIELDS: dict[str, int] = {"model": 2, "session_id": 3, "turn": 3, "cached_tokens": 3,
+                                "program_id": 4, "parent_program_id": 4, "program_calls": 4}
 assert all(optional for name, _, optional in _FIELD_SPECS if name in ADDED_FIELDS)
 assert set(FIELD_NAMES[-len(ADDED_FIELDS):]) == set(ADDED_FIELDS)
 

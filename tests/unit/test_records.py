@@ -60,6 +60,9 @@ DESIGN_FIELDS = [
     "session_id",  # schema 3
     "turn",  # schema 3
     "cached_tokens",  # schema 3
+    "program_id",  # schema 4
+    "parent_program_id",  # schema 4
+    "program_calls",  # schema 4
 ]
 
 
@@ -307,6 +310,25 @@ def test_model_roundtrips_and_is_null_when_the_request_named_none(tmp_path: Path
     assert RECORD_SCHEMA.field("model").nullable
     assert RECORD_SCHEMA.metadata == {b"weighbridge.record_schema": str(SCHEMA_VERSION).encode()}
     assert ADDED_FIELDS["model"] == 2 and SCHEMA_VERSION >= 2
+
+
+@pytest.mark.parametrize(("overrides", "end"), [
+    ({}, None),  # not a program's call
+    ({"program_id": "a-p0", "turn": 3, "program_calls": 4}, "completed"),
+    ({"program_id": "a-p0", "turn": 2, "program_calls": 4}, None),  # more calls follow
+    ({"program_id": "a-p0", "turn": 1, "program_calls": 4, "status": "timeout"}, "failed"),
+    ({"program_id": "a-p0", "turn": 3, "program_calls": 4, "status": "rejected"}, "failed"),
+    # Cut off by the run's end: the program is unfinished, neither completed nor failed.
+    ({"program_id": "a-p0", "turn": 3, "program_calls": 4, "status": "cancelled"}, None),
+    # A subagent's calls end no program a person waits for: its parent resumes without it.
+    ({"program_id": "a-p0-c1.0", "parent_program_id": "a-p0", "turn": 1,
+      "program_calls": 2}, None),
+    ({"program_id": "a-p0-c1.0", "parent_program_id": "a-p0", "turn": 0,
+      "program_calls": 2, "status": "error"}, None),
+])
+def test_a_program_ends_with_its_last_call_or_its_first_failure(
+        overrides: dict[str, Any], end: str | None) -> None:
+    assert record(**overrides).program_end == end
 
 
 def test_a_run_recorded_before_schema_2_reads_without_its_fields(tmp_path: Path) -> None:

@@ -20,7 +20,8 @@ LOCUSTFILE = SCENARIOS / "locustfile.py"
 def test_every_scenario_loads_and_validates() -> None:
     found = discover_scenarios(SCENARIOS, [LOCUSTFILE])
     assert set(found) == {"noisy_neighbour", "tiers", "bimodal", "steady", "burst",
-                          "multi_model", "chat_sessions", "noisy_neighbour_sessions"}
+                          "multi_model", "chat_sessions", "noisy_neighbour_sessions",
+                          "agent_programs"}
     for scenario in found.values():
         workload = scenario.workload()
         assert workload.tenants

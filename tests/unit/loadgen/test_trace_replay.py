@@ -1,6 +1,7 @@
 """Trace replay's pure part (weighbridge.loadgen.trace): Mooncake rows and our records made
-into plans, each hash id one fixed block of tokens, tenants by rule, times by speed; the
-sample trace script; and the simulator sending the very plans the load generator sends."""
+into plans, each hash id one fixed block of tokens, tenants by rule, times by speed; AIPerf's
+sessions (``session_id``, ``delay``), each turn after the previous answer; the sample trace
+script; and the simulator sending the very plans the load generator sends."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from weighbridge.app.simulation.run import Inputs, run_policy
 from weighbridge.app.simulation.trace import trace_clients
 from weighbridge.app.stack import load_stack
 from weighbridge.loadgen.bodies import TRACE_BLOCK, build_body
-from weighbridge.loadgen.plan import RequestPlan
+from weighbridge.loadgen.plan import Answer, ProgramRef, RequestPlan
 from weighbridge.loadgen.tenants import TenantSpec, parse_tenants
 from weighbridge.loadgen.trace import (
     TenantRule,
@@ -28,6 +29,7 @@ from weighbridge.loadgen.trace import (
     TraceRows,
     read_trace_rows,
     trace_plans,
+    trace_replay,
 )
 from weighbridge.records import RecordAppender, RequestRecord, read_parquet, write_parquet
 
@@ -160,7 +162,7 @@ def test_our_records_replay_by_their_tenant_column(tmp_path: Path) -> None:
     plans = trace_plans(trace, tenants, TenantRule.parse("column:tenant"), speed=2.0)
     assert {p.tenant for p in plans} == {r.tenant for r in trace.rows}
     assert all(p.messages is None for p in plans)  # records hold no content: prefix-free
-    assert sorted(p.scheduled_s for p in plans) == sorted(r.t_s / 2 for r in trace.rows)
+    assert sorted(p.scheduled_s for p in plans) == sorted((r.t_s or 0.0) / 2 for r in trace.rows)
     # A run's records-*.jsonl (one still going, or a worker's) reads the same.
     jsonl = tmp_path / "records-local.jsonl"
     with RecordAppender(jsonl) as sink:
@@ -192,7 +194,7 @@ def test_the_sample_script_writes_a_reproducible_trace_with_shared_prefixes(
         assert row.hash_ids is not None
         assert (len(row.hash_ids) - 1) * TRACE_BLOCK < row.prompt_tokens \
             <= len(row.hash_ids) * TRACE_BLOCK
-    times = [r.t_s for r in trace.rows]
+    times = [r.t_s or 0.0 for r in trace.rows]
     assert times == sorted(times)
     # Later turns repeat an earlier request's blocks and add to them.
     grows = sum(1 for a, b in itertools.combinations(trace.rows, 2)
@@ -225,3 +227,125 @@ def test_the_simulator_sends_the_plans_the_load_generator_sends(tmp_path: Path) 
     sim = trace_clients(read_trace_rows(trace_file), tenants, TenantRule("hash"), speed=2.0,
                         seed=5)
     assert [c.plan for c in sim.requests] == plans
+
+
+# ---------------------------------------------------------------- AIPerf sessions
+
+
+def _session_rows(sessions: int, turns: int, delay_ms: int, blocks: bool) -> list[dict[str, Any]]:
+    """AIPerf's multi-turn Mooncake form: each session's first row at a timestamp, the rest
+    ``delay`` ms after the previous answer; each row's input is the turn's new message."""
+    rows = []
+    for k in range(turns):
+        for s in range(sessions):
+            row: dict[str, Any] = {"session_id": f"sess-{s}", "input_length": 40 + 10 * k,
+                                   "output_length": 8 + k}
+            if k == 0:
+                row["timestamp"] = 1000 * s
+            else:
+                row["delay"] = delay_ms
+            if blocks:
+                row["hash_ids"] = [100 * s + k]
+            rows.append(row)
+    return rows
+
+
+def test_aiperf_session_rows_are_read_and_checked(tmp_path: Path) -> None:
+    rows = _session_rows(2, 3, 500, blocks=True)
+    trace = read_trace_rows(_write_mooncake(tmp_path / "s.jsonl", rows))
+    assert trace.format == "mooncake"
+    sessions = trace.sessions()
+    assert list(sessions) == ["sess-0", "sess-1"]
+    assert [r.delay_s for r in sessions["sess-1"]] == [None, 0.5, 0.5]
+    assert [r.t_s for r in sessions["sess-1"]] == [1.0, None, None]
+    assert trace.end_s == 2.0 and trace.longest_session == 3  # 1 s + two 0.5 s delays
+    bad_rows: list[tuple[dict[str, Any], str]] = [
+        ({"input_length": 3, "output_length": 1, "delay": 5, "timestamp": 0}, "no session_id"),
+        ({"input_length": 3, "output_length": 1}, "needs a timestamp"),
+        ({"session_id": "a b", "input_length": 3, "output_length": 1}, "session_id"),
+        ({"session_id": "a", "input_length": 3, "output_length": 1, "delay": -1}, "delay"),
+        ({"session_id": "a", "input_length": True, "output_length": 1}, "input_length"),
+    ]
+    for bad, problem in bad_rows:
+        with pytest.raises(TraceError, match=problem):
+            read_trace_rows(_write_mooncake(tmp_path / "bad.jsonl", [bad]))
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 5), st.integers(0, 3000), st.booleans(),
+       st.sampled_from([0.5, 1.0, 2.0]), st.sampled_from(["hash", "round_robin"]),
+       st.integers(0, 2**16))
+def test_a_session_s_turns_follow_answers_as_aiperf_replays_them(
+        sessions: int, turns: int, delay_ms: int, blocks: bool, speed: float, rule: str,
+        seed: int) -> None:
+    """Each turn resends the history with the answer as returned, adds its row's message,
+    and is due its delay (over the speed) after the previous answer ended; one tenant sends
+    a whole session, whose requests name it as their program."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = read_trace_rows(_write_mooncake(
+            Path(tmp) / "s.jsonl", _session_rows(sessions, turns, delay_ms, blocks)))
+    tenants = _tenants("a", "b", "c")
+    by_name = {t.name: t for t in tenants}
+    replay = trace_replay(trace, tenants, TenantRule.parse(rule), speed=speed, seed=seed)
+    assert replay.plans == []  # every row is a session's
+    assert [s.session_id for s in replay.sessions] == [f"sess-{i}" for i in range(sessions)]
+    for session in replay.sessions:
+        plan: RequestPlan | None = session.first()
+        assert plan is not None and plan.scheduled_s == (session.rows[0].t_s or 0) / speed
+        seen = 0
+        while plan is not None:
+            assert plan.tenant == session.tenant.name and plan.turn == seen
+            assert plan.program == ProgramRef(session.session_id, session.session_id, None,
+                                              turns)
+            assert plan.session_id == session.session_id
+            assert plan.prompt_tokens == sum(40 + 10 * k + (8 + k) * (k < seen)
+                                             for k in range(seen + 1))
+            end = plan.scheduled_s + 0.25
+            answer = Answer(plan.max_tokens, None, tuple(range(7, 7 + plan.max_tokens)))
+            follow = session.ended(plan, answer, end)
+            seen += 1
+            if not follow:
+                break
+            (after,) = follow
+            assert after.scheduled_s == pytest.approx(end + delay_ms / 1000 / speed)
+            tenant = by_name[plan.tenant]
+            grown = _ids(plan, tenant) + list(answer.token_ids or ())
+            assert _ids(after, tenant)[:len(grown)] == grown
+            plan = after
+        assert seen == turns
+        # A turn that does not end ok ends its session.
+        assert session.ended(session.first(), None, 1.0) == []
+
+
+def test_a_trace_mixes_single_requests_and_sessions(tmp_path: Path) -> None:
+    rows = [{"timestamp": 500, "input_length": 30, "output_length": 4},
+            *_session_rows(1, 2, 100, blocks=False)]
+    trace = read_trace_rows(_write_mooncake(tmp_path / "m.jsonl", rows))
+    replay = trace_replay(trace, _tenants("a"), TenantRule("round_robin"))
+    assert [p.request_id for p in replay.plans] == ["trace-0"]
+    assert replay.plans[0].program is None and replay.plans[0].messages is None
+    assert [s.session_id for s in replay.sessions] == ["sess-0"]
+    assert trace_plans(trace, _tenants("a"), TenantRule("round_robin")) == replay.plans
+
+
+def test_the_simulator_replays_aiperf_sessions_after_each_answer(tmp_path: Path) -> None:
+    trace_file = _write_mooncake(tmp_path / "s.jsonl", _session_rows(3, 4, 700, blocks=True))
+    # Routed prefix-aware: a session's turns go back to the engine holding its history.
+    stack = load_stack(REPO / "deploy" / "stacks" / "agent-programs.yaml")
+    outcome = run_policy(Inputs(stack=stack, trace=trace_file, trace_speed=2.0, seed=5,
+                                trace_tenants="round_robin"), None, tmp_path / "run")
+    records = sorted(outcome.result.records, key=lambda r: (r.session_id or "", r.turn or 0))
+    assert len(records) == 12 and all(r.status == "ok" for r in records)
+    for before, after in itertools.pairwise(records):
+        if before.session_id != after.session_id:
+            continue
+        assert (after.program_id, after.parent_program_id, after.program_calls) == (
+            after.session_id, None, 4)
+        assert after.tenant == before.tenant
+        assert after.scheduled_s == pytest.approx(before.end_s + 0.35)
+        # The history (whole blocks of it) comes back from the engine's prefix cache.
+        assert after.cached_tokens is not None and before.prompt_tokens is not None
+        assert after.cached_tokens >= before.prompt_tokens // 16 * 16
+    assert {r.program_end for r in records if r.turn == 3} == {"completed"}

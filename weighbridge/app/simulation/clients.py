@@ -3,9 +3,12 @@
 Open-loop send times and each request's sizes come from the load generator's own functions
 (``weighbridge.loadgen.plan``: same seed, same request ids, same lengths as a live run); closed-loop
 users send their next request when the previous one ends plus a think time, as
-``weighbridge.loadgen.driver`` does; a multi-turn session's turns come from
-``weighbridge.loadgen.sessions`` with each answer as the engine gave it, as the driver sends
-them; a trace replays recorded requests at their times.
+``weighbridge.loadgen.driver`` does; a conversation's requests (a multi-turn session's turns,
+an agent program's calls and subagents, a replayed trace's session:
+``weighbridge.loadgen.conversations``) come from its own pure rules with each answer as
+the engine gave it, as the driver sends them; a trace replays recorded requests at their
+times. Each request's headers and body fields are the load generator's
+(``weighbridge.loadgen.identity.request_headers``, ``weighbridge.loadgen.bodies``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from weighbridge.loadgen.arrivals import Closed
+from weighbridge.loadgen.bodies import BodyOptions
+from weighbridge.loadgen.conversations import Conversation, conversations_of
+from weighbridge.loadgen.identity import request_headers
 from weighbridge.loadgen.plan import (
+    Answer,
     RequestPlan,
     closed_request_id,
     closed_users,
@@ -24,11 +31,10 @@ from weighbridge.loadgen.plan import (
     plan_request,
 )
 from weighbridge.loadgen.scenario import Workload
-from weighbridge.loadgen.sessions import Answer, Session, first_turn, next_turn, sessions_of
 from weighbridge.loadgen.tenants import TenantSpec
 
 __all__ = ["ClientRequest", "Clients", "ClosedUser", "TraceClients", "WorkloadClients",
-           "client_request"]
+           "client_request", "conversation_after"]
 
 
 @dataclass(slots=True, eq=False)
@@ -52,11 +58,10 @@ class ClientRequest:
     tenant: str | None  # the sidecar tenant when known (a trace); None: from api_key
     api_key: str | None
     timeout_s: float
-    ignore_eos: bool = True
-    priority: int | None = None  # the body's vLLM priority field
+    options: BodyOptions = field(default_factory=BodyOptions)  # what its body adds
     headers: Mapping[str, str] = field(default_factory=dict)
     user: ClosedUser | None = None
-    session: Session | None = None  # the multi-turn session the request is a turn of
+    conversation: Conversation | None = None  # the conversation the request is a turn of
     # The body as sent, for a client with one of its own (a malformed one, say): the
     # sidecar reads it as it reads live bodies. None: the plan's, as the load generator
     # builds it (its prompt counted from the plan).
@@ -71,19 +76,20 @@ class Clients:
         raise NotImplementedError
 
     def after(self, request: ClientRequest, end_s: float,
-              answer: Answer | None = None) -> ClientRequest | None:
-        """The request a closed-loop user, or a session, sends after ``request`` ended at
-        ``end_s`` (with ``answer`` when it ended ok)."""
-        return None
+              answer: Answer | None = None) -> list[ClientRequest]:
+        """The requests a closed-loop user, or a conversation, sends after ``request`` ended
+        at ``end_s`` (with ``answer`` when it ended ok)."""
+        return []
 
 
 def client_request(tenant: TenantSpec, plan: RequestPlan, user: ClosedUser | None = None,
-                   session: Session | None = None) -> ClientRequest:
-    """``plan`` as ``tenant``'s client sends it (its key, timeout, priority and headers)."""
+                   conversation: Conversation | None = None) -> ClientRequest:
+    """``plan`` as ``tenant``'s client sends it (its key, timeout, body options and
+    headers)."""
     return ClientRequest(plan=plan, tenant=None, api_key=tenant.api_key,
-                         timeout_s=tenant.timeout_s, ignore_eos=tenant.ignore_eos,
-                         priority=tenant.priority, headers=tenant.request_headers, user=user,
-                         session=session)
+                         timeout_s=tenant.timeout_s, options=BodyOptions.of(tenant),
+                         headers=request_headers(plan, tenant), user=user,
+                         conversation=conversation)
 
 
 class WorkloadClients(Clients):
@@ -94,13 +100,15 @@ class WorkloadClients(Clients):
         self.workload = workload
         self.seed = seed
         self.until_s = min(until_s, workload.end_s)
+        self.tenants = {t.name: t for t in workload.tenants}
 
     def initial(self) -> Iterator[ClientRequest]:
         for tenant in self.workload.tenants:
-            if tenant.sessions is not None:
-                for session in sessions_of(tenant, self.workload, self.seed, self.until_s):
-                    yield client_request(tenant, first_turn(session, self.workload, self.seed),
-                                  session=session)
+            conversations = conversations_of(tenant, self.workload, self.seed, self.until_s)
+            if conversations is not None:
+                for conversation in conversations:
+                    yield client_request(tenant, conversation.first(),
+                                         conversation=conversation)
                 continue
             for due in open_loop_schedule(tenant, self.workload, self.seed, self.until_s):
                 plan = plan_request(tenant, open_request_id(tenant.name, due.seq), due.phase,
@@ -120,22 +128,41 @@ class WorkloadClients(Clients):
         return client_request(user.tenant, plan, user)
 
     def after(self, request: ClientRequest, end_s: float,
-              answer: Answer | None = None) -> ClientRequest | None:
-        if (session := request.session) is not None:
-            plan = next_turn(session, request.plan, answer, end_s, self.workload, self.seed)
-            return None if plan is None else client_request(session.tenant, plan, session=session)
+              answer: Answer | None = None) -> list[ClientRequest]:
+        if request.conversation is not None:
+            return conversation_after(request, end_s, answer, self.tenants)
         user = request.user
         if user is None:
-            return None
+            return []
         t = max(end_s, request.plan.scheduled_s) + user.process.think_time(user.rng)
-        return self._closed(user, t) if t < user.end_s else None
+        return [self._closed(user, t)] if t < user.end_s else []
+
+
+def conversation_after(request: ClientRequest, end_s: float, answer: Answer | None,
+                       tenants: Mapping[str, TenantSpec]) -> list[ClientRequest]:
+    """What ``request``'s conversation sends after it, each request as its tenant's client
+    sends it."""
+    conversation = request.conversation
+    assert conversation is not None
+    return [client_request(tenants[plan.tenant], plan, conversation=conversation)
+            for plan in conversation.ended(request.plan, answer, end_s)]
 
 
 class TraceClients(Clients):
-    """Recorded requests replayed at their times (open loop)."""
+    """Recorded requests replayed at their times (open loop), and a trace's sessions, each
+    turn after the previous answer."""
 
-    def __init__(self, requests: list[ClientRequest]) -> None:
+    def __init__(self, requests: list[ClientRequest],
+                 tenants: Mapping[str, TenantSpec] | None = None) -> None:
+        """``tenants``: those the sessions' requests are sent by."""
         self.requests = requests
+        self.tenants = dict(tenants or {})
 
     def initial(self) -> Iterator[ClientRequest]:
         return iter(self.requests)
+
+    def after(self, request: ClientRequest, end_s: float,
+              answer: Answer | None = None) -> list[ClientRequest]:
+        if request.conversation is None:
+            return []
+        return conversation_after(request, end_s, answer, self.tenants)

@@ -48,6 +48,7 @@ import bisect
 import heapq
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,7 @@ from weighbridge.app.simulation.engines import SimEngine, output_token_id
 from weighbridge.emulator.api import EmbeddingRequest, GenerationRequest, embeddings_response
 from weighbridge.emulator.engine import Sequence
 from weighbridge.emulator.intake import ApiRequest
-from weighbridge.loadgen.bodies import message_token_ids, prompt_token_ids
+from weighbridge.loadgen.bodies import message_token_ids, prompt_fields, request_fields
 from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord
@@ -97,41 +98,32 @@ def prompt_ids(plan: RequestPlan) -> tuple[int, ...] | None:
     return tuple(i for m in plan.messages for i in message_token_ids(m))
 
 
-def _body(client: ClientRequest) -> dict[str, Any]:
-    """The fields of the body the load generator sends (``loadgen.bodies.build_body``) that
-    the sidecar reads; the prompt is counted from the plan (``Prompt``)."""
-    plan = client.plan
-    body: dict[str, Any] = {"stream": plan.stream}
-    if plan.endpoint != EMBEDDINGS:
-        body["max_tokens"] = plan.max_tokens
-    if plan.model:
-        body["model"] = plan.model
-    if plan.user is not None:
-        body["user"] = plan.user
-    if client.priority is not None:
-        body["priority"] = client.priority
-    return body
-
-
 def engine_request(client: ClientRequest, served_model: str, priority: int | None,
-                   ids: tuple[int, ...] | None) -> ApiRequest:
-    """What the emulator parses of the body the load generator sends for ``client``'s plan
-    (``loadgen.bodies.build_body``), with the ``priority`` the sidecar forwards. An
-    embeddings input is the prompt's token ids, as sent; a generation's prompt ids are
-    ``ids`` (None: a prefix-free prompt, whose content no other prompt shares)."""
+                   ids: tuple[int, ...] | None, fields: Mapping[str, Any] | None = None
+                   ) -> ApiRequest:
+    """What the emulator parses of the body the load generator sends for ``client``'s plan,
+    with the ``priority`` the sidecar forwards: ``fields``, its body but the prompt
+    (``loadgen.bodies.request_fields``, made here when not given). An embeddings input is
+    the prompt's token ids, as sent (``loadgen.bodies.prompt_fields``); a generation's
+    prompt ids are ``ids`` (None: a prefix-free prompt, whose content no other prompt
+    shares)."""
     plan = client.plan
     model = plan.model or served_model
     if plan.endpoint == EMBEDDINGS:
-        tokens = tuple(prompt_token_ids(plan.prompt_tokens, plan.content_seed))
+        tokens = tuple(prompt_fields(plan)["input"])
         return EmbeddingRequest(model=model, inputs=(tokens,), input_ids=(tokens,),
                                 prompt_tokens=(len(tokens),), encoding_format="float",
                                 priority=priority or 0, user=plan.user)
+    if fields is None:
+        fields = request_fields(plan, client.options)
+    options = fields.get("stream_options") or {}
     return GenerationRequest(
         endpoint="chat" if plan.endpoint == "/v1/chat/completions" else "completions",
         model=model, prompt_tokens=plan.prompt_tokens, max_tokens=plan.max_tokens,
-        ignore_eos=client.ignore_eos, priority=priority or 0, stream=plan.stream,
-        include_usage=plan.stream, continuous_usage=False, user=plan.user,
-        prompt_ids=ids or ())
+        ignore_eos=bool(fields.get("ignore_eos")), priority=priority or 0, stream=plan.stream,
+        include_usage=bool(options.get("include_usage")),
+        continuous_usage=bool(options.get("continuous_usage_stats")), user=plan.user,
+        prompt_ids=ids or (), return_token_ids=bool(fields.get("return_token_ids")))
 
 
 @dataclass(slots=True, eq=False)
@@ -154,6 +146,8 @@ class _Flight:
     reported: int = 0  # of those, how many the core has been told of (see _flush)
     dispatch_no: int = 0  # the order it went to its engine in (see _flush)
     ids: tuple[int, ...] | None = None  # the prompt's token ids (prompt_ids)
+    # Its body but the prompt, as the load generator sends it (loadgen.bodies.request_fields).
+    fields: dict[str, Any] = field(default_factory=dict)
 
 
 def _dispatch_order(flight: _Flight) -> int:
@@ -320,13 +314,16 @@ class Simulation:
         if client.api_key is not None:
             headers.setdefault("authorization", f"Bearer {client.api_key}")
         ids = prompt_ids(plan)
+        fields = request_fields(plan, client.options)
         try:
             caller = self._caller(client, headers)
             if client.body is not None:  # a body of its own: read as live reads it
                 arrival = ingress.read(caller, plan.endpoint, headers, client.body)
             else:
+                # The body the load generator sends, its prompt counted from the plan; the
+                # sidecar normalises its own copy.
                 arrival = ingress.read(
-                    caller, plan.endpoint, headers, _body(client),
+                    caller, plan.endpoint, headers, dict(fields),
                     Prompt(plan.prompt_tokens, None if ids is None else PromptPrefix(ids)))
             self._flush()
             core = self.core
@@ -340,7 +337,7 @@ class Simulation:
             self._answer(client, meter, now, e)
             return
         flight = _Flight(client, meter, session, session.request, stream=session.stream,
-                         ids=ids)
+                         ids=ids, fields=fields)
         self._flights[plan.request_id] = flight
         deadline = now + client.timeout_s
         if deadline < self.until_s:
@@ -370,9 +367,9 @@ class Simulation:
 
     def _record(self, client: ClientRequest, meter: StreamMeter, now: float) -> None:
         self.records.append(meter.record())
-        follow = self.clients.after(client, now, meter.answer())
-        if follow is not None and follow.plan.scheduled_s < self.until_s:
-            self._push(follow.plan.scheduled_s, _ARRIVE, follow)
+        for follow in self.clients.after(client, now, meter.answer()):
+            if follow.plan.scheduled_s < self.until_s:
+                self._push(follow.plan.scheduled_s, _ARRIVE, follow)
 
     def _timeout(self, flight: _Flight, now: float) -> None:
         if flight.ended:
@@ -413,7 +410,8 @@ class Simulation:
             engine = self._by_name[d.backend]
             client = flight.client
             plan = client.plan
-            parsed = engine_request(client, engine.served_model, d.vllm_priority, flight.ids)
+            parsed = engine_request(client, engine.served_model, d.vllm_priority, flight.ids,
+                                    flight.fields)
             seqs = engine.sequences(parsed, plan.request_id, now)
             headers = flight.session.dispatched(d, now).headers
             try:
@@ -669,7 +667,7 @@ class Simulation:
             if flight.engine is not None and flight.engine.reports_cached_tokens:
                 cached = seq.num_cached_tokens
                 usage["prompt_tokens_details"] = {"cached_tokens": cached}
-            if flight.client.session is not None:
+            if flight.client.conversation is not None:
                 # A turn's answer, as vLLM returns it: the next turn sends these ids back.
                 meter.feed(b'data: {"choices":[{"index":0,"text":"","token_ids":'
                            + orjson.dumps([output_token_id(i) for i in range(seq.output_tokens)])

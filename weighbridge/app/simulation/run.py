@@ -22,7 +22,7 @@ from weighbridge.app.simulation.clients import Clients, TraceClients, WorkloadCl
 from weighbridge.app.simulation.engines import SimEngine
 from weighbridge.app.simulation.loop import Simulation, SimulationResult
 from weighbridge.app.simulation.trace import DEFAULT_TIMEOUT_S, read_trace, trace_clients
-from weighbridge.app.stack import SCENARIOS_DIR, StackSpec, sidecar_config
+from weighbridge.app.stack import SCENARIOS_DIR, StackSpec, baseline_stack, sidecar_config
 from weighbridge.loadgen.scenario import (
     Scenario,
     ScenarioError,
@@ -40,17 +40,18 @@ from weighbridge.rundir import (
     read_run_info,
     write_run_info,
 )
-from weighbridge.sidecar.config import Config, Policy, parse_config
+from weighbridge.sidecar.config import Config, parse_config
+from weighbridge.sidecar.plugins import registered
 from weighbridge.sidecar.stability import step_budget
 
 __all__ = ["BASELINE", "Inputs", "Load", "RunOutcome", "engines_for", "policy_stack",
            "run_policy", "scenario_load", "sidecar_for", "trace_load"]
 
-BASELINE = "baseline"  # the demo's request-level baseline (weighbridge.app.demo.baseline_stack)
+BASELINE = "baseline"  # the request-level baseline (weighbridge.app.stack.baseline_stack)
 # How often a run reads the sidecar's utilisation, for run.json's options.utilisation (the
 # report's rho): a Prometheus scrape's cadence, a negligible share of a run's events.
 UTILISATION_EVERY_S = 5.0
-POLICIES = (*(policy.value for policy in Policy), BASELINE)
+POLICIES = (*registered("fairness"), BASELINE)
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,10 @@ class RunOutcome:
 
 def policy_stack(stack: StackSpec, policy: str | None) -> StackSpec:
     """The stack with the sidecar's scheduling policy replaced (None: as written);
-    ``baseline`` is the demo's request-level baseline of the stack."""
+    ``baseline`` is the request-level baseline of the stack."""
     if policy is None:
         return stack
     if policy == BASELINE:
-        from weighbridge.app.demo import baseline_stack
-
         return baseline_stack(stack)
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; one of {', '.join(POLICIES)}")
@@ -161,14 +160,18 @@ def _mooncake_load(inputs: Inputs, rows: TraceRows) -> Load:
     trace = trace_clients(rows, workload.tenants, rule, speed=inputs.trace_speed,
                           seed=inputs.seed)
     drain = inputs.duration_s is None
-    end = trace.end_s + max((t.timeout_s for t in workload.tenants), default=DEFAULT_TIMEOUT_S) \
+    # Draining, the run ends with its last answer; this bounds it: each turn of the longest
+    # session may wait its client's whole timeout.
+    end = trace.end_s + trace.longest_session * max(
+        (t.timeout_s for t in workload.tenants), default=DEFAULT_TIMEOUT_S) \
         if drain else inputs.duration_s
     assert end is not None
     options: dict[str, Any] = {"trace": str(inputs.trace), "trace_format": rows.format,
                                "trace_tenants": str(rule), "trace_speed": inputs.trace_speed,
                                "tenants_file": str(tenants_file or scenario.tenants_file),
                                "seed": inputs.seed, "processes": 1}
-    return Load(TraceClients(trace.requests), f"trace:{inputs.trace.stem}", end,
+    return Load(TraceClients(trace.requests, {t.name: t for t in workload.tenants}),
+                f"trace:{inputs.trace.stem}", end,
                 workload.tenant_infos(), [PhaseInfo(name="trace", start_s=0.0, end_s=end)],
                 options, drain)
 

@@ -9,7 +9,8 @@ The formats and their rules are the load generator's (``weighbridge.loadgen.trac
   ``options.filled_prompts``);
 * a Mooncake trace names no tenant: ``trace_clients`` assigns the tenants of a tenants file
   by a rule and builds the same plans ``locust --trace`` sends, the blocks' token ids
-  included.
+  included; its AIPerf sessions are conversations, each turn sent after the previous answer
+  as the load generator sends it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from weighbridge import headers as headers_
 from weighbridge.app.simulation.clients import ClientRequest, client_request
+from weighbridge.loadgen.bodies import BodyOptions
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.loadgen.trace import (
@@ -27,7 +29,7 @@ from weighbridge.loadgen.trace import (
     TraceError,
     TraceRows,
     read_trace_rows,
-    trace_plans,
+    trace_replay,
 )
 
 __all__ = ["DEFAULT_TIMEOUT_S", "Trace", "TraceError", "read_trace", "trace_clients"]
@@ -37,9 +39,10 @@ DEFAULT_TIMEOUT_S = 300.0  # the load generator's default client timeout
 
 @dataclass(frozen=True)
 class Trace:
-    requests: list[ClientRequest]
-    end_s: float  # the last send time
+    requests: list[ClientRequest]  # a session's: its first turn
+    end_s: float  # the last send time (a session's turns: were every answer instant)
     filled_prompts: int  # rows whose prompt length was filled in (see the module doc)
+    longest_session: int = 1  # turns
 
 
 def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -55,6 +58,7 @@ def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S,
         if row.tenant is None:
             raise TraceError(f"{path}: no tenant column")
         tenant = row.tenant
+        assert row.t_s is not None  # a table's row has its time (read_trace_rows)
         headers = {}
         if row.deadline_ms is not None:
             headers[headers_.DEADLINE_MS] = str(row.deadline_ms)
@@ -66,7 +70,8 @@ def read_trace(path: Path, *, run_id: str, timeout_s: float = DEFAULT_TIMEOUT_S,
             prompt_tokens=row.prompt_tokens, max_tokens=row.output_tokens,
             scheduled_s=row.t_s, content_seed=0, model=row.model)
         requests.append(ClientRequest(plan=plan, tenant=tenant, api_key=None,
-                                      timeout_s=timeout_s, priority=row.priority,
+                                      timeout_s=timeout_s,
+                                      options=BodyOptions(priority=row.priority),
                                       headers=headers))
     if len({r.plan.request_id for r in requests}) != len(requests):
         raise TraceError(f"{path}: request ids repeat")
@@ -78,6 +83,8 @@ def trace_clients(rows: TraceRows, tenants: Sequence[TenantSpec], rule: TenantRu
                   speed: float = 1.0, seed: int = 0) -> Trace:
     """A trace sent by the tenants of a tenants file, as the load generator sends it."""
     by_name = {t.name: t for t in tenants}
-    plans = trace_plans(rows, tenants, rule, speed=speed, seed=seed)
-    requests = [client_request(by_name[p.tenant], p) for p in plans]
-    return Trace(requests, max((p.scheduled_s for p in plans), default=0.0), rows.filled)
+    replay = trace_replay(rows, tenants, rule, speed=speed, seed=seed)
+    requests = [client_request(by_name[p.tenant], p) for p in replay.plans]
+    requests += [client_request(session.tenant, session.first(), conversation=session)
+                 for session in replay.sessions]
+    return Trace(requests, rows.end_s / speed, rows.filled, rows.longest_session)
