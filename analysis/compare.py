@@ -2,7 +2,8 @@
 
 ``difference = this - baseline``; ``relative = difference / |baseline|`` (null when the
 baseline is 0 or either side is missing). Rows are the union of both runs' tenants and tiers
-(and models, when either run breaks its figures down by model).
+(and models, when either run breaks its figures down by model; agent programs, when either
+run's requests are their calls).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any
 from weighbridge.analysis.gate import resolve
 
 TENANT_KEYS = ("requests", "ok", "rejected", "failed", "prompt_tokens", "output_tokens",
-               "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "itl_p99_s", "decode_tps_p50",
-               "computed_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate")
+               "computed_tokens", "ttft_p50_s", "ttft_p99_s", "e2e_p99_s", "itl_p99_s",
+               "decode_tps_p50", "computed_prompt_tokens", "cached_prompt_tokens",
+               "prefix_cache_hit_rate")
 PREFIX_CACHE_KEYS = ("computed_prompt_tokens", "cached_prompt_tokens", "prefix_cache_hit_rate")
 TIER_KEYS = ("requests", "ttft_p50_s", "ttft_p99_s", "slo_attainment", "goodput_tokens_per_s")
 FAIRNESS_KEYS = ("jain_index", "max_min_share_ratio", "max_service_difference")
@@ -23,6 +25,9 @@ STABILITY_KEYS = ("offered_tokens_per_s", "served_tokens_per_s", "stability_rati
                   "utilisation")
 MODEL_KEYS = ("requests", "ok", "rejected", "failed", "ttft_p50_s", "ttft_p99_s",
               "output_tokens_per_s", "token_share")
+PROGRAM_KEYS = ("programs", "programs_completed", "programs_failed", "completion_p50_s",
+                "completion_p90_s", "completion_p99_s", "programs_in_progress",
+                "program_time_in_system_s")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +57,12 @@ def headline_paths(this: dict[str, Any], baseline: dict[str, Any]) -> list[str]:
         names = list(this.get(section, {}))
         names += [n for n in baseline.get(section, {}) if n not in names]
         paths += [f"{section}.{n}.{k}" for n in names for k in keys]
+    programs = [*this.get("programs", {}).get("tenants", {})]
+    programs += [n for n in baseline.get("programs", {}).get("tenants", {})
+                 if n not in programs]
+    paths += [f"programs.tenants.{n}.{k}" for n in programs for k in PROGRAM_KEYS]
+    if "programs" in this or "programs" in baseline:
+        paths.append("programs.computed_tokens_jain_index")
     if "isolation" in this or "isolation" in baseline:
         paths += [f"isolation.{k}" for k in ISOLATION_KEYS]
     paths += [f"stability.{k}" for k in STABILITY_KEYS]

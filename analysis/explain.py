@@ -141,6 +141,26 @@ def littles_law(v: dict[str, Any], key: str) -> str | None:
     return "its requests spent no time in the system"
 
 
+def program_figure(t: dict[str, Any], key: str) -> str | None:
+    """Why ``programs.tenants.<name>.<key>`` is null."""
+    if t.get(key) is not None:
+        return None
+    if key.startswith("completion_"):
+        return (f"none of its {t['programs']:,} programs completed (failed "
+                f"{t['programs_failed']:,}, unfinished at the run's end "
+                f"{t['programs_unfinished']:,})")
+    if key == "program_time_in_system_s" or key == "program_ratio":
+        return "no program started inside the run"
+    return "undefined"
+
+
+def program_fairness(p: dict[str, Any]) -> str | None:
+    """Why ``programs.computed_tokens_jain_index`` is null."""
+    if p.get("computed_tokens_jain_index") is not None:
+        return None
+    return "fewer than two tenants sent requests, or the server computed nothing for them"
+
+
 def stability(st: dict[str, Any], key: str) -> str | None:
     if st.get(key) is not None:
         return None

@@ -24,8 +24,10 @@ from weighbridge.rundir import REQUESTS_PARQUET, RunInfo, read_records, read_run
 CATEGORICAL = ("tenant", "tier", "endpoint", "phase", "status", "reason", "model", "backend")
 NUMERIC = ("max_tokens", "scheduled_s", "sent_s", "first_token_s", "last_token_s", "end_s",
            "prompt_tokens", "output_tokens", "itl_p50_s", "itl_p99_s", "itl_max_s", "queue_s",
-           "cached_tokens")
-COLUMNS = CATEGORICAL + NUMERIC
+           "cached_tokens", "turn", "program_calls")
+# Ids of agent programs: nearly one value per few rows, so plain strings, not categories.
+IDENTIFIERS = ("program_id", "parent_program_id")
+COLUMNS = CATEGORICAL + NUMERIC + IDENTIFIERS
 
 
 @dataclass(frozen=True)

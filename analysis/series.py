@@ -1,6 +1,7 @@
 """What the report's plots show, as data: one :class:`Chart` per plot, in the order a reader
 asks (the victim against the baseline, token share against entitlement, TTFT per tier against
-its SLO, requests in flight, TTFT per tenant over time).
+its SLO, agent programs' completion times per tenant when the run has them, requests in
+flight, TTFT per tenant over time).
 
 Two renderers draw the same charts: analysis/plots.py as static PNGs (report.md, the README)
 and analysis/interactive.py as interactive HTML. Neither computes anything.
@@ -143,6 +144,40 @@ def ttft_cdf(a: Analysis) -> Chart:
                  note="Where a tier's curve crosses its SLO line is its attainment by TTFT.")
 
 
+def program_completion(a: Analysis, base: Analysis | None) -> Chart | None:
+    """Per tenant, the CDF of its completed programs' completion times (the baseline's
+    dashed), with each tenant's p50, p90 and p99 in the legend; None without programs."""
+    runs = [("", a)] + ([(" (baseline)", base)] if base is not None else [])
+    lines = []
+    for suffix, run in runs:
+        if run.programs is None:
+            continue
+        families = run.programs.families
+        done = families[families["outcome"] == "completed"]
+        for tenant, stats in run.programs.tenants.items():
+            values = np.sort((done["end_s"] - done["start_s"])[done["tenant"] == tenant]
+                             .to_numpy())
+            if values.size == 0:
+                continue
+            c = stats.completion
+            name = (f"{tenant}{suffix}: p50 {c.p50:.1f} s, p90 {c.p90:.1f} s, "
+                    f"p99 {c.p99:.1f} s ({values.size:,} programs)")
+            q = np.linspace(0, 1, min(values.size, CDF_POINTS))
+            lines.append(Line(name, np.quantile(values, q), q, group=tenant + suffix,
+                              dashed=bool(suffix)))
+    if not lines:
+        return None
+    positive = all(float(ln.x[0]) > 0 for ln in lines)
+    against = " (dashed: the baseline)" if base is not None else ""
+    return Chart("program-completion",
+                 f"Agent program completion time per tenant, CDF{against}",
+                 "completion time (s): first call scheduled to last call ended",
+                 "fraction of completed programs", lines, y_range=(0.0, 1.01),
+                 x_log=positive and log_scale([ln.x for ln in lines]),
+                 note="What the person who started a program waited: a curve to the left "
+                      "finished its programs sooner.")
+
+
 def in_flight(a: Analysis) -> Chart:
     w = a.windows
     lines = [Line(n, w.edges, np.append(s, s[-1:]), group=n, step=True)
@@ -165,5 +200,6 @@ def ttft_over_time(a: Analysis) -> Chart:
 def charts(a: Analysis, base: Analysis | None = None) -> list[Chart]:
     """The report's plots, in reading order."""
     first = victim_ttft(a, base)
-    return ([first] if first is not None else []) + [
-        token_share(a), ttft_cdf(a), in_flight(a), ttft_over_time(a)]
+    programs = program_completion(a, base)
+    return ([first] if first is not None else []) + [token_share(a), ttft_cdf(a)] + (
+        [programs] if programs is not None else []) + [in_flight(a), ttft_over_time(a)]

@@ -3,7 +3,9 @@
 ``summary.json`` keys are a contract (docs/analysis.md): ``run``, ``tenants.<name>.*``,
 ``tiers.<name>.*``, ``fairness.*``, ``isolation`` (when the run has phases),
 ``littles_law.<tenant>.*``, ``stability.*``, ``prefix_cache.*``, ``models.<name>.*`` (when
-the records name two or more models). Non-finite numbers are written as null.
+the records name two or more models), ``programs.tenants.<name>.*`` and
+``programs.computed_tokens_jain_index`` (when the records name agent programs). Non-finite
+numbers are written as null.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from weighbridge.analysis.frame import Run
 from weighbridge.analysis.isolation import Isolation, isolation
 from weighbridge.analysis.littles_law import LittlesLaw, per_tenant
 from weighbridge.analysis.models import ModelStats, model_stats
+from weighbridge.analysis.programs import Programs, ProgramStats, programs
 from weighbridge.analysis.slo import TierStats, tier_stats
 from weighbridge.analysis.stability import Stability, stability
 from weighbridge.analysis.tenants import (
@@ -45,6 +48,7 @@ class Analysis:
     littles_law: dict[str, LittlesLaw]
     stability: Stability
     models: dict[str, ModelStats]  # empty unless the records name two or more models
+    programs: Programs | None  # None unless the records name agent programs
 
 
 def analyse(run: Run, window_s: float = DEFAULT_WINDOW_S,
@@ -55,10 +59,11 @@ def analyse(run: Run, window_s: float = DEFAULT_WINDOW_S,
     weights = {n: tenant_weight(info, n) for n in names}
     windows = tenant_windows(frame, names, run.duration_s, window_s)
     backlogged = {n: windows.backlogged(n, backlog_fraction) for n in names}
+    tenants = tenant_stats(frame, info)
     return Analysis(
         run=run,
         window_s=window_s,
-        tenants=tenant_stats(frame, info),
+        tenants=tenants,
         tiers=tier_stats(frame, info, run.duration_s),
         windows=windows,
         fairness=fairness(windows.edges, windows.service, backlogged, weights, tiers_of,
@@ -67,6 +72,7 @@ def analyse(run: Run, window_s: float = DEFAULT_WINDOW_S,
         littles_law=per_tenant(frame, names, run.duration_s),
         stability=stability(frame, run.duration_s, info.options),
         models=model_stats(frame, run.duration_s),
+        programs=programs(frame, tenants, run.duration_s),
     )
 
 
@@ -100,6 +106,11 @@ def summary(a: Analysis) -> dict[str, Any]:
     }
     if a.models:
         out["models"] = {n: _model(m) for n, m in a.models.items()}
+    if a.programs is not None:
+        out["programs"] = {
+            "tenants": {n: _programs(p) for n, p in a.programs.tenants.items()},
+            "computed_tokens_jain_index": a.programs.computed_tokens_jain_index,
+        }
     if a.isolation is not None:
         i = a.isolation
         out["isolation"] = {
@@ -128,6 +139,7 @@ def _tenant(t: TenantStats) -> dict[str, Any]:
         "decode_tps_p50": t.decode_tps.p50,
         "rejections": t.rejections,
         "computed_prompt_tokens": t.computed_prompt_tokens,
+        "computed_tokens": t.computed_tokens,
         "cached_prompt_tokens": t.cached_prompt_tokens,
         "prefix_cache_hit_rate": t.prefix_cache_hit_rate,
     }
@@ -153,6 +165,19 @@ def _model(m: ModelStats) -> dict[str, Any]:
         "ttft_p50_s": m.ttft.p50, "ttft_p99_s": m.ttft.p99,
         "output_tokens_per_s": m.output_tokens_per_s, "token_share": m.token_share,
         "rejections": m.rejections,
+    }
+
+
+def _programs(p: ProgramStats) -> dict[str, Any]:
+    v = p.littles_law
+    return {
+        "programs": p.programs, "programs_completed": p.completed,
+        "programs_failed": p.failed, "programs_unfinished": p.unfinished,
+        "subagents": p.subagents,
+        "completion_p50_s": p.completion.p50, "completion_p90_s": p.completion.p90,
+        "completion_p99_s": p.completion.p99, "completion_p999_s": p.completion.p999,
+        "programs_in_progress": v.in_flight, "programs_per_s": v.arrival_rate,
+        "program_time_in_system_s": v.time_in_system_s, "program_ratio": v.request_ratio,
     }
 
 

@@ -23,6 +23,7 @@ from weighbridge.analysis.units import (
     MINUS,
     RATIO,
     TIMES,
+    TOKENS,
     WEIGHTED_TOKENS,
     Unit,
     number,
@@ -33,6 +34,7 @@ SERVICE = "Service: tiers and fairness"
 ISOLATION = "Isolation"
 TENANTS = "Tenants"
 MODELS = "Models"
+PROGRAMS = "Agent programs"
 HEALTH = "The run's health: Little's Law and stability"
 COMPARISON = "Against the baseline"
 RUN = "Run"
@@ -68,6 +70,8 @@ def report_tables(s: dict[str, Any], comparison: list[Difference] | None = None,
     tables += [tenant_table(s), latency_table(s)]
     if "models" in s:
         tables.append(model_table(s))
+    if "programs" in s:
+        tables += [program_table(s), program_fairness_table(s)]
     tables += [littles_law_table(s), stability_table(s)]
     if comparison is not None:
         tables.append(comparison_table(comparison, s["run"]["run_id"], baseline_id or "baseline"))
@@ -141,6 +145,47 @@ def model_table(s: dict[str, Any]) -> Table:
                   "(none): requests that named none. Output tok/s over the run's duration; "
                   "token share: of all prompt and output tokens served."],
                  group=MODELS)
+
+
+PROGRAM_KEYS = ("completion_p50_s", "completion_p90_s", "completion_p99_s",
+                "programs_in_progress", "programs_per_s", "program_time_in_system_s",
+                "program_ratio")
+
+
+def program_table(s: dict[str, Any]) -> Table:
+    rows = []
+    for name, t in s["programs"]["tenants"].items():
+        rows.append((name, count(t["programs"]), count(t["programs_completed"]),
+                     count(t["programs_failed"]), count(t["programs_unfinished"]),
+                     count(t["subagents"]),
+                     *(cell(t[k], unit_of(k), explain.program_figure(t, k))
+                       for k in PROGRAM_KEYS)))
+    return Table("Agent programs: completion time and Little's Law",
+                 ("tenant", "programs", "completed", "failed", "unfinished", "subagents",
+                  "completion p50 s", "completion p90 s", "completion p99 s",
+                  "L programs", "\u03bb programs/s", "W s", "L / \u03bbW"), rows,
+                 ["A program is what a person started, with every subagent it forked; its "
+                  "completion time runs from its first call's scheduled send to its last "
+                  "call's end, tool runs and subagents included. Failed: a call ended "
+                  "neither ok nor cut off by the run; unfinished: the run ended first (in "
+                  "the system until then, for L and W)."],
+                 group=PROGRAMS)
+
+
+def program_fairness_table(s: dict[str, Any]) -> Table:
+    p = s["programs"]
+    rows = [(name, number(t["weight"]), count(t["computed_tokens"]),
+             number(t["computed_tokens"] / t["weight"]))
+            for name, t in s["tenants"].items() if t["requests"]]
+    rows.append(("Jain's index", "", "", cell(p["computed_tokens_jain_index"], INDEX,
+                                              explain.program_fairness(p))))
+    return Table("Tenant fairness beside the programs: tokens the server computed",
+                 ("tenant", "weight", f"computed {TOKENS.name}", "per unit of weight"), rows,
+                 ["Computed: output tokens, and the prompt tokens the server's prefix cache "
+                  "did not answer (all of them where it reported no cached tokens). Jain's "
+                  "index over the tenants that sent requests, per unit of weight, over the "
+                  "whole run."],
+                 group=PROGRAMS)
 
 
 def tier_table(s: dict[str, Any]) -> Table:

@@ -45,6 +45,12 @@ class TenantStats:
         return self.reported_prompt_tokens - self.cached_prompt_tokens
 
     @property
+    def computed_tokens(self) -> int:
+        """The tokens the server computed for the tenant: its output, and its prompt tokens
+        but those its prefix cache answered (all of them where it reported none)."""
+        return self.prompt_tokens - (self.cached_prompt_tokens or 0) + self.output_tokens
+
+    @property
     def prefix_cache_hit_rate(self) -> float | None:
         if self.cached_prompt_tokens is None or not self.reported_prompt_tokens:
             return None

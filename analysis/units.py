@@ -68,6 +68,9 @@ INDEX = Unit("")  # dimensionless: Jain's index, leakage
 RATIO = Unit(TIMES, kind="ratio")  # this over that
 WEIGHTED_TOKENS = Unit("tokens/weight")  # weight-normalised service (VTC)
 REQUESTS_PER_S = Unit("req/s")
+SECONDS = Unit("s")  # an agent program's times: seconds to minutes
+PROGRAMS = Unit("programs", kind="count")
+PROGRAMS_PER_S = Unit("programs/s")
 
 # summary.json's key (the last segment of its path) -> its unit.
 UNITS: dict[str, Unit] = {
@@ -99,6 +102,13 @@ UNITS: dict[str, Unit] = {
     "stability_ratio": INDEX, "utilisation": INDEX,
     # models
     "output_tokens_per_s": TOKENS_PER_S, "token_share": PERCENT,
+    # agent programs
+    "programs": PROGRAMS, "programs_completed": PROGRAMS, "programs_failed": PROGRAMS,
+    "programs_unfinished": PROGRAMS, "subagents": PROGRAMS,
+    **{f"completion_{q}_s": SECONDS for q in ("p50", "p90", "p99", "p999")},
+    "programs_in_progress": INDEX, "programs_per_s": PROGRAMS_PER_S,
+    "program_time_in_system_s": SECONDS, "program_ratio": INDEX,
+    "computed_tokens": TOKENS, "computed_tokens_jain_index": INDEX,
 }
 
 
