@@ -12,7 +12,11 @@ The generator tells the exporter three things, all on the exporter's clock (``cl
   (which start at the scheduled time: no coordinated omission), and lets the exporter match
   the end to this start exactly;
 * ``request_ended(record, now)`` once per request, with ``now`` the time it ended;
-* ``schedule_lag(tenant, lag_s)`` each time a send happened later than scheduled.
+* ``schedule_lag(tenant, lag_s)`` each time a send happened later than scheduled;
+* ``program_started(tenant, tier, program_id, now)`` when the first call of an agent
+  program nobody forked is due (weighbridge.loadgen.programs): the program then ends with
+  the record whose ``program_end`` says so, and its completion time runs from that start
+  to that end (what the person who started it waited).
 
 Every metric is computed at scrape time from one consistent snapshot under a lock, so the
 exporter works from plain threads, asyncio callbacks and gevent greenlets alike (Locust
@@ -35,16 +39,17 @@ from prometheus_client.registry import Collector
 
 from weighbridge.exporters.histogram import WeightedHistogram
 from weighbridge.exporters.inflight import InFlightSet
-from weighbridge.exporters.littles_law import LEVELS, LittlesLawWindow
+from weighbridge.exporters.littles_law import LittlesLawReading, LittlesLawWindow
 from weighbridge.exporters.share import TokenShareWindow
 from weighbridge.exporters.stability import StabilityWindow
-from weighbridge.records import STATUSES, RequestRecord
+from weighbridge.records import PROGRAM_ENDS, STATUSES, RequestRecord
 from weighbridge.vllm_metrics import ScrapeError, parse_vllm_metrics
 
 __all__ = [
     "DECODE_TPS_BUCKETS",
     "ITL_BUCKETS",
     "LATENCY_BUCKETS",
+    "PROGRAM_BUCKETS",
     "SCHEDULE_LAG_BUCKETS",
     "UNKNOWN_TIER",
     "LoadgenExporter",
@@ -59,6 +64,9 @@ ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05
 # Around the sidecar's per-sequence decode floor (7 tok/s) and up to a fast GPU's speed.
 DECODE_TPS_BUCKETS = (1.0, 2.0, 5.0, 7.0, 10.0, 15.0, 20.0, 30.0, 50.0, 75.0, 100.0, 150.0,
                       200.0, 300.0, 500.0, 1000.0)
+# An agent program: a few seconds of calls and tool runs to half an hour of them.
+PROGRAM_BUCKETS = (1.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0, 180.0,
+                   300.0, 450.0, 600.0, 900.0, 1200.0, 1800.0)
 # A healthy generator sends within a millisecond of schedule; seconds mean it is overloaded.
 SCHEDULE_LAG_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                         0.5, 1.0, 2.5, 5.0, 10.0)
@@ -84,6 +92,9 @@ class LoadgenExporter:
 
         self._lock = threading.Lock()
         self._littles = LittlesLawWindow(window_s)
+        # Programs in the system, from their start to their end: Little's Law of programs.
+        self._program_littles = LittlesLawWindow(window_s)
+        self._program_starts: dict[str, float] = {}  # programs in progress -> their start
         self._shares = TokenShareWindow(window_s, self.weights)
         self._stability = StabilityWindow(window_s, stale_after_s=max(3 * scrape_interval_s,
                                                                       5.0))
@@ -131,6 +142,16 @@ class LoadgenExporter:
         self._output_tokens = Counter("weighbridge_client_output_tokens",
                                       "Output tokens of ended requests, from the server's usage.",
                                       labels, registry=r)
+        self._program = Histogram("weighbridge_client_program_seconds",
+                                  "Completion time of agent programs that completed: from "
+                                  "their first call's scheduled send to their last call's "
+                                  "end.", labels, registry=r, buckets=PROGRAM_BUCKETS)
+        self._programs = Counter("weighbridge_client_programs",
+                                 "Agent programs that ended, by outcome (completed, failed).",
+                                 [*labels, "outcome"], registry=r)
+        self._programs_started = Counter("weighbridge_client_programs_started",
+                                         "Agent programs whose first call came due.", labels,
+                                         registry=r)
         self._itl = WeightedHistogram(
             "weighbridge_client_itl_seconds",
             "Inter-token (inter-chunk) latency of requests that completed ok: each request adds "
@@ -183,6 +204,8 @@ class LoadgenExporter:
                 gaps = record.chunks - 1
                 mean_gap = max(record.last_token_s - record.first_token_s, 0.0) / gaps
                 self._itl.observe(key, mean_gap, gaps)
+            if record.program_end is not None:
+                self._program_ended(record, now)
             self._expire_unread()
         self._requests.labels(tenant, tier, record.status).inc()
         self._prompt_tokens.labels(tenant, tier).inc(prompt)
@@ -197,6 +220,29 @@ class LoadgenExporter:
             if record.decode_tps is not None:
                 self._decode.labels(tenant, tier).observe(record.decode_tps)
 
+    def program_started(self, tenant: str, tier: str, program_id: str, now: float) -> None:
+        """The first call of agent program ``program_id`` (one nobody forked) came due at
+        ``now``."""
+        with self._lock:
+            self._touch(tenant, tier)
+            self._tier_of[tenant] = tier
+            self._program_starts[program_id] = now
+            self._program_littles.entered((tenant, tier), 0, now)
+        self._programs_started.labels(tenant, tier).inc()
+
+    def _program_ended(self, record: RequestRecord, now: float) -> None:
+        """``record`` ended its program (``record.program_end``); called under the lock."""
+        outcome = record.program_end
+        assert outcome is not None and record.program_id is not None
+        start = self._program_starts.pop(record.program_id, None)
+        key = (record.tenant, record.tier)
+        if start is not None:
+            self._program_littles.left(key, 0, now)
+            self._program_littles.completed(key, max(now - start, 0.0), 0, now)
+        self._programs.labels(record.tenant, record.tier, outcome).inc()
+        if outcome == "completed" and start is not None:
+            self._program.labels(record.tenant, record.tier).observe(max(now - start, 0.0))
+
     def _expire_unread(self) -> None:
         # Scrapes expire old events; without scrapes (no Prometheus yet) the windows would
         # grow for the whole run, so expire every quarter window.
@@ -204,6 +250,7 @@ class LoadgenExporter:
         if now - self._expired_at >= self.window_s / 4:
             self._expired_at = now
             self._littles.expire(now)
+            self._program_littles.expire(now)
             self._shares.expire(now)
             self._stability.expire(now)
 
@@ -272,10 +319,12 @@ class LoadgenExporter:
         self._keys.add(key)
         for metric in (self._ttft, self._e2e, self._decode, self._lag, self._scheduled,
                        self._prompt_tokens, self._output_tokens, self._cached_prompt_tokens,
-                       self._computed_prompt_tokens):
+                       self._computed_prompt_tokens, self._program, self._programs_started):
             metric.labels(tenant, tier)
         for status in sorted(STATUSES):
             self._requests.labels(tenant, tier, status)
+        for outcome in PROGRAM_ENDS:
+            self._programs.labels(tenant, tier, outcome)
         self._itl.touch(key)
 
     def _collect(self) -> list[Metric]:
@@ -304,6 +353,16 @@ class LoadgenExporter:
                                       "Declared tokens x time in system of ended requests; "
                                       "its rate() is lambda*W at the token level.",
                                       labels=labels)
+        programs = GaugeMetricFamily("weighbridge_client_programs_in_progress",
+                                     "Agent programs started and not yet ended.",
+                                     labels=labels)
+        occ_prog = CounterMetricFamily("weighbridge_client_program_in_progress_seconds",
+                                       "Integral of the agent programs in progress over time; "
+                                       "its rate() is L of programs.", labels=labels)
+        tis_prog = CounterMetricFamily("weighbridge_client_program_time_in_system_seconds",
+                                       "Time in system (start to end) of ended agent "
+                                       "programs; its rate() is lambda*W of programs.",
+                                       labels=labels)
         for tenant, tier in keys:
             n, tok = self._littles.in_flight((tenant, tier))
             totals = self._littles.totals((tenant, tier), now)
@@ -314,7 +373,13 @@ class LoadgenExporter:
             occ_tok.add_metric(values, totals.occupancy_token_seconds)
             tis.add_metric(values, totals.time_in_system_seconds)
             tis_tok.add_metric(values, totals.time_in_system_token_seconds)
-        yield from (in_flight_n, in_flight_tok, occ_n, occ_tok, tis, tis_tok)
+            started, _ = self._program_littles.in_flight((tenant, tier))
+            program_totals = self._program_littles.totals((tenant, tier), now)
+            programs.add_metric(values, started)
+            occ_prog.add_metric(values, program_totals.occupancy_request_seconds)
+            tis_prog.add_metric(values, program_totals.time_in_system_seconds)
+        yield from (in_flight_n, in_flight_tok, occ_n, occ_tok, tis, tis_tok, programs,
+                    occ_prog, tis_prog)
         yield self._itl.family()
 
         tenants = sorted({t for t, _ in keys} | self._weighted_only)
@@ -326,8 +391,8 @@ class LoadgenExporter:
                           now: float) -> Iterator[Metric]:
         level = ["tenant", "level"]
         l_fam = GaugeMetricFamily("weighbridge_littles_law_l",
-                                  "Time-average number in system over the window (requests, or "
-                                  "declared tokens).", labels=level)
+                                  "Time-average number in system over the window (requests, "
+                                  "declared tokens, or agent programs).", labels=level)
         lw_fam = GaugeMetricFamily("weighbridge_littles_law_lambda_w",
                                    "Completion rate x mean time in system over the window.",
                                    labels=level)
@@ -335,9 +400,12 @@ class LoadgenExporter:
                                       "L / (lambda*W) over the window: 1 when every request "
                                       "that entered is accounted for.", labels=level)
         for tenant in tenants:
-            readings = self._littles.reading([k for k in keys if k[0] == tenant], now)
-            for lvl in LEVELS:
-                reading = readings[lvl]
+            own = [k for k in keys if k[0] == tenant]
+            readings: list[tuple[str, LittlesLawReading]] = [
+                *self._littles.reading(own, now).items(),
+                # A program weighs 1, as a request does at the request level.
+                ("program", self._program_littles.reading(own, now)["request"])]
+            for lvl, reading in readings:
                 l_fam.add_metric([tenant, lvl], reading.l)
                 lw_fam.add_metric([tenant, lvl], reading.lambda_w)
                 ratio_fam.add_metric([tenant, lvl], reading.ratio)

@@ -92,6 +92,12 @@ DOCUMENTED_FAMILIES = {
     "weighbridge_client_time_in_system_seconds": ("counter", {"tenant", "tier"}),
     "weighbridge_client_time_in_system_token_seconds": ("counter", {"tenant", "tier"}),
     "weighbridge_client_backend_scrape_errors": ("counter", set()),
+    "weighbridge_client_program_seconds": ("histogram", {"tenant", "tier"}),
+    "weighbridge_client_programs": ("counter", {"tenant", "tier", "outcome"}),
+    "weighbridge_client_programs_started": ("counter", {"tenant", "tier"}),
+    "weighbridge_client_programs_in_progress": ("gauge", {"tenant", "tier"}),
+    "weighbridge_client_program_in_progress_seconds": ("counter", {"tenant", "tier"}),
+    "weighbridge_client_program_time_in_system_seconds": ("counter", {"tenant", "tier"}),
     "weighbridge_littles_law_l": ("gauge", {"tenant", "level"}),
     "weighbridge_littles_law_lambda_w": ("gauge", {"tenant", "level"}),
     "weighbridge_littles_law_ratio": ("gauge", {"tenant", "level"}),
@@ -123,7 +129,7 @@ def test_every_series_exists_from_the_first_scrape_for_configured_tenants() -> N
                            status=status) == 0.0
         assert s.value("weighbridge_client_ttft_seconds_count", tenant=tenant, tier=tier) == 0
         assert s.value("weighbridge_tenant_weight", tenant=tenant) == {"a": 2, "b": 1}[tenant]
-        for level in ("request", "token"):
+        for level in ("request", "token", "program"):
             assert math.isnan(s.value("weighbridge_littles_law_ratio", tenant=tenant,
                                       level=level))
     assert math.isnan(s.value("weighbridge_jain_index"))
