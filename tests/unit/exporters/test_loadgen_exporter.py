@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -247,6 +248,56 @@ def test_littles_law_through_the_exporter(drop_every: int) -> None:
                 assert ratio > 1.5, (tenant, level, ratio)
             else:
                 assert 0.95 <= ratio <= 1.05, (tenant, level, ratio)
+
+
+def test_programs_end_with_the_record_that_ends_them() -> None:
+    """Program a-p0 starts at 0 and its last planned call ends ok at 10 (its subagent's
+    failure ends nothing); a-p1 starts at 2 and fails at 3; a-p2 starts at 4 and is in
+    progress at the scrape, at 12."""
+    clock = FakeClock()
+    exporter = LoadgenExporter(tiers={"a": "standard"}, window_s=60.0, clock=clock)
+    a = {"tenant": "a", "tier": "standard"}
+
+    def call(program: str, turn: int, calls: int, end: float, *, parent: str | None = None,
+             status: str = "ok") -> RequestRecord:
+        return dataclasses.replace(record("a", "standard", end - 1, end, status=status),
+                                   program_id=program, parent_program_id=parent,
+                                   program_calls=calls, turn=turn)
+
+    events = [
+        (0.0, lambda: exporter.program_started("a", "standard", "a-p0", clock.now)),
+        (1.0, lambda: exporter.request_ended(call("a-p0", 0, 2, 1.0), clock.now)),
+        (2.0, lambda: exporter.program_started("a", "standard", "a-p1", clock.now)),
+        (3.0, lambda: exporter.request_ended(call("a-p1", 0, 3, 3.0, status="rejected"),
+                                             clock.now)),
+        (4.0, lambda: exporter.program_started("a", "standard", "a-p2", clock.now)),
+        (5.0, lambda: exporter.request_ended(call("a-p0-c0.0", 0, 1, 5.0, parent="a-p0",
+                                                  status="error"), clock.now)),
+        (10.0, lambda: exporter.request_ended(call("a-p0", 1, 2, 10.0), clock.now)),
+    ]
+    for at, event in events:
+        clock.now = RUN_START + at
+        event()
+    clock.now = RUN_START + 12.0
+    s = scrape(exporter)
+    assert s.value("weighbridge_client_programs_started_total", **a) == 3
+    assert s.value("weighbridge_client_programs_total", **a, outcome="completed") == 1
+    assert s.value("weighbridge_client_programs_total", **a, outcome="failed") == 1
+    assert s.value("weighbridge_client_program_seconds_count", **a) == 1
+    assert s.value("weighbridge_client_program_seconds_sum", **a) == pytest.approx(10.0)
+    assert s.value("weighbridge_client_program_seconds_bucket", **a, le="10.0") == 1
+    assert s.value("weighbridge_client_program_seconds_bucket", **a, le="5.0") == 0
+    assert s.value("weighbridge_client_programs_in_progress", **a) == 1
+    # In the system 0..10, 2..3 and 4..12; ended: 10 s and 1 s.
+    assert s.value("weighbridge_client_program_in_progress_seconds_total",
+                   **a) == pytest.approx(19.0)
+    assert s.value("weighbridge_client_program_time_in_system_seconds_total",
+                   **a) == pytest.approx(11.0)
+    span = 12.0
+    assert s.value("weighbridge_littles_law_l", tenant="a", level="program") == (
+        pytest.approx(19 / span))
+    assert s.value("weighbridge_littles_law_lambda_w", tenant="a", level="program") == (
+        pytest.approx(11 / span))
 
 
 def test_docs_list_exactly_the_exported_series() -> None:
