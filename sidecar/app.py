@@ -52,6 +52,7 @@ from weighbridge.sidecar.reload import (
     ReloadRefused,
     read_config,
 )
+from weighbridge.sidecar.reload import plan as reload_plan
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.session import (
     MAX_DISPATCH_ATTEMPTS,
@@ -222,6 +223,16 @@ class Sidecar:
                  checked_s * 1e3, (time.perf_counter() - started) * 1e3, plan.summary())
         self.wake()
         return plan
+
+    async def put_in_force(self, new: Config, source: str) -> ReloadPlan:
+        """``new``, made in code rather than read from the file (the picker's discovered
+        backends: sidecar.discovery), put in force as a reload puts the file's, in turn with
+        reloads; raises ``ReloadRefused`` as a reload does, changing nothing."""
+        async with self._reloading:
+            started = time.perf_counter()
+            checked = await asyncio.to_thread(reload_plan, self.config, new,
+                                              frozenset(self.core.draining), source)
+            return self._put_in_force(new, checked, time.perf_counter() - started)
 
     def reload_on_signal(self) -> None:
         """SIGHUP: a reload whose refusal is logged (there is nobody else to tell)."""

@@ -54,6 +54,7 @@ from weighbridge import headers as headers_
 from weighbridge.sidecar.app import Sidecar, close_loop
 from weighbridge.sidecar.config import EMBEDDINGS, Config
 from weighbridge.sidecar.core import Dispatch
+from weighbridge.sidecar.discovery import PoolDiscovery, PoolRef, api_client
 from weighbridge.sidecar.identity import TrustedSources
 from weighbridge.sidecar.listener import ClientSite
 from weighbridge.sidecar.metrics import StreamedTokens
@@ -99,6 +100,8 @@ _REMOVED = ("authorization", "content-length")
 # The most request-header bytes read from Envoy's message: Envoy bounds them itself (60 KiB
 # by default); this bounds what a misconfigured listener could pass.
 MAX_HEADER_BYTES = 96 * 1024
+# How long the picker waits for the InferencePool's first listing before it serves.
+FIRST_LIST_S = 10.0
 _FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
 _NONE = processing_mode_pb2.ProcessingMode.NONE
 
@@ -396,28 +399,37 @@ class _Exchange:
             return ingress.authenticate(headers)  # the key, or the 401 of none
         return ingress.named(claim[1])
 
+    def _allowed(self, caller: Caller, model: str | None, hint: list[str] | None
+                 ) -> frozenset[str] | None:
+        """The backends the request may be bound to: those of the subset hint, and of the
+        pool's pods those ready now (sidecar.discovery); None: any. The protocol's 503 at
+        once when none is healthy (the sidecar would hold the request until one is)."""
+        sidecar = self.sidecar
+        assert sidecar.pool is not None
+        states = sidecar.pool.states
+        serving = sidecar.core.catalog.backends_for(model)
+        if serving and not any(states[b].healthy for b in serving if b in states):
+            raise sidecar.ingress.refused(caller, _no_endpoint(
+                "no backend serving the model is healthy"))
+        allowed, why = None, ""
+        if hint is not None:
+            allowed = frozenset(self.picker.endpoints.backends_at(hint) & serving)
+            why = "none of the subset hint's endpoints is a healthy backend serving the model"
+        ready = self.picker.ready_backends()
+        if ready is not None:
+            allowed = ready if allowed is None else allowed & ready
+            why = why or "no pod of the InferencePool is ready"
+        if allowed is not None and not any(states[b].healthy for b in allowed if b in states):
+            raise sidecar.ingress.refused(caller, _no_endpoint(why))
+        return allowed
+
     async def _schedule(self, caller: Caller, endpoint: str, headers: dict[str, str],
                         raw: bytes, hint: list[str] | None, full_duplex: bool
                         ) -> AsyncIterator[ext_proc.ProcessingResponse]:
         sidecar = self.sidecar
         ingress = sidecar.ingress
         arrival = ingress.read(caller, endpoint, headers, raw)
-        assert sidecar.pool is not None
-        states = sidecar.pool.states
-        serving = sidecar.core.catalog.backends_for(arrival.model or None)
-        if serving and not any(states[b].healthy for b in serving if b in states):
-            # The protocol's answer when no endpoint is ready, at once: the sidecar would
-            # hold the request until one is.
-            raise ingress.refused(caller, _no_endpoint("no backend serving the model is "
-                                                       "healthy"))
-        allowed = None
-        if hint is not None:
-            allowed = frozenset(self.picker.endpoints.backends_at(hint)
-                                & sidecar.core.catalog.backends_for(arrival.model or None))
-            if not any(states[b].healthy for b in allowed if b in states):
-                raise ingress.refused(caller, _no_endpoint(
-                    "none of the subset hint's endpoints is a healthy backend serving the "
-                    "model"))
+        allowed = self._allowed(caller, arrival.model or None, hint)
         ids = await sidecar.tokenizers.tokenize(
             sidecar.core.request_model(arrival.model) or sidecar.core.catalog.default_model(),
             caller.tenant, endpoint, arrival.body)
@@ -635,14 +647,28 @@ def _unscheduled(path: str, method: str) -> ApiError:
 class Picker(ext_proc_grpc.ExternalProcessorServicer):
     """The ext_proc service over one :class:`Sidecar`: its core, pool and configuration."""
 
-    def __init__(self, sidecar: Sidecar, identity: TrustedSources | None = None) -> None:
+    def __init__(self, sidecar: Sidecar, identity: TrustedSources | None = None,
+                 discovery: PoolDiscovery | None = None) -> None:
         self.sidecar = sidecar
         self.identity = identity or TrustedSources()
+        self.discovery = discovery
         # What the backend never sees: the client's key, the length of a body the picker
         # rewrites, and the headers that carried the caller's identity.
         self.removed = _REMOVED + self.identity.headers
         self.endpoints = Endpoints(lambda: sidecar.config)
         self.served_elsewhere = 0  # responses the data plane says another endpoint served
+
+    def ready_backends(self) -> frozenset[str] | None:
+        """The backends of the pool's pods ready now, when that is not every backend in
+        force; None without discovery, or when every one is."""
+        if self.discovery is None:
+            return None
+        ready = self.discovery.ready
+        if ready is None:
+            return frozenset()  # the pool not listed yet: nothing is known ready
+        if all(b.name in ready for b in self.sidecar.config.backends):
+            return None
+        return ready
 
     async def Process(self, request_iterator: AsyncIterator[ext_proc.ProcessingRequest],
                       context: grpc.aio.ServicerContext
@@ -688,10 +714,12 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
 
 class Health:
     """The protocol's health services: liveness while the process answers, readiness (and
-    the ext_proc service's) while some backend is healthy, as the sidecar's /readyz."""
+    the ext_proc service's) while some backend is healthy, as the sidecar's /readyz, and
+    with pod discovery some pod of the pool is ready."""
 
-    def __init__(self, sidecar: Sidecar) -> None:
+    def __init__(self, sidecar: Sidecar, discovery: PoolDiscovery | None = None) -> None:
         self.sidecar = sidecar
+        self.discovery = discovery
         self.servicer = health_aio.HealthServicer()
 
     async def watch(self, period_s: float = 1.0) -> None:
@@ -701,7 +729,8 @@ class Health:
             await self.servicer.set(service, serving)
         while True:
             pool = self.sidecar.pool
-            ready = pool is not None and pool.any_healthy()
+            ready = pool is not None and pool.any_healthy() and (
+                self.discovery is None or bool(self.discovery.ready))
             for service in READY_SERVICES:
                 await self.servicer.set(service, serving if ready else not_serving)
             await asyncio.sleep(period_s)
@@ -709,10 +738,13 @@ class Health:
 
 async def serve_epp(sidecar: Sidecar, host: str, port: int, http_host: str,
                     http_port: int, ready: Callable[[int], None] | None = None,
-                    identity: TrustedSources | None = None) -> None:
+                    identity: TrustedSources | None = None,
+                    discovery: PoolDiscovery | None = None) -> None:
     """Serve the picker on ``host:port`` (gRPC) and the sidecar's HTTP app on
     ``http_host:http_port`` (/metrics, /healthz, /readyz, /admin), until cancelled.
-    ``identity``: where a request's tenant is read (default: the bearer key alone)."""
+    ``identity``: where a request's tenant is read (default: the bearer key alone);
+    ``discovery``: the InferencePool's pods as the backends (default: the config's),
+    started and attached to ``sidecar``; stopped here."""
     runner = web.AppRunner(sidecar.app, handle_signals=False, access_log=None,
                            handler_cancellation=True)
     await runner.setup()  # the sidecar's lifecycle: the pool, the dispatch tick, shared state
@@ -721,8 +753,9 @@ async def serve_epp(sidecar: Sidecar, host: str, port: int, http_host: str,
         # Envoy keeps one long stream per request; many at once is the normal load.
         ("grpc.max_concurrent_streams", 100_000),
     ])
-    ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(sidecar, identity), server)
-    health = Health(sidecar)
+    ext_proc_grpc.add_ExternalProcessorServicer_to_server(Picker(sidecar, identity, discovery),
+                                                          server)
+    health = Health(sidecar, discovery)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     bound_port = server.add_insecure_port(f"{host}:{port}")
     watching = asyncio.create_task(health.watch(), name="epp-health")
@@ -738,25 +771,43 @@ async def serve_epp(sidecar: Sidecar, host: str, port: int, http_host: str,
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
+        if discovery is not None:
+            await discovery.stop()
         await health.servicer.enter_graceful_shutdown()
         await server.stop(grace=1.0)
         await runner.cleanup()
 
 
 def run_epp(config: Config, host: str, port: int, http_host: str, http_port: int,
-            config_path: str | None = None, identity: TrustedSources | None = None) -> None:
+            config_path: str | None = None, identity: TrustedSources | None = None,
+            pool: PoolRef | None = None, kubeconfig: str | None = None) -> None:
     """Serve until SIGINT or SIGTERM; SIGHUP reloads ``config_path`` as the sidecar does.
-    The default event loop, not uvloop: grpc.aio supports the former."""
+    ``pool``: the InferencePool whose ready pods are the backends, read from the API server
+    in-cluster or through ``kubeconfig``. The default event loop, not uvloop: grpc.aio
+    supports the former."""
     for warning in config.warnings:
         log.warning("config: %s", warning)
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
-    sidecar = Sidecar(config, config_path=config_path)
-    main = loop.create_task(serve_epp(
-        sidecar, host, port, http_host, http_port,
-        ready=lambda p: log.info("weighbridge epp: ext_proc on %s:%d, HTTP on %s:%d",
-                                 host, p, http_host, http_port), identity=identity))
-    loop.add_signal_handler(signal.SIGHUP, sidecar.reload_on_signal)
+
+    async def serve() -> None:
+        discovery, start = None, config
+        if pool is not None:
+            discovery = PoolDiscovery(pool, lambda: api_client(kubeconfig))
+            # The pool's pods are the backends from the start, when the API server answers
+            # soon; else they come when it does, and requests get 503 until then.
+            start = await discovery.start(config, FIRST_LIST_S)
+        sidecar = Sidecar(start, config_path=config_path)
+        if discovery is not None:
+            discovery.attach(sidecar)
+        loop.add_signal_handler(signal.SIGHUP, sidecar.reload_on_signal)
+        await serve_epp(
+            sidecar, host, port, http_host, http_port,
+            ready=lambda p: log.info("weighbridge epp: ext_proc on %s:%d, HTTP on %s:%d",
+                                     host, p, http_host, http_port),
+            identity=identity, discovery=discovery)
+
+    main = loop.create_task(serve())
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, main.cancel)
     try:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -220,6 +220,9 @@ class ConfigHolder:
     version: str = ""
     reloads: dict[str, int] = field(default_factory=lambda: {"ok": 0, "refused": 0})
     last_error: str | None = None
+    # What the file read is put through before it is compared: the picker's discovered
+    # backends replace the file's (sidecar.discovery); None: the file as it is.
+    overlay: Callable[[Config], Config] | None = None
 
     def __post_init__(self) -> None:
         self.version = self.version or config_version(self.config)
@@ -237,6 +240,8 @@ class ConfigHolder:
             new = load_config(self.path) if read is None else read
             if isinstance(new, ReadError):
                 raise ConfigError(new.source, new.errors)
+            if self.overlay is not None:
+                new = self.overlay(new)
             return new, plan(self.config, new, draining, self.path)
         except ConfigError as e:
             self.reloads["refused"] += 1

@@ -95,6 +95,32 @@ def test_the_pool_names_the_picker_and_the_route_the_pool() -> None:
                          "name": pool["metadata"]["name"]}]
 
 
+def test_the_picker_may_watch_its_pool_and_nothing_more() -> None:
+    """The picker watches the pool its Deployment names (--pool-name) in its own namespace,
+    as the service account it runs as: its Role lets it get, list and watch that pool's kind
+    and pods, and write nothing."""
+    (pool,) = by_kind("epp", "InferencePool")
+    (deployment,) = by_kind("epp", "Deployment")
+    (account,) = by_kind("epp", "ServiceAccount")
+    (role,) = by_kind("epp", "Role")
+    (binding,) = by_kind("epp", "RoleBinding")
+    pod = deployment["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--pool-name") + 1] == pool["metadata"]["name"]
+    (namespace,) = [e for e in pod["containers"][0]["env"] if e["name"] == "POD_NAMESPACE"]
+    assert namespace["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount",
+                                    "name": account["metadata"]["name"]}]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    granted = {(group, resource): set(rule["verbs"]) for rule in role["rules"]
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    pool_group = pool["apiVersion"].partition("/")[0]
+    assert granted == {("", "pods"): {"get", "list", "watch"},
+                       (pool_group, "inferencepools"): {"get", "list", "watch"}}
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_the_config_map_is_a_weighbridge_config(mode: str) -> None:
     (config_map,) = by_kind(mode, "ConfigMap")
@@ -109,11 +135,11 @@ def test_the_config_map_is_a_weighbridge_config(mode: str) -> None:
     (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == volume["name"]]
     args = pod["containers"][0]["args"]
     assert args[args.index("--config") + 1] == f"{mount['mountPath']}/{name}"
-    # A quota file placed on a volume of its own is on a writable one (a ConfigMap's is not).
+    # The quota file is on a writable volume (a ConfigMap's is not; a relative name is
+    # beside the config file, in the ConfigMap's).
     quota_file = config.state.quota_file
-    if config.state.backend == "local" and quota_file is not None and \
-            quota_file.startswith("/"):
+    if config.state.backend == "local" and quota_file is not None:
+        path = str(Path(mount["mountPath"]) / quota_file)  # an absolute name stays
         mounts = {m["mountPath"]: m for m in pod["containers"][0]["volumeMounts"]}
-        (directory,) = [path for path in mounts
-                        if quota_file.startswith(path + "/")]
-        assert not mounts[directory].get("readOnly")
+        (directory,) = [p for p in mounts if path.startswith(p + "/")]
+        assert not mounts[directory].get("readOnly"), (mode, path)

@@ -178,9 +178,19 @@ def epp(
         help="Where a request's tenant is read, in order, the first present deciding: key "
              "(the bearer key), header:NAME or metadata:NAMESPACE/KEY[/KEY...] (set by the "
              "gateway's auth); repeat it. Default: key.")] = None,
+    pool_name: Annotated[str | None, typer.Option(
+        help="The InferencePool whose ready pods are the backends, watched in the Kubernetes "
+             "API (the config's first backend is their template). Default: the config's "
+             "backends.")] = None,
+    pool_namespace: Annotated[str, typer.Option(
+        envvar="POD_NAMESPACE", help="The InferencePool's namespace.")] = "default",
+    kubeconfig: Annotated[str | None, typer.Option(
+        help="A kubeconfig file for the API server; default: in a cluster its service "
+             "account, else $KUBECONFIG or ~/.kube/config.")] = None,
 ) -> None:
     """Serve the scheduler as an Envoy external processor: the Gateway API Inference
     Extension's endpoint picker (docs/deploy-kubernetes.md)."""
+    from weighbridge.sidecar.discovery import PoolRef
     from weighbridge.sidecar.epp import run_epp
     from weighbridge.sidecar.identity import IdentitySource, TrustedSources
 
@@ -189,10 +199,14 @@ def epp(
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--tenant-from") from None
     loaded = _serving_config(config)
+    pool = None if pool_name is None else PoolRef(pool_namespace, pool_name)
+    backends = (f"{len(loaded.backends)} backends" if pool is None else
+                f"the ready pods of InferencePool {pool.namespace}/{pool.name}")
     typer.echo(f"weighbridge epp: ext_proc on {host}:{port}, HTTP on http://{http_host}:"
-               f"{http_port}: {len(loaded.tenants)} tenants, {len(loaded.backends)} backends, "
+               f"{http_port}: {len(loaded.tenants)} tenants, {backends}, "
                f"policy {loaded.scheduler.policy}", err=True)
-    run_epp(loaded, host, port, http_host, http_port, config_path=config, identity=identity)
+    run_epp(loaded, host, port, http_host, http_port, config_path=config, identity=identity,
+            pool=pool, kubeconfig=kubeconfig)
 
 
 @app.command()
