@@ -20,7 +20,8 @@ LITTLE_RATIO = Panel(
     "Little's Law ratio L / λW",
     "Near 1 when every request that entered is accounted for (over windows much longer than "
     "a request): the sidecar's (requests queued or dispatched) and the load generator's per "
-    "tenant, at the request and the declared-token level.",
+    "tenant, at the request and the declared-token level, and of agent programs (each from "
+    "its start to its end; a minute holds few of them, so its edges weigh more).",
     "none",
     (Query("job:weighbridge_sidecar_littles_law_ratio:rate1m", "sidecar {{job}}"),
      Query(f"tenant_level:weighbridge_littles_law_ratio:rate1m{{{TENANT_MATCH}}}",
@@ -29,15 +30,19 @@ LITTLE_RATIO = Panel(
 
 LITTLE_TERMS = Panel(
     "Little's Law terms: L and λW",
-    "L: the time-average number of requests in the system; λW: seconds spent in it per "
-    "second by the requests that ended.",
+    "L: the time-average number of requests (or agent programs) in the system; λW: seconds "
+    "spent in it per second by those that ended.",
     "short",
     (Query("job:weighbridge_requests_in_system:rate1m", "sidecar L"),
      Query("job:weighbridge_request_duration_seconds:rate1m", "sidecar λW"),
      Query(f'tenant_level:weighbridge_littles_law_l:rate1m{{{TENANT_MATCH}, level="request"}}',
            "{{tenant}} L (client)"),
      Query(f"tenant_level:weighbridge_littles_law_lambda_w:rate1m{{{TENANT_MATCH}, "
-           'level="request"}', "{{tenant}} λW (client)")),
+           'level="request"}', "{{tenant}} λW (client)"),
+     Query(f'tenant_level:weighbridge_littles_law_l:rate1m{{{TENANT_MATCH}, level="program"}}',
+           "{{tenant}} L programs (client)"),
+     Query(f"tenant_level:weighbridge_littles_law_lambda_w:rate1m{{{TENANT_MATCH}, "
+           'level="program"}', "{{tenant}} λW programs (client)")),
     min=0)
 
 OFFERED_VS_CAPACITY = Panel(

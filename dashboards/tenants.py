@@ -3,7 +3,8 @@
 Shares come from two vantage points: the sidecar (tokens as they stream through it) and the
 load generator (tokens from usage of the requests it saw end). Latency is the sidecar's
 (arrival to first relayed token) and the client's (scheduled send to first token, the
-user's view).
+user's view); for agent programs, the client's program completion time (what the person who
+started one waits for) and how programs end.
 """
 
 from __future__ import annotations
@@ -76,6 +77,29 @@ DECODE_TPS = Panel(
            "{{tenant}} p10")),
     thresholds=(Threshold(7, "orange"),), min=0)
 
+PROGRAM_COMPLETION = Panel(
+    "Agent program completion time per tenant",
+    "p50 and p90 of the time from an agent program's first call (scheduled) to its last "
+    "call's end, tool runs and subagents included: what the person who started it waited. "
+    "Programs the load generator saw complete.",
+    "s",
+    (Query(quantile(0.5, "weighbridge_client_program_seconds", "tenant", TENANT_TIER),
+           "{{tenant}} p50"),
+     Query(quantile(0.9, "weighbridge_client_program_seconds", "tenant", TENANT_TIER),
+           "{{tenant}} p90")),
+    min=0)
+
+PROGRAM_OUTCOMES = Panel(
+    "Agent programs started and ended",
+    "Programs started per second per tenant, and those that ended: completed (the last "
+    "call answered) or failed (a call ended otherwise).",
+    "short",
+    (Query(by("tenant", rate("weighbridge_client_programs_started_total", TENANT_TIER)),
+           "{{tenant}} started"),
+     Query(by("tenant, outcome", rate("weighbridge_client_programs_total", TENANT_TIER)),
+           "{{tenant}} {{outcome}}")),
+    min=0)
+
 REJECTIONS = Panel(
     "Rejections by reason",
     "Requests the sidecar turned away per second, by tenant and reason (rate_limited, "
@@ -127,12 +151,13 @@ DEFICIT = Panel(
 TENANTS = Dashboard(
     uid="weighbridge-tenants",
     title="weighbridge / Tenants",
-    description="Per-tenant token share against entitlement, latency, decode speed, "
-                "rejections and queues.",
+    description="Per-tenant token share against entitlement, latency, decode speed, agent "
+                "program completion, rejections and queues.",
     variables=STANDARD,
     rows=(
         Row("Fair share", (SIDECAR_SHARE, CLIENT_SHARE, TOKENS_PER_S, DEFICIT)),
-        Row("What each tenant experiences", (TTFT_P99, DECODE_TPS)),
+        Row("What each tenant experiences", (TTFT_P99, DECODE_TPS, PROGRAM_COMPLETION,
+                                             PROGRAM_OUTCOMES)),
         Row("Admission and queues", (REJECTIONS, OUTCOMES, QUEUE_DEPTH, QUEUED_TOKENS)),
     ),
 )

@@ -33,9 +33,9 @@ BACKEND = "emu-0"
 SETTLE_S = 15.0  # load before the first query: several rule evaluations over real traffic
 QUERY_TIMEOUT_S = 20.0
 
-# The interactive tenant runs into its rate limit (a rejection reason on the panels); the
-# batch tenant's closed loop keeps the engine saturated, so the sidecar queues and admission
-# holds from the start.
+# The interactive tenant runs agent programs into its rate limit (a rejection reason, and
+# programs completed and failed, on the panels); the batch tenant's closed loop keeps the
+# engine saturated, so the sidecar queues and admission holds from the start.
 TENANTS_FILE = """
 tenants:
   - name: chat
@@ -47,7 +47,9 @@ tenants:
     lengths:
       prompt: {kind: uniform, low: 32, high: 128}
       output: {kind: uniform, low: 16, high: 40}
-    arrival: {kind: poisson, rate: 4}
+    programs: {calls: {kind: uniform, low: 1, high: 2}, tool_ms: 200, tool_output: 16}
+    identity: [claude_code]
+    arrival: {kind: poisson, rate: 0.3}
   - name: api-a
     api_key: sk-api-a-dash
     tier: standard
