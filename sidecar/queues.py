@@ -1,5 +1,5 @@
 """A tenant's own queue, ordered by ``QueuedRequest.order_key`` (priority, deadline, with
-``shortest_prompt_first`` the prompt's size, arrival), and the bounds on it.
+``shortest_prompt_first`` arrival delayed by the prompt's size, arrival), and the bounds on it.
 
 Cancellation (a client that went away while queued) is lazy: the request leaves the live
 index at once, so counts and token totals are exact immediately, and its heap entry is dropped
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from weighbridge.sidecar.rejection import QUEUE_FULL, Reject
 from weighbridge.sidecar.request import QueuedRequest
 
-_Entry = tuple[tuple[int, float, int, float, int], QueuedRequest]
+_Entry = tuple[tuple[int, float, float, float, int], QueuedRequest]
 
 
 class TenantQueue:

@@ -14,6 +14,25 @@ from enum import Enum
 from weighbridge.sidecar.config import CostModel
 from weighbridge.sidecar.prefix import PromptPrefix
 
+# Shortest-prompt-first ages (``spf_delay_s``): a prompt waits at most this long behind
+# shorter prompts that arrive after it (benchmarks/RESULTS.md, scheduling_quality (c)).
+SPF_MAX_DELAY_S = 2.0
+# The prompt that is delayed half of SPF_MAX_DELAY_S: prompts around it are told apart most.
+SPF_HALF_PROMPT_TOKENS = 512
+
+
+def spf_delay_s(prompt_tokens: int, max_delay_s: float = SPF_MAX_DELAY_S) -> float:
+    """Shortest-prompt-first with aging: a prompt of ``prompt_tokens`` is ordered as if it
+    had arrived this much later, ``max_delay_s * p / (p + SPF_HALF_PROMPT_TOKENS)``, never
+    ``max_delay_s`` or more. Of two requests alike in priority and deadline, the shorter
+    prompt goes first when they arrive within the difference of their delays of each other,
+    and a request is never passed by one that arrives ``max_delay_s`` or more after it: its
+    wait behind later arrivals is bounded (strict shortest-first lets a stream of short
+    prompts hold a long one forever). 0 tokens (the FIFO ordering's rank): no delay."""
+    if prompt_tokens <= 0:
+        return 0.0
+    return max_delay_s * prompt_tokens / (prompt_tokens + SPF_HALF_PROMPT_TOKENS)
+
 
 class RequestState(Enum):
     NEW = "new"  # built, not yet accepted by a scheduler
@@ -53,7 +72,7 @@ class QueuedRequest:
     # ---- set by the scheduler -----------------------------------------------------------
     seq: int = -1  # arrival order within the scheduler: the stable FIFO tie-break
     demotion: int = 0  # repeat demotion: the caller's other requests active at enqueue
-    size_rank: int = 0  # shortest-prompt-first: the prompt's tokens; else 0 (arrival order)
+    size_rank: int = 0  # shortest-prompt-first: the prompt's tokens (aged: spf_delay_s); else 0
     cost: int = 0  # DRR charge at dispatch, in the endpoint's unit (tokens or 1)
     charged: int = 0  # charged so far: cost plus streamed tokens beyond the estimate
     streamed_output_tokens: int = 0
@@ -95,8 +114,10 @@ class QueuedRequest:
     def effective_priority(self) -> int:
         return self.priority + self.demotion
 
-    def order_key(self) -> tuple[int, float, int, float, int]:
-        """A tenant's own dispatch order: priority, then deadline (none last), then the
-        shorter prompt (with ``shortest_prompt_first``; else all equal), then arrival."""
+    def order_key(self) -> tuple[int, float, float, float, int]:
+        """A tenant's own dispatch order: priority, then deadline (none last), then arrival
+        delayed by the prompt's size (with ``shortest_prompt_first``: ``spf_delay_s``, the
+        shorter prompt first among near arrivals; else no delay), then arrival."""
         deadline = math.inf if self.deadline_s is None else self.deadline_s
-        return (self.effective_priority, deadline, self.size_rank, self.arrival_s, self.seq)
+        return (self.effective_priority, deadline,
+                self.arrival_s + spf_delay_s(self.size_rank), self.arrival_s, self.seq)

@@ -80,13 +80,14 @@ def test_tenant_order_is_priority_then_deadline_then_arrival() -> None:
 
 
 def test_shortest_prompt_first_orders_a_tenants_requests_by_prompt_after_priority() -> None:
+    # Arrivals 10 ms apart: well within the aging bound (spf_delay_s), so prompt size rules.
     def order(**kwargs: bool) -> list[str]:
         s = scheduler(**kwargs)
         s.enqueue(make_request("a", arrival=0, prompt=900, id="long"), 0)
-        s.enqueue(make_request("a", arrival=1, prompt=50, id="short"), 1)
-        s.enqueue(make_request("a", arrival=2, prompt=300, id="medium"), 2)
-        s.enqueue(make_request("a", arrival=3, prompt=2000, id="urgent", priority=-1), 3)
-        s.enqueue(make_request("a", arrival=4, prompt=50, id="short-later"), 4)
+        s.enqueue(make_request("a", arrival=0.01, prompt=50, id="short"), 0.01)
+        s.enqueue(make_request("a", arrival=0.02, prompt=300, id="medium"), 0.02)
+        s.enqueue(make_request("a", arrival=0.03, prompt=2000, id="urgent", priority=-1), 0.03)
+        s.enqueue(make_request("a", arrival=0.04, prompt=50, id="short-later"), 0.04)
         return drain(s)
 
     assert order() == ["urgent", "long", "short", "medium", "short-later"]
@@ -97,9 +98,10 @@ def test_shortest_prompt_first_orders_a_tenants_requests_by_prompt_after_priorit
 @settings(max_examples=100, deadline=None)
 @given(prompts=st.lists(st.integers(1, 4000), min_size=1, max_size=30))
 def test_shortest_prompt_first_drains_a_backlog_in_prompt_order(prompts: list[int]) -> None:
+    # Queued at one instant: aging (tests/unit/sidecar/test_spf_aging.py) changes nothing.
     s = scheduler(shortest_prompt_first=True)
     for k, prompt in enumerate(prompts):
-        s.enqueue(make_request("a", arrival=k, prompt=prompt, id=f"r{k}"), k)
+        s.enqueue(make_request("a", arrival=0, prompt=prompt, id=f"r{k}"), 0)
     drained = drain(s, 100.0)
     assert drained == [f"r{k}" for k in sorted(range(len(prompts)),
                                                 key=lambda k: (prompts[k], k))]
