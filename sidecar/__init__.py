@@ -1,19 +1,21 @@
 """The fair-scheduling sidecar: a pure, clock-injected scheduling core and its HTTP shell.
 
 The core modules (``request``, ``rejection``, ``ratelimit``, ``estimator``, ``queues``,
-``drr``, ``tiers``, ``scheduler``, ``predictor``, ``admission``, ``router``, ``ledger`` and
-``core``, which composes them) do no I/O and never read a clock: every method that depends on
-time takes ``now`` (seconds, any monotonic origin). The same code serves the live proxy, the
-hypothesis properties and virtual-time simulations. ``session`` holds a request's ingress
-checks and its end for every front; ``app`` is the aiohttp shell, and ``upstream`` its one
-client to the backends.
+``drr``, ``tiers``, ``scheduler`` with its ``fairness`` policies, ``predictor``,
+``admission``, ``eligibility``, ``kv``, ``shape``, ``prefix``, ``fleet``, ``routing``,
+``cycle``, ``ledger`` and ``core``, which composes them) do no I/O and never read a clock:
+every method that depends on time takes ``now`` (seconds, any monotonic origin). The same
+code serves the live proxy, the hypothesis properties and virtual-time simulations.
+``session`` holds a request's ingress checks and its end for every front; ``app`` is the
+aiohttp shell, and ``upstream`` its one client to the backends.
 
 The surface (``__all__``) is what the application and the other parts use: the live sidecar
 (``Sidecar``, ``run_sidecar``), its configuration schema (``config``: ``Config``,
-``load_config``, ``parse_config``...), the core and a request's session as the simulator drives
-them, the stability and utilisation meter it feeds, and the engine shape and limits the
-ideal bound derives. Each name is read from its
-module on first use (``weighbridge.surface``), so importing a pure module loads no aiohttp.
+``load_config``, ``parse_config``, ``request_level_baseline``...) and the parts it names
+(``registered``), the core and a request's session as the simulator drives them, the
+stability and utilisation meter it feeds, and the engine shape and limits the ideal bound
+derives. Each name is read from its module on first use (``weighbridge.surface``), so
+importing a pure module loads no aiohttp.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ if TYPE_CHECKING:
         Config,
         ConfigError,
         ModelName,
-        Policy,
         load_config,
         parse_config,
+        request_level_baseline,
     )
     from weighbridge.sidecar.core import Dispatch, SchedulingCore
     from weighbridge.sidecar.epp import run_epp
+    from weighbridge.sidecar.plugins import registered
     from weighbridge.sidecar.prefix import PromptPrefix
     from weighbridge.sidecar.request import QueuedRequest
     from weighbridge.sidecar.session import (
@@ -58,10 +61,11 @@ else:
     __getattr__, __dir__ = surface(__name__, {
         "admission": ("derive_limits",),
         "app": ("Sidecar", "run_sidecar"),
-        "config": ("EMBEDDINGS", "Config", "ConfigError", "ModelName", "Policy", "load_config",
-                   "parse_config"),
+        "config": ("EMBEDDINGS", "Config", "ConfigError", "ModelName", "load_config",
+                   "parse_config", "request_level_baseline"),
         "core": ("Dispatch", "SchedulingCore"),
         "epp": ("run_epp",),
+        "plugins": ("registered",),
         "prefix": ("PromptPrefix",),
         "request": ("QueuedRequest",),
         "session": ("ApiError", "Caller", "Ingress", "Prompt", "RelayOutcome", "RequestSession",
@@ -80,7 +84,6 @@ __all__ = [
     "EngineShape",
     "Ingress",
     "ModelName",
-    "Policy",
     "Prompt",
     "PromptPrefix",
     "QueuedRequest",
@@ -95,6 +98,8 @@ __all__ = [
     "learned_step_s",
     "load_config",
     "parse_config",
+    "registered",
+    "request_level_baseline",
     "run_epp",
     "run_sidecar",
     "step_budget",

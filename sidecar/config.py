@@ -19,8 +19,6 @@ import importlib.util
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
@@ -48,6 +46,7 @@ from weighbridge.tiers import DEFAULT_TIERS
 
 __all__ = [
     "EMBEDDINGS",
+    "FAIRNESS_ADMISSION",
     "Admission",
     "Backend",
     "Config",
@@ -56,9 +55,8 @@ __all__ = [
     "HealthProbe",
     "Limits",
     "Model",
-    "Policy",
-    "PolicyTraits",
     "RateLimits",
+    "Routing",
     "Scheduler",
     "Telemetry",
     "Tenant",
@@ -66,49 +64,12 @@ __all__ = [
     "Tokenization",
     "load_config",
     "parse_config",
+    "request_level_baseline",
 ]
 
 CostModel = Literal["tokens", "requests"]
 # The one served endpoint that generates nothing (prefill only, never streamed).
 EMBEDDINGS = "/v1/embeddings"
-Routing = Literal["least_tokens", "prefix_aware", "least_requests", "round_robin"]
-
-
-
-class Policy(StrEnum):
-    """The order in which the sidecar serves queued requests (docs/sidecar.md, "Egress").
-    ``drr`` is the product; the others are baselines to compare it with."""
-
-    DRR = "drr"  # deficit round robin over tenants, in tokens, weighted
-    RR = "rr"  # round robin over tenants, one request a turn, unweighted
-    FCFS = "fcfs"  # one queue in arrival order, through the admission gate
-    PASSTHROUGH = "passthrough"  # no queue: forwarded at once, no gate
-
-    @property
-    def traits(self) -> PolicyTraits:
-        return POLICY_TRAITS[self]
-
-
-@dataclass(frozen=True, slots=True)
-class PolicyTraits:
-    holds_requests: bool  # queued and gated; False: forwarded at once
-    per_tenant: bool  # picks among tenants' queues, so it can choose an under-share tenant
-    # (admission headroom, fairness); False: one FIFO, headroom is ordinary capacity
-    weighted: bool  # tenants' weights count
-    costs_tokens: bool  # a request costs its endpoint's cost (tokens); False: one turn
-
-
-POLICY_TRAITS: dict[Policy, PolicyTraits] = {
-    Policy.DRR: PolicyTraits(holds_requests=True, per_tenant=True, weighted=True,
-                             costs_tokens=True),
-    Policy.RR: PolicyTraits(holds_requests=True, per_tenant=True, weighted=False,
-                            costs_tokens=False),
-    Policy.FCFS: PolicyTraits(holds_requests=True, per_tenant=False, weighted=False,
-                              costs_tokens=False),
-    Policy.PASSTHROUGH: PolicyTraits(holds_requests=False, per_tenant=False, weighted=False,
-                                     costs_tokens=False),
-}
-
 DEFAULT_TOKEN_QUANTUM = 2048
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 
@@ -188,6 +149,30 @@ def _check_model_name(value: Any) -> str:
 
 # As vLLM's --served-model-name and /v1/models spell it ("org/model", "my-lora", ...).
 ModelName = Annotated[str, PlainValidator(_check_model_name, json_schema_input_type=str)]
+
+
+def _part(kind: Literal["fairness", "ordering", "scorer", "picker"]) -> Any:
+    """A validator of a name of a registered part of ``kind`` (sidecar.plugins)."""
+
+    def check(value: Any) -> str:
+        name = _expect_str(value)
+        # The parts' modules import this one: the registry is read when a value is checked.
+        from weighbridge.sidecar.plugins import registered
+
+        known = registered(kind)
+        if name not in known:
+            raise PydanticCustomError("plugin", "unknown {kind} {name}: one of {known}",
+                                      {"kind": kind, "name": repr(name),
+                                       "known": ", ".join(known)})
+        return name
+
+    return PlainValidator(check, json_schema_input_type=str)
+
+
+PolicyName = Annotated[str, _part("fairness")]
+OrderingName = Annotated[str, _part("ordering")]
+ScorerName = Annotated[str, _part("scorer")]
+PickerName = Annotated[str, _part("picker")]
 
 # --------------------------------------------------------------------------- schema
 
@@ -453,11 +438,15 @@ class ModelDiscovery(_Model):
 class Scheduler(_Model):
     """The order in which queued requests are served (docs/sidecar.md, "Egress")."""
 
-    # Not strict: YAML gives the policy's name, a string.
-    policy: Annotated[Policy, Field(strict=False)] = Policy.DRR
-    """`drr` (deficit round robin over tenants, in tokens, weighted), or the baselines `rr`
-    (one request a turn, unweighted), `fcfs` (one queue in arrival order, through the
-    admission gate) and `passthrough` (no queue, no gate)."""
+    policy: PolicyName = "drr"
+    """The fairness policy, by its registered name ("Fairness policies" below): `drr`
+    (deficit round robin over tenants, in tokens, weighted), or the baselines `rr` (one
+    request a turn, unweighted), `fcfs` (one queue in arrival order, through the admission
+    gate) and `passthrough` (no queue, no gate)."""
+    ordering: OrderingName = "fifo"
+    """A tenant's own queue order after priority and deadline, by its registered name
+    ("Orderings" below); `shortest_prompt_first: true` takes that ordering whatever this
+    says."""
     anti_starvation_weight: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     """In (0, 1): the fraction of dispatches a backlogged tier yields to the tiers below;
     none keeps tiers strict."""
@@ -468,11 +457,40 @@ class Scheduler(_Model):
     """An API key's 2nd, 3rd… concurrent request is ordered at priority +1, +2… (by key, not
     the body's `user`)."""
     shortest_prompt_first: bool = False
-    """Within a tenant, after priority and deadline, shorter prompts first: an approximate
-    shortest-job-first (`drr`, `rr`). A tenant's long prompts wait while its short ones keep
-    coming; other tenants are unaffected, since DRR is between tenants."""
+    """The `shortest_prompt_first` ordering: within a tenant, after priority and deadline,
+    shorter prompts first (`drr`, `rr`)."""
     output_estimate_alpha: float = Field(default=0.2, gt=0, le=1, allow_inf_nan=False)
     """The EMA weight of each new output observation, in (0, 1]."""
+
+
+class Routing(_Model):
+    """A route by its parts: a picker choosing among the backends that may take a request,
+    by the scorers' costs summed with their weights ("Pickers" and "Scorers" below)."""
+
+    picker: PickerName
+    """The picker, by its registered name."""
+    scorers: dict[ScorerName, PositiveFloat] = Field(default_factory=dict)
+    """Scorer name → its weight: what a token of its cost counts against a token of the
+    others'."""
+
+
+def _check_route(value: Any) -> str | Routing:
+    if isinstance(value, Routing):
+        return value
+    if isinstance(value, Mapping):
+        return Routing.model_validate(value)
+    name = _expect_str(value)
+    from weighbridge.sidecar.routing import PRESETS  # the routing modules import this one
+
+    if name not in PRESETS:
+        raise PydanticCustomError("routing", "unknown routing {name}: one of {known}, or a "
+                                  "picker and scorers", {"name": repr(name),
+                                                         "known": ", ".join(PRESETS)})
+    return name
+
+
+RouteField = Annotated[str | Routing,
+                       PlainValidator(_check_route, json_schema_input_type=str | Routing)]
 
 
 class Admission(_Model):
@@ -686,11 +704,14 @@ class Config(_Model):
     """The order of service."""
     admission: Admission = Field(default_factory=Admission)
     """When a backend takes the next request."""
-    routing: Routing = "prefix_aware"
-    """Which backend takes it: `prefix_aware` (the least token work once the prompt's cached
-    part is counted free: a conversation's turns go back to the engine holding its history),
-    `least_tokens` (docs/sidecar.md, "Routing"), or the baselines `least_requests` and
-    `round_robin`."""
+    routing: RouteField = "prefix_aware"
+    """Which backend takes it: a route by its parts (a picker over weighted scorers,
+    [Routing](#routing)), or by the name of one of these: `prefix_aware` (`bounded_load` over
+    `least_tokens` and `prefix_affinity` at weight 2: the least token work once the
+    prompt's cached part is counted free, so a conversation's turns go back to the engine
+    holding its history), `least_tokens` (`least_loaded` over `least_tokens`;
+    docs/sidecar.md, "Routing"), or the baselines `least_requests` and `round_robin` (the
+    pickers of those names)."""
     health_probe: HealthProbe = Field(default_factory=HealthProbe)
     """The backends' active health check."""
     model_discovery: ModelDiscovery = Field(default_factory=ModelDiscovery)
@@ -865,6 +886,22 @@ class Config(_Model):
 
 
 # --------------------------------------------------------------------------- loading
+
+
+# Admission settings that make the sidecar tenant-aware; the request-level baseline has none.
+FAIRNESS_ADMISSION = ("headroom_slots", "max_prefill_tokens_inflight",
+                      "max_backend_prefill_tokens")
+
+
+def request_level_baseline(sidecar: Mapping[str, Any]) -> dict[str, Any]:
+    """The sections of a configuration mapping (a YAML file's) its request-level baseline
+    replaces: one FIFO (`fcfs`), round-robin routing, the same admission gate without the
+    tenant-aware settings (``FAIRNESS_ADMISSION``; the derived ones apply to tenant-aware
+    policies only)."""
+    admission = {k: v for k, v in dict(sidecar.get("admission", {})).items()
+                 if k not in FAIRNESS_ADMISSION}
+    return {"scheduler": {**sidecar.get("scheduler", {}), "policy": "fcfs"},
+            "routing": "round_robin", "admission": admission}
 
 
 class ConfigError(SettingsError):

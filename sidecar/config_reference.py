@@ -2,7 +2,9 @@
 
 ``weighbridge.sidecar.config`` documents each field once, in a docstring beneath it; this module
 renders the schema pydantic publishes from them (types, bounds, defaults, descriptions) as
-docs/configuration.md, so the reference cannot drift from the code
+docs/configuration.md, and each part the configuration may name (the fairness policies,
+orderings, scorers and pickers of ``sidecar.plugins``) from its class docstring, so the
+reference cannot drift from the code
 (tests/unit/test_config_reference.py fails when the committed file differs, as vLLM's
 ``tools/validate_config.py`` does for its config classes). A field whose default is derived
 at run time names it in ``json_schema_extra={"x-default": ...}``.
@@ -13,6 +15,7 @@ Regenerate with ``python -m weighbridge.sidecar.config_reference > docs/configur
 from __future__ import annotations
 
 import enum
+import inspect
 import json
 import sys
 from collections.abc import Iterator
@@ -22,6 +25,8 @@ from pydantic import BaseModel
 
 from weighbridge.sidecar import config
 from weighbridge.sidecar.config import Config
+from weighbridge.sidecar.plugins import Kind, registered
+from weighbridge.sidecar.routing import PRESETS
 
 __all__ = ["render", "undocumented"]
 
@@ -116,28 +121,60 @@ def _models(schema: Schema) -> Iterator[tuple[str, Schema, list[str]]]:
     while queue:
         _, node, prefix = queue.pop(0)
         for field, sub in node.get("properties", {}).items():
-            path = f"{prefix}{field}"
-            while True:
-                if "anyOf" in sub:
-                    sub = next(o for o in sub["anyOf"] if o.get("type") != "null")
-                elif sub.get("type") == "object" and "additionalProperties" in sub:
-                    path += ".<name>"
-                    sub = sub["additionalProperties"]
-                elif sub.get("type") == "array":
-                    path += "[]"
-                    sub = sub.get("items", {})
-                else:
-                    break
-            name = _ref_name(sub)
-            if name is None or "enum" in defs[name]:
-                continue
-            if name not in at:
-                at[name] = []
-                order.append(name)
-                queue.append((name, defs[name], path + "."))
-            at[name].append(f"`{path}`")
+            for name, path in _refs(sub, f"{prefix}{field}"):
+                if "enum" in defs[name]:
+                    continue
+                if name not in at:
+                    at[name] = []
+                    order.append(name)
+                    queue.append((name, defs[name], path + "."))
+                at[name].append(f"`{path}`")
     for name in order:
         yield name, schema if name == "Config" else defs[name], at[name]
+
+
+def _refs(node: Schema, path: str) -> Iterator[tuple[str, str]]:
+    """The models a field's schema refers to, each with the path it sits at (``.<name>``
+    for a map's values, ``[]`` for a list's items); every option of a union."""
+    if "anyOf" in node:
+        for option in node["anyOf"]:
+            yield from _refs(option, path)
+    elif node.get("type") == "object" and "additionalProperties" in node:
+        yield from _refs(node["additionalProperties"], path + ".<name>")
+    elif node.get("type") == "array":
+        yield from _refs(node.get("items", {}), path + "[]")
+    elif (name := _ref_name(node)) is not None:
+        yield name, path
+
+
+# Each kind of part, as the reference heads it, and the field that names it.
+_PARTS: tuple[tuple[Kind, str, str], ...] = (
+    ("fairness", "Fairness policies", "`scheduler.policy`"),
+    ("ordering", "Orderings", "`scheduler.ordering`"),
+    ("scorer", "Scorers", "`routing.scorers`"),
+    ("picker", "Pickers", "`routing.picker`"),
+)
+
+
+def _parts() -> Iterator[str]:
+    """Every registered part, by kind, with its docstring; then the routing presets."""
+    yield "## Parts\n"
+    yield ("The parts the configuration names, as registered (`sidecar.plugins`: one module "
+           "each under sidecar/fairness/ and sidecar/routing/).\n")
+    for kind, title, field in _PARTS:
+        yield f"### {title}\n"
+        yield f"Named by {field}.\n"
+        yield "| name | what it does |\n|---|---|"
+        for name, part in registered(kind).items():
+            yield f"| `{name}` | {_cell(inspect.getdoc(part) or '')} |"
+        yield ""
+    yield "### Routing presets\n"
+    yield "The names `routing` takes for a picker over weighted scorers.\n"
+    yield "| name | picker | scorers (weight) |\n|---|---|---|"
+    for name, (picker, scorers) in PRESETS.items():
+        weighed = ", ".join(f"`{s}` ({w:g})" for s, w in scorers.items()) or "none"
+        yield f"| `{name}` | `{picker}` | {weighed} |"
+    yield ""
 
 
 def render() -> str:
@@ -157,6 +194,7 @@ def render() -> str:
                        f"{_cell(_default(model, field, sub))} | "
                        f"{_cell(sub.get('description', ''))} |")
         out.append("")
+    out.extend(_parts())
     return "\n".join(out)
 
 

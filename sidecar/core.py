@@ -52,8 +52,8 @@ the next public entry: every method marked ``@_entry`` folds before its body run
 other public method reads nothing a fold changes (tests/unit/sidecar/test_core_entries.py
 checks the split). So no decision, view or end sees a different state than token-by-token
 folding gives, while a stream's tokens between two entries cost one fold instead of one each
-(docs/sidecar-performance.md). The ``fleet``, ``scheduler``, ``meter`` and ``router``
-are plain reads: a caller reading them between entries calls ``fold_streamed()`` first.
+(docs/sidecar-performance.md). The ``fleet``, ``scheduler`` and ``meter`` properties are
+plain reads: a caller reading them between entries calls ``fold_streamed()`` first.
 
 Several replicas
 ----------------
@@ -64,10 +64,9 @@ limits and the estimator, ``pools()``, ``record_for_replicas()`` and ``learn_sen
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import wraps
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from weighbridge.sidecar.admission import (
@@ -78,16 +77,7 @@ from weighbridge.sidecar.admission import (
     vllm_priority,
 )
 from weighbridge.sidecar.catalog import ModelCatalog
-from weighbridge.sidecar.eligibility import (
-    HEADROOM_RULES,
-    OPEN_RULES,
-    BackendState,
-    Pass,
-    Standing,
-    TenantRule,
-    eligible,
-    refine,
-)
+from weighbridge.sidecar.cycle import DispatchCycle, Pool, light_tenants, share_slots
 from weighbridge.sidecar.estimator import OutputEstimator
 from weighbridge.sidecar.fleet import Fleet
 from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
@@ -101,9 +91,10 @@ from weighbridge.sidecar.rejection import (
     Reject,
 )
 from weighbridge.sidecar.request import QueuedRequest, RequestState
-from weighbridge.sidecar.router import Router, cache_pays_prefill
+from weighbridge.sidecar.routing import Route
 from weighbridge.sidecar.scheduler import Scheduler
 from weighbridge.sidecar.shape import EngineShape
+from weighbridge.sidecar.stability import current_pools, learned_step_s, step_budget
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -111,13 +102,7 @@ if TYPE_CHECKING:
     from weighbridge.sidecar.config import Config
 
 
-# How long a light tenant keeps the derived headroom reserved after its last dispatch: it
-# covers the gaps of a tenant sending a few requests a second, and lets the headroom go back
-# to backlogged tenants soon after the last light one stopped.
-LIGHT_MEMORY_S = 10.0
 
-# What a backend with nothing prefilling passes to the pacing rule.
-_NOTHING_PREFILLING: Mapping[str, int] = MappingProxyType({})
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -151,24 +136,6 @@ def _limit_table(config: Config) -> LimitTable:
                       for model, limits in t.model_limits.items()},
         model_defaults={name: m.tenant_limits for name, m in config.models.items()},
     )
-
-
-@dataclass(slots=True)
-class _Pool:
-    """The backends serving one set of models, and the queues waiting for them: admission
-    and fairness are judged per pool (shares are of the pool's slots, DRR is the pool's)."""
-
-    backends: frozenset[str]
-    scheduler: Scheduler
-    meter: ThroughputMeter
-    predictor: WaitPredictor
-    # Tenant -> when it last arrived to an empty queue of its own or dispatched leaving
-    # it empty; dropped when it dispatches with more queued (backlogged upstream). For
-    # the derived, work-conserving headroom (GateLimits.headroom_always).
-    light: dict[str, float]
-    # Other replicas' load on these backends, by tenant: (in flight, backlogged somewhere),
-    # set by sidecar.replica; empty when this process runs alone.
-    foreign: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -217,6 +184,9 @@ class BackendStats:
     prefill_tokens: int  # prompt tokens dispatched there with no first token yet
     cap: int  # the admission cap in force
     decode_tokens_per_s_per_seq: float | None
+    learned_step_s: float | None  # its engine's step time as learned (stability's t_step)
+    prefix_index_blocks: int  # blocks its prefix index holds
+    prefix_cache_share: float  # of its prefix cache, what the sidecar's prompts hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,6 +200,14 @@ class CoreStats:
     backends: tuple[BackendStats, ...]
     models: dict[str, Tally]  # per model served ("" for a request naming none); copies
     served: dict[str, tuple[str, ...]]  # backend -> the models it serves, where known
+    # Prompt tokens cached, by (tenant, backend): predicted at dispatch, and reported by the
+    # engine at the end, of the requests that have both.
+    cached_predicted: dict[tuple[str, str], int]
+    cached_reported: dict[tuple[str, str], int]
+    # The route's choices where affinity was weighed, by (backend, reason).
+    routing_decisions: dict[tuple[str, str], int]
+    pools: set[frozenset[str]]  # the pools requests arrive for now (stability.current_pools)
+    step_budget: int  # the engines' step budget utilisation is counted in
 
     @property
     def healthy_backends(self) -> list[str]:
@@ -251,11 +229,10 @@ class SchedulingCore:
             [b.name for b in config.backends],
             {b.name: b.models for b in config.backends if b.models is not None},
             config.default_model)
-        self._pools: dict[frozenset[str], _Pool] = {}
+        self._pools: dict[frozenset[str], Pool] = {}
         self._record = ReplicaRecord()  # for sidecar.replica
         self._default_pool = self._pool(self.catalog.backends)
-        self._pool_of: dict[str, _Pool] = {}  # queued or in-flight request -> its pool
-        self._next_pool = 0  # pools take turns at the dispatch decision
+        self._pool_of: dict[str, Pool] = {}  # queued or in-flight request -> its pool
         self.estimator = OutputEstimator(
             {path: e.initial_output_estimate for path, e in config.endpoints.items()},
             config.scheduler.output_estimate_alpha,
@@ -268,20 +245,20 @@ class SchedulingCore:
         # Every backend, one record each (sidecar.fleet).
         self.fleet = Fleet()
         self.fleet.reconfigure(config.backends, self._new_gate, healthy=True)
-        self._router = Router(self.fleet, config.routing)
+        self.route = Route(config.routing)
+        # The dispatch decision (sidecar.cycle): it counts the holds and routing choices.
+        self._cycle = DispatchCycle(self.fleet, self.route, config.tenants)
+        self.holds = self._cycle.holds
+        self.routing_decisions = self._cycle.routing_decisions
         self.ledger = Ledger()
         self._tier_priority = {name: t.vllm_priority for name, t in config.tiers.items()}
         self._demotion = config.admission.over_share_priority_demotion
         self._reported: dict[str, int] = {}  # tokens of each in-flight request fed to the meter
         self._prefilled: set[str] = set()  # in-flight requests whose prompt was reported
-        # Dispatch attempts held, by (backend, reason); backend "" for no backend at all.
-        self.holds: Counter[tuple[str, str]] = Counter()
         # Prompt tokens cached, by (tenant, backend): predicted at dispatch, and reported
         # by the engine at the end, of the requests that have both.
         self.cached_predicted: Counter[tuple[str, str]] = Counter()
         self.cached_reported: Counter[tuple[str, str]] = Counter()
-        # prefix_aware's choices, by (backend, reason): affinity, load, bounded.
-        self.routing_decisions: Counter[tuple[str, str]] = Counter()
 
     def _new_gate(self) -> AdmissionGate:
         """A backend's gate: the fixed limits (tests), or derived from its learned shape."""
@@ -315,6 +292,7 @@ class SchedulingCore:
             self._refund(request, now)
             self.ledger.end(request.id, Outcome.REJECTED, TENANT_REMOVED)
         self.config = config
+        self._cycle.tenants = config.tenants
         specs = Scheduler.tenant_specs(config)
         for pool in self._pools.values():
             pool.scheduler.set_tenants(specs)
@@ -328,7 +306,7 @@ class SchedulingCore:
         self.catalog.reconfigure(
             names, {b.name: b.models for b in config.backends if b.models is not None})
         joining = frozenset(name for name in added if not self.catalog.known(name))
-        pools: dict[frozenset[str], _Pool] = {}
+        pools: dict[frozenset[str], Pool] = {}
         for key, pool in self._pools.items():
             # Unknown backends serve every model (sidecar.catalog): they join every pool.
             pool.backends = (pool.backends - gone) | joining
@@ -358,10 +336,6 @@ class SchedulingCore:
     # The parts, as plain reads: current as of the last entry (``fold_streamed``).
 
     @property
-    def router(self) -> Router:
-        return self._router
-
-    @property
     def scheduler(self) -> Scheduler:
         """The queues of the pool of every backend: the only pool of a fleet serving one set
         of models (or before any backend has said what it serves)."""
@@ -377,14 +351,14 @@ class SchedulingCore:
         """Fold every stream's counted tokens in now (the entry does it), for a caller about
         to read the parts above."""
 
-    def _pool(self, backends: frozenset[str]) -> _Pool:
+    def _pool(self, backends: frozenset[str]) -> Pool:
         pool = self._pools.get(backends)
         if pool is None:
             scheduler = Scheduler.from_config(self.config)
             if self._record.sharing:
                 scheduler.share_service()
             meter = ThroughputMeter()
-            pool = _Pool(backends, scheduler, meter, WaitPredictor(scheduler, meter), {})
+            pool = Pool(backends, scheduler, meter, WaitPredictor(scheduler, meter), {})
             self._pools[backends] = pool
         return pool
 
@@ -423,7 +397,7 @@ class SchedulingCore:
         return self._record
 
     @_entry
-    def pools(self) -> list[_Pool]:
+    def pools(self) -> list[Pool]:
         """Every pool: its backends, its queues and the load other replicas hold on it."""
         return list(self._pools.values())
 
@@ -610,14 +584,7 @@ class SchedulingCore:
     def share_slots(self, now: float, backends: frozenset[str] | None = None) -> int:
         """In-flight slots that weighted shares are computed over: the healthy backends'
         caps without their headroom (of a pool's backends; by default, all)."""
-        return self._share_slots(now, backends)
-
-    def _share_slots(self, now: float, backends: frozenset[str] | None) -> int:
-        return sum(
-            b.gate.share_slots(now)
-            for b in self.fleet
-            if b.takes_work and (backends is None or b.name in backends)
-        )
+        return share_slots(self.fleet, now, backends)
 
     @_entry
     def next_dispatch(self, now: float) -> Dispatch | None:
@@ -627,214 +594,11 @@ class SchedulingCore:
         pools = [pool for pool in self._pools.values() if pool.scheduler.queued_requests]
         if not pools:
             return None
-        if len(pools) == 1:
-            return self._next_in_pool(pools[0], now)
-        start = self._next_pool % len(pools)
-        for i in range(len(pools)):
-            dispatch = self._next_in_pool(pools[(start + i) % len(pools)], now)
-            if dispatch is not None:
-                self._next_pool = start + i + 1
-                return dispatch
-        return None
-
-    def _next_in_pool(self, pool: _Pool, now: float) -> Dispatch | None:
-        """The pool's next dispatch under the rules of sidecar.eligibility: the backends'
-        standings, then an open backend for anyone the open rules allow, then a backend in
-        headroom for anyone the headroom rules allow; else every closed gate's hold."""
-        if not pool.scheduler.holds_requests:
-            return self._passthrough(pool, now)
-        standings = self._standings(pool, now)
-        if not standings:
-            self.holds[("", "no_healthy_backend")] += 1
+        decision = self._cycle.next(pools, now)
+        if decision is None:
             return None
-        slots = sum(s.verdict.share_slots for s in standings.values())
-        tenant_aware = pool.scheduler.uses_headroom
-        fair = self._globally_fair(pool, slots) if tenant_aware else None
-        dispatch = self._next_open(pool, standings, slots, fair, now)
-        if dispatch is None and tenant_aware:
-            dispatch = self._next_in_headroom(pool, standings, slots, fair, now)
-        if dispatch is None:
-            for name, standing in standings.items():
-                if standing.verdict.mode != "open":
-                    self.holds[(name, standing.verdict.reason)] += 1
-                    self.fleet[name].gate.holds[standing.verdict.reason] += 1
-        return dispatch
-
-    def _passthrough(self, pool: _Pool, now: float) -> Dispatch | None:
-        """No gate: the next request to any healthy backend."""
-        backend = self._router.pick(pool.backends.__contains__)
-        if backend is None:
-            self.holds[("", "no_healthy_backend")] += 1
-            return None
-        request = pool.scheduler.next(now)
-        assert request is not None
-        return self._dispatch(pool, request, backend, now,
-                              self._share_slots(now, pool.backends))
-
-    def _standings(self, pool: _Pool, now: float) -> dict[str, Standing]:
-        """Every healthy backend of the pool, its gate's verdict refined by the backend
-        rules."""
-        tenant_aware = pool.scheduler.uses_headroom
-        standings: dict[str, Standing] = {}
-        for b in self.fleet:
-            if b.name not in pool.backends or not b.takes_work:
-                continue
-            gate, footprint = b.gate, b.kv
-            footprint.set_block_size(gate.limits.block_size)
-            state = BackendState(gate, b.prefill_tokens, footprint, tenant_aware)
-            standings[b.name] = refine(gate.verdict(now), b.name, state)
-        return standings
-
-    def _next_open(self, pool: _Pool, standings: dict[str, Standing], slots: int,
-                   fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
-        # The FIFO baselines cannot choose an under-share tenant: headroom is ordinary
-        # capacity for them.
-        usable = ("open",) if pool.scheduler.uses_headroom else ("open", "headroom")
-        names = [name for name, s in standings.items() if s.verdict.mode in usable]
-        if not names:
-            return None
-        chosen = self._next_at(pool, names, OPEN_RULES, standings, slots, fair, now)
-        if chosen is None:
-            self.holds[("", "prefill_budget" if fair is None else "global_share")] += 1
-            return None
-        request, allowed = chosen
-        backend = self._router.pick(allowed.__contains__)
-        assert backend is not None  # the request's tenant is allowed on some healthy backend
-        if self._router.policy == "prefix_aware" and request.prefix is not None:
-            # A backend in headroom whose rules let the tenant in may hold its prefix: the
-            # headroom pass would send it there, so prefix affinity may too (a flooded
-            # victim's session otherwise left its cache whenever its backend was at the
-            # prefill backlog).
-            headroom = [name for name, s in standings.items()
-                        if s.verdict.mode == "headroom"] if pool.scheduler.uses_headroom else []
-            if headroom:
-                verdicts = self._verdicts(pool, headroom, HEADROOM_RULES, standings, slots,
-                                          fair, now)
-                allowed = allowed | {name for name, let_in in verdicts.items()
-                                     if let_in is None or let_in(request.tenant)}
-            backend = self._affine(request, backend, allowed, standings, fair, now)
-        return self._dispatch(pool, request, backend, now, slots)
-
-    def _next_in_headroom(self, pool: _Pool, standings: dict[str, Standing], slots: int,
-                          fair: Callable[[str], bool] | None, now: float) -> Dispatch | None:
-        # The global share binds in headroom too: work-conserving headroom with no light
-        # tenant around is ordinary capacity, and without the rule a replica serving a
-        # tenant over its share across replicas took it all (3 replicas, 8 slots: the
-        # tenant sending through one replica got 0.60-0.66 of the engine).
-        names = [name for name, s in standings.items() if s.verdict.mode == "headroom"]
-        if not names:
-            return None
-        chosen = self._next_at(pool, names, HEADROOM_RULES, standings, slots, fair, now)
-        if chosen is None:
-            return None
-        request, allowed = chosen
-        backend = self._router.pick(allowed.__contains__)
-        assert backend is not None  # the request's tenant is allowed on some healthy backend
-        if self._router.policy == "prefix_aware" and request.prefix is not None:
-            backend = self._affine(request, backend, allowed, standings, fair, now)
-        return self._dispatch(pool, request, backend, now, slots)
-
-    def _next_at(self, pool: _Pool, names: list[str], rules: tuple[TenantRule, ...],
-                 standings: dict[str, Standing], slots: int,
-                 fair: Callable[[str], bool] | None, now: float,
-                 ) -> tuple[QueuedRequest, frozenset[str]] | None:
-        """Work conservation: the scheduler's next request among the tenants ``rules`` let
-        in on at least one of the backends ``names``, and those of them its tenant may use.
-        A tenant rule judges the tenant on one backend, so a tenant held on one is still
-        eligible on another: choosing the backend before the request would leave an open
-        backend idle while another backend's rule held the one tenant with work."""
-        verdicts = self._verdicts(pool, names, rules, standings, slots, fair, now)
-        # Where each tenant the scheduler asks about may go, judged before its choice
-        # counts the chosen request in flight (which the share rules read).
-        where: dict[str, frozenset[str]] = {}
-
-        def backends_for(tenant: str) -> frozenset[str]:
-            found = where.get(tenant)
-            if found is None:
-                found = where[tenant] = frozenset(
-                    name for name, allowed in verdicts.items()
-                    if allowed is None or allowed(tenant))
-            return found
-
-        request = pool.scheduler.next(now, lambda tenant: bool(backends_for(tenant)))
-        if request is None:
-            return None
-        return request, backends_for(request.tenant)
-
-    def _verdicts(self, pool: _Pool, names: list[str], rules: tuple[TenantRule, ...],
-                  standings: dict[str, Standing], slots: int,
-                  fair: Callable[[str], bool] | None, now: float,
-                  ) -> dict[str, Callable[[str], bool] | None]:
-        """Each of the backends ``names``: which tenants ``rules`` let in there (None:
-        anyone)."""
-        light: frozenset[str] | None = None
-        verdicts: dict[str, Callable[[str], bool] | None] = {}
-        for name in names:
-            standing, record = standings[name], self.fleet[name]
-            limits = record.gate.limits
-            # The light tenants are read (and the stale ones forgotten) once, and only where
-            # a rule needs them.
-            reason = standing.verdict.reason
-            if light is None and (standing.kv_tight or reason == "prefill_backlog"
-                                  or (reason == "headroom" and not limits.headroom_always)):
-                light = frozenset(self._light_tenants(pool, now))
-            verdicts[name] = eligible(rules, Pass(
-                standing, pool.scheduler, slots, record.kv,
-                limits.max_prefill_tokens_inflight, record.prefilling,
-                light or frozenset(), limits.headroom_always, limits.kv_watermark or 0, fair))
-        return verdicts
-
-    def _affine(self, request: QueuedRequest, chosen: str, allowed: frozenset[str],
-                standings: dict[str, Standing], fair: Callable[[str], bool] | None,
-                now: float) -> str:
-        """prefix_aware: the backend the request's prefix is cached on, within the router's
-        bounded load, among those whose rules let its tenant in (``allowed``) and those
-        held back for prefill alone where the prefill their cache saves pays for it
-        (``_prefill_paid``): passed over while it prefilled another prompt, a prefix's
-        holder lost a request that recomputed the prefix elsewhere."""
-        assert request.prefix is not None
-        # Routing reads the index from the first dispatch on, before an answer has shown the
-        # engine reports cached tokens (the charges wait for that): at a run's start, the
-        # first second's requests spread a prefix over every backend. A backend whose answers
-        # do not report them has its index off, and is predicted to hold nothing.
-        prefix, prompt_tokens = request.prefix, request.prompt_tokens
-        fleet = self.fleet
-        cached = {name: fleet[name].prefix.predict(prefix, prompt_tokens) for name in allowed}
-        best_open = max(cached.values())
-        for name, standing in standings.items():
-            if name in allowed:
-                continue
-            held = fleet[name].prefix.predict(prefix, prompt_tokens)
-            if held > best_open and self._prefill_paid(request, name, standing, fair, held,
-                                                       best_open, now):
-                cached[name] = held
-        backend, reason = self._router.prefer(cached, chosen, prompt_tokens)
-        self.routing_decisions[(backend, reason)] += 1
-        return backend
-
-    def _prefill_paid(self, request: QueuedRequest, backend: str, standing: Standing,
-                      fair: Callable[[str], bool] | None, held: int, best_open: int,
-                      now: float) -> bool:
-        """Whether ``backend``, whose cache holds ``held`` tokens of the prompt (more than
-        the best backend offered, ``best_open``) but whose rules hold the request's tenant
-        back, holds it back for prefill alone (its prefill backlog, the tenant's pacing) and
-        the prefill its cache saves pays for what the request adds past those limits
-        (sidecar.router.cache_pays_prefill)."""
-        record = self.fleet[backend]
-        verdict, limits = standing.verdict, record.gate.limits
-        computed, saved = request.prompt_tokens - held, held - best_open
-        if verdict.reason == "prefill_backlog":
-            # The backlog alone: the gate itself is open (slots, step budget, metrics).
-            if record.gate.verdict(now).mode != "open" or not cache_pays_prefill(
-                    record.prefill_tokens, limits.max_backend_prefill_tokens,
-                    computed, saved):
-                return False
-        elif verdict.mode != "open":
-            return False
-        tenant = request.tenant
-        mine = record.prefilling.get(tenant, 0)
-        return (cache_pays_prefill(mine, limits.max_prefill_tokens_inflight, computed, saved)
-                and (fair is None or fair(tenant)))
+        return self._dispatch(decision.pool, decision.request, decision.backend, now,
+                              decision.slots)
 
     def _shared_blocks(self, backend: str, request: QueuedRequest) -> tuple[int, ...]:
         """The prompt's full blocks as ``backend``'s engine names them, where it shares them
@@ -857,63 +621,6 @@ class SchedulingCore:
             return 0
         return record.prefix.predict(request.prefix, request.prompt_tokens)
 
-    def _globally_fair(self, pool: _Pool, slots: int) -> Callable[[str], bool] | None:
-        """With replicas sharing the backends (the pool's ``foreign`` load, set by
-        sidecar.replica): a tenant holding at least its weighted share of the pool's slots
-        across every replica waits while a tenant of its tier, backlogged on another replica,
-        holds less than its own share.
-        The slot it leaves goes to that replica's next dispatch: without this, each replica
-        takes what frees up in turn, and a tenant sending through one replica gets that
-        replica's part of the engine whatever its weight. None: no foreign load known."""
-        foreign = pool.foreign
-        if not foreign:
-            return None
-        scheduler, tenants = pool.scheduler, self.config.tenants
-        inflight: dict[str, int] = {}
-        active: set[str] = set()
-        for name, (count, backlogged) in foreign.items():
-            if name not in tenants:
-                continue
-            inflight[name] = count
-            if count or backlogged:
-                active.add(name)
-        for name, (here, _queued) in scheduler.active_load().items():
-            active.add(name)
-            inflight[name] = inflight.get(name, 0) + here
-        weight: dict[str, float] = {}
-        held: dict[str, int] = {}  # in flight per tier, every replica
-        for name in active:
-            tier = tenants[name].tier
-            weight[tier] = weight.get(tier, 0.0) + tenants[name].weight
-            held[tier] = held.get(tier, 0) + inflight.get(name, 0)
-
-        def share(name: str) -> float:
-            # Of the slots, or of what the tier holds when the replicas together hold more
-            # (each gates on its own in-flight count, so together they may exceed one
-            # engine's slots while its waiting queue is short).
-            spec = tenants[name]
-            total = max(slots, held.get(spec.tier, 0))
-            return total * spec.weight / weight[spec.tier] if weight.get(spec.tier) else total
-
-        starved = {tenants[n].tier for n, (_, backlogged) in foreign.items()
-                   if backlogged and n in tenants and n in active
-                   and inflight.get(n, 0) < share(n)}
-        if not starved:
-            return None
-
-        def fair(name: str) -> bool:
-            return tenants[name].tier not in starved or inflight.get(name, 0) < share(name)
-
-        return fair
-
-    @staticmethod
-    def _light_tenants(pool: _Pool, now: float) -> set[str]:
-        """Tenants not backlogged upstream lately: the well-behaved the headroom is for."""
-        light = pool.light
-        for tenant in [t for t, at in light.items() if now - at > LIGHT_MEMORY_S]:
-            del light[tenant]
-        return set(light)
-
     def dispatch_ready(self, now: float) -> Iterator[Dispatch]:
         """Every dispatch possible now (the selector chain repeated until a gate closes or
         the queue empties)."""
@@ -921,7 +628,7 @@ class SchedulingCore:
             yield dispatch
 
     def _dispatch(
-        self, pool: _Pool, request: QueuedRequest, backend: str, now: float, slots: int
+        self, pool: Pool, request: QueuedRequest, backend: str, now: float, slots: int
     ) -> Dispatch:
         request.backend = backend
         record = self.fleet[backend]
@@ -941,7 +648,7 @@ class SchedulingCore:
             request.id, record, request.prompt_tokens - request.predicted_cached_tokens,
             request.estimated_output_tokens
         )
-        self._router.on_dispatched(record)
+        self.route.dispatched(request, record, self.fleet)
         self.ledger.dispatch(request.id)
         record.kv.add(request.id, request.tenant, request.prompt_tokens,
                       request.estimated_output_tokens, self._shared_blocks(backend, request))
@@ -958,7 +665,7 @@ class SchedulingCore:
         # Judged with the tenants active lately (light), so a flood that had the engine to
         # itself between a light tenant's requests is still demoted below it.
         over = scheduler.uses_headroom and scheduler.over_share(
-            request.tenant, slots, self._light_tenants(pool, now))
+            request.tenant, slots, light_tenants(pool, now))
         priority = None
         if record.priority_scheduling:
             priority = vllm_priority(self._tier_priority[request.tier], over, self._demotion)
@@ -1164,7 +871,7 @@ class SchedulingCore:
             del prefilling[request.tenant]  # a Counter: no error when it was never counted
 
     @staticmethod
-    def _observe_served(pool: _Pool, tokens: int, now: float) -> None:
+    def _observe_served(pool: Pool, tokens: int, now: float) -> None:
         pool.meter.observe(tokens, now, saturated=pool.scheduler.queued_requests > 0)
 
     # ------------------------------------------------------------------ backends
@@ -1209,15 +916,6 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ admin
 
-    def prefix_index_blocks(self) -> dict[str, int]:
-        """Blocks each backend's prefix index holds (sidecar.prefix)."""
-        return {b.name: len(b.prefix) for b in self.fleet}
-
-    def prefix_cache_shares(self) -> dict[str, float]:
-        """The share of each backend's prefix cache the sidecar's prompts are taken to hold,
-        from the engine's lookups against the prompts sent it (sidecar.prefix.CacheShare)."""
-        return {b.name: b.prefix.share for b in self.fleet}
-
     def estimated_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
                          max_tokens: int | None, sequences: int = 1) -> int:
         """A request's expected tokens (prompt + estimated output): what ``arrive`` charges
@@ -1237,7 +935,8 @@ class SchedulingCore:
             for name, spec in self.config.tenants.items())
         backends = tuple(
             BackendStats(b.name, b.takes_work, b.inflight, b.outstanding_tokens,
-                         b.prefill_tokens, b.gate.cap(now), b.gate.decode_tokens_per_s_per_seq)
+                         b.prefill_tokens, b.gate.cap(now), b.gate.decode_tokens_per_s_per_seq,
+                         learned_step_s(b.gate), len(b.prefix), b.prefix.share)
             for b in self.fleet)
         tallies = {key: replace(tally, rejected=Counter(tally.rejected))
                    for key, tally in self.ledger.tallies().items()}
@@ -1246,7 +945,10 @@ class SchedulingCore:
         return CoreStats(tallies, tenants, dict(self.holds), sum(rates) if rates else None,
                          backends, self.ledger.by_model(),
                          {name: served for name in self.fleet.names
-                          if (served := self.catalog.models_of(name)) is not None})
+                          if (served := self.catalog.models_of(name)) is not None},
+                         dict(self.cached_predicted), dict(self.cached_reported),
+                         dict(self.routing_decisions), current_pools(self.catalog),
+                         step_budget(self.config.admission))
 
     @_entry
     def snapshot(self, now: float, max_tenants: int | None = 100) -> dict[str, Any]:

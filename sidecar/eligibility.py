@@ -235,3 +235,14 @@ def refine(gate_verdict: GateVerdict, backend: str, state: BackendState) -> Stan
     for rule in BACKEND_RULES:
         standing = rule(standing, state)
     return standing
+
+
+def cache_pays_prefill(backlog: int, limit: int | None, computed: int, saved: int) -> bool:
+    """Whether a prefill limit that holds a backend back (``limit`` prompt tokens still in
+    prefill there, ``backlog`` now; None: no limit) lets a request through anyway, the
+    backend holding more of its prompt than any open one: when the prefill its cache saves
+    (``saved``: the tokens the request would compute on the best open backend, less the
+    ``computed`` ones it computes here) pays for what it takes past the limit. So a prefix's
+    holder is not passed over while it prefills another prompt, and the limit is overshot by
+    less than the one prompt's cached part."""
+    return limit is None or backlog + computed <= limit + saved

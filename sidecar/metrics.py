@@ -19,8 +19,6 @@ from weighbridge.sidecar.ledger import Tally
 from weighbridge.sidecar.stability import (
     StabilityMeter,
     current_pools,
-    learned_step_s,
-    step_budget,
 )
 
 # From a few milliseconds (queue-free TTFT) to a minute (a flood's backlog).
@@ -134,14 +132,15 @@ class CoreCollector(Collector):
         yield from self._stability(now, stats)
 
         yield from self._backends(now, stats)
-        yield from self._prefix_cache()
+        yield from self._prefix_cache(stats)
 
-    def _prefix_cache(self) -> Iterator[Metric]:
+    @staticmethod
+    def _prefix_cache(stats: CoreStats) -> Iterator[Metric]:
         """The prefix index's predictions against what the engines reported, its size, and
-        prefix_aware's routing choices; every tenant and backend of the config from 0."""
-        core = self.core
-        tenants, backends = list(core.config.tenants), core.fleet.names
-        sources = (("predicted", core.cached_predicted), ("reported", core.cached_reported))
+        the route's affinity choices; every tenant and backend of the config from 0."""
+        tenants = [t.tenant for t in stats.tenants]
+        backends = [b.backend for b in stats.backends]
+        sources = (("predicted", stats.cached_predicted), ("reported", stats.cached_reported))
         by_tenant = CounterMetricFamily(
             "weighbridge_prefix_cached_tokens",
             "Prompt tokens found in a prefix cache, as the sidecar predicted at dispatch and as "
@@ -164,22 +163,22 @@ class CoreCollector(Collector):
         blocks = GaugeMetricFamily("weighbridge_backend_prefix_index_blocks",
                                    "Blocks the sidecar's prefix index holds for the backend.",
                                    labels=["backend"])
-        for backend, n in core.prefix_index_blocks().items():
-            blocks.add_metric([backend], n)
+        for b in stats.backends:
+            blocks.add_metric([b.backend], b.prefix_index_blocks)
         yield blocks
         share = GaugeMetricFamily(
             "weighbridge_backend_prefix_cache_share",
             "Share of the backend's prefix cache the sidecar's prompts are taken to hold: its "
             "prompt tokens sent over the engine's prefix-cache queries, 0.05-1.",
             labels=["backend"])
-        for backend, value in core.prefix_cache_shares().items():
-            share.add_metric([backend], value)
+        for b in stats.backends:
+            share.add_metric([b.backend], b.prefix_cache_share)
         yield share
         decisions = CounterMetricFamily(
             "weighbridge_routing_decisions",
             "prefix_aware's choices of backend, by reason (affinity, load, bounded).",
             labels=["backend", "reason"])
-        counts = core.routing_decisions
+        counts = stats.routing_decisions
         for backend in backends:
             for reason in ("affinity", "load", "bounded"):
                 decisions.add_metric([backend, reason], counts.get((backend, reason), 0))
@@ -243,11 +242,10 @@ class CoreCollector(Collector):
     def _utilisation(self, now: float, stats: CoreStats) -> Iterator[Metric]:
         """rho per backend and per pool (weighbridge.sidecar.stability); a pool is labelled by
         its backends, so there are at most as many as distinct sets of served models."""
-        core = self.core
-        budget = step_budget(core.config.admission)
-        learned = {b.name: learned_step_s(b.gate) for b in core.fleet}
+        budget = stats.step_budget
+        learned = {b.backend: b.learned_step_s for b in stats.backends}
         reading = self.stability.utilisation(now, learned, set(stats.healthy_backends),
-                                             current_pools(core.catalog), budget)
+                                             stats.pools, budget)
         by_backend = GaugeMetricFamily(
             "weighbridge_backend_utilisation_ratio",
             "Utilisation rho: tokens routed to the backend per second (computed prompt + "

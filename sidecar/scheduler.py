@@ -7,13 +7,14 @@ against its weighted share (for the admission headroom).
 
 Policies
 --------
-``drr``          tiers strict by rank; weighted DRR over tenants with the endpoint's cost model
-                 (cost / endpoint quantum = *turns*, each tenant gets ``weight`` turns a round);
-                 settlement and (optionally) live charging of streamed tokens.
-``rr``           same tiers; plain round robin by request count (weights and costs ignored).
-``fcfs``         one global FIFO by arrival, ignoring tiers, tenants and priorities.
-``passthrough``  FIFO as ``fcfs``; ``holds_requests`` is False: the shell dispatches at once
-                 without waiting on the admission gate (the no-sidecar baseline).
+The fairness policy (``sidecar.fairness``, named by ``scheduler.policy``) chooses among the
+tenants of a tier: one of its flow structures per tier, fed the request costs in its own
+unit of service (``Fairness.service``: DRR's turns, a request's cost over its endpoint's
+quantum). Tiers are strict by rank (``sidecar.tiers``). A policy that does not choose among
+tenants (``fcfs``, ``passthrough``) is served as one global FIFO by arrival, ignoring tiers,
+tenants and priorities; ``holds_requests`` False (``passthrough``) means the shell dispatches
+at once without waiting on the admission gate. The ordering (``scheduler.ordering``) ranks a
+tenant's own requests.
 
 Request lifecycle (the shell's side is in ``SchedulingCore``)
 -------------------------------------------------------------
@@ -31,8 +32,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from weighbridge.sidecar.config import Policy
-from weighbridge.sidecar.drr import DeficitRoundRobin
+from weighbridge.sidecar.fairness import Fairness, Ordering
+from weighbridge.sidecar.plugins import UnknownPlugin, plugin
 from weighbridge.sidecar.queues import QueueLimits, TenantQueue
 from weighbridge.sidecar.rejection import Reject
 from weighbridge.sidecar.request import CostModel, QueuedRequest, RequestState, request_cost
@@ -92,7 +93,7 @@ class _Tenant:
 class _Tier:
     name: str
     rank: int
-    drr: DeficitRoundRobin = field(default_factory=DeficitRoundRobin)
+    flows: Fairness  # the fairness policy's choice among the tier's tenants
     queued: int = 0
     queued_tokens: int = 0
     backlogged_tenants: int = 0
@@ -106,19 +107,26 @@ class Scheduler:
         tenants: Mapping[str, TenantSpec],
         endpoints: Mapping[str, EndpointSpec] | None = None,
         *,
-        policy: Policy | str = Policy.DRR,
+        policy: str = "drr",
         anti_starvation_weight: float | None = None,
         repeat_demotion: bool = False,
         charge_streamed_tokens: bool = True,
         shortest_prompt_first: bool = False,
+        ordering: str = "fifo",
     ) -> None:
+        """``shortest_prompt_first``: the ordering of that name, whatever ``ordering``
+        says (the configuration's older switch for it)."""
         try:
-            self._policy = Policy(policy)
-        except ValueError:
-            raise ValueError(f"unknown policy {policy!r}") from None
-        traits = self._traits = self._policy.traits
+            fairness: type[Fairness] = plugin("fairness", policy)
+            order: type[Ordering] = plugin(
+                "ordering", "shortest_prompt_first" if shortest_prompt_first else ordering)
+        except UnknownPlugin as e:
+            raise ValueError(str(e)) from None
+        self._fairness = traits = fairness
+        self._rank = order.rank
+        self._service = fairness.service
         self._selector = TierSelector(tiers, anti_starvation_weight)
-        self._tiers = {name: _Tier(name, rank) for name, rank in tiers.items()}
+        self._tiers = {name: _Tier(name, rank, fairness()) for name, rank in tiers.items()}
         weight_blind = not traits.weighted
         self._tenants: dict[str, _Tenant] = {}
         for name, spec in tenants.items():
@@ -129,7 +137,6 @@ class Scheduler:
             self._tenants[name] = _Tenant(name, spec, 1.0 if weight_blind else spec.weight)
         self._endpoints = dict(endpoints or {})
         self._repeat_demotion = repeat_demotion
-        self._shortest_prompt_first = shortest_prompt_first
         self._charge_streamed = charge_streamed_tokens and traits.costs_tokens
         self._seq = itertools.count()
         self._queued_index: dict[str, QueuedRequest] = {}
@@ -158,6 +165,7 @@ class Scheduler:
             anti_starvation_weight=config.scheduler.anti_starvation_weight,
             repeat_demotion=config.scheduler.repeat_demotion,
             shortest_prompt_first=config.scheduler.shortest_prompt_first,
+            ordering=config.scheduler.ordering,
             charge_streamed_tokens=config.scheduler.charge_streamed_tokens,
         )
 
@@ -177,7 +185,7 @@ class Scheduler:
         queues, in-flight count and DRR credit and takes its new spec (a new weight counts
         from the next decision); a new one starts empty; a removed one must have nothing
         queued (end those first) and is forgotten once nothing of it is in flight."""
-        weight_blind = not self._traits.weighted
+        weight_blind = not self._fairness.weighted
         for name, spec in tenants.items():
             if spec.tier not in self._tiers:
                 raise ValueError(f"tenant {name!r}: unknown tier {spec.tier!r}")
@@ -206,8 +214,8 @@ class Scheduler:
                 tier = self._tiers[tier_name]
                 if queue:
                     tier.backlogged_weight += delta
-                if self._traits.per_tenant and name in tier.drr:
-                    tier.drr.add(name, weight)
+                if self._fairness.per_tenant and name in tier.flows:
+                    tier.flows.add(name, weight)
 
     def _forget_retired(self, tenant: _Tenant) -> None:
         """A removed tenant leaves once nothing of it is queued or in flight."""
@@ -218,19 +226,20 @@ class Scheduler:
     # ------------------------------------------------------------------ properties
 
     @property
-    def policy(self) -> Policy:
-        return self._policy
+    def policy(self) -> str:
+        """The fairness policy's registered name."""
+        return self._fairness.name
 
     @property
     def holds_requests(self) -> bool:
         """False for passthrough: the shell forwards at once, ignoring the admission gate."""
-        return self._traits.holds_requests
+        return self._fairness.holds_requests
 
     @property
     def uses_headroom(self) -> bool:
         """Whether admission headroom applies: only the tenant-aware policies can pick an
         under-share tenant; the FIFO baselines use the whole capacity as one pool."""
-        return self._traits.per_tenant
+        return self._fairness.per_tenant
 
     @property
     def queued_requests(self) -> int:
@@ -260,15 +269,15 @@ class Scheduler:
         return self._endpoints.get(path, _DEFAULT_ENDPOINT)
 
     def deficit(self, tier: str, tenant: str) -> float:
-        """A tenant's DRR credit in a tier, in turns (0 if it never queued there)."""
-        drr = self._tiers[tier].drr
-        return drr.credit(tenant) if tenant in drr else 0.0
+        """A tenant's credit in a tier, in the policy's unit (0 if it never queued there)."""
+        flows = self._tiers[tier].flows
+        return flows.credit(tenant) if tenant in flows else 0.0
 
     def forfeited(self, tier: str, tenant: str) -> float:
         """Turns a tenant forfeited in a tier: rounds in which admission passed it over
-        while others were served (DeficitRoundRobin.forfeited; 0 if it never queued there)."""
-        drr = self._tiers[tier].drr
-        return drr.forfeited(tenant) if tenant in drr else 0.0
+        while others were served (Fairness.forfeited; 0 if it never queued there)."""
+        flows = self._tiers[tier].flows
+        return flows.forfeited(tenant) if tenant in flows else 0.0
 
     def queued_of(self, tenant: str) -> list[QueuedRequest]:
         """Every request ``tenant`` has queued, in all its tiers."""
@@ -302,7 +311,7 @@ class Scheduler:
         if self._repeat_demotion and request.user is not None:
             request.demotion = tenant.users.get(request.user, 0)
         request.seq = next(self._seq)
-        request.size_rank = request.prompt_tokens if self._shortest_prompt_first else 0
+        request.size_rank = self._rank(request)
         request.cost = request_cost(
             self.endpoint(request.endpoint).cost,
             request.prompt_tokens,
@@ -312,7 +321,7 @@ class Scheduler:
         self._insert(tenant, request)
         if request.user is not None:
             tenant.users[request.user] = tenant.users.get(request.user, 0) + 1
-        if not self._traits.per_tenant:
+        if not self._fairness.per_tenant:
             heapq.heappush(self._fifo, (request.seq, request))
         self._touch_active(tenant)
         return None
@@ -346,7 +355,7 @@ class Scheduler:
         """
         if not self._queued_index:
             return None
-        fifo = not self._traits.per_tenant
+        fifo = not self._fairness.per_tenant
         request = self._next_fifo() if fifo else self._next_fair(eligible)
         if request is None:
             return None
@@ -370,7 +379,7 @@ class Scheduler:
         tiers = self._tiers
         for tier_name in self._selector.order(lambda name: tiers[name].queued > 0):
             tier = tiers[tier_name]
-            flow = tier.drr.pick(eligible)
+            flow = tier.flows.pick(eligible)
             if flow is None:
                 continue
             tenant = self._tenants[flow]
@@ -379,7 +388,7 @@ class Scheduler:
             del self._queued_index[request.id]
             self._account_removed(tenant, tier, request, queue)
             turns = self._turns(request, request.cost)
-            tier.drr.consume(flow, turns, backlogged=bool(queue))
+            tier.flows.consume(flow, turns, backlogged=bool(queue))
             self._book(request.tier, flow, turns)
             return request
         return None
@@ -401,13 +410,13 @@ class Scheduler:
         request.dispatched_s = None
         request.backend = None
         self._insert(tenant, request)
-        if not self._traits.per_tenant:
+        if not self._fairness.per_tenant:
             heapq.heappush(self._fifo, (request.seq, request))
         else:
             # After _insert: re-activation first, so the refund restores credit instead of
             # being clamped away on an idle flow.
             turns = -self._turns(request, charged)
-            self._tiers[request.tier].drr.adjust(request.tenant, turns)
+            self._tiers[request.tier].flows.adjust(request.tenant, turns)
             self._book(request.tier, request.tenant, turns)
         self._touch_active(tenant)
 
@@ -432,7 +441,7 @@ class Scheduler:
                   - request.charged)
         if excess > 0:
             turns = self._turns(request, excess)
-            self._tiers[request.tier].drr.adjust(request.tenant, turns)
+            self._tiers[request.tier].flows.adjust(request.tenant, turns)
             self._book(request.tier, request.tenant, turns)
             request.charged += excess
 
@@ -443,11 +452,11 @@ class Scheduler:
         reported."""
         cached = request.predicted_cached_tokens
         if (request.state is not RequestState.DISPATCHED or cached <= 0
-                or not self._traits.costs_tokens
+                or not self._fairness.costs_tokens
                 or self.endpoint(request.endpoint).cost != "tokens"):
             return
         turns = -self._turns(request, cached)
-        self._tiers[request.tier].drr.adjust(request.tenant, turns)
+        self._tiers[request.tier].flows.adjust(request.tenant, turns)
         self._book(request.tier, request.tenant, turns)
         request.charged -= cached
 
@@ -459,9 +468,9 @@ class Scheduler:
             raise ValueError(f"request {request.id!r} is {request.state.value}, not dispatched")
         tenant = self._tenants[request.tenant]
         actual = request_cost(self.endpoint(request.endpoint).cost, prompt_tokens, output_tokens)
-        if self._traits.costs_tokens:
+        if self._fairness.costs_tokens:
             turns = self._turns(request, actual - request.charged)
-            self._tiers[request.tier].drr.adjust(request.tenant, turns)
+            self._tiers[request.tier].flows.adjust(request.tenant, turns)
             self._book(request.tier, request.tenant, turns)
         request.charged = actual
         del self._dispatched[request.id]
@@ -510,9 +519,9 @@ class Scheduler:
         every replica. A tenant that never queued here in that tier has no credit to charge
         (its service elsewhere before it arrives here is not held against it)."""
         known = self._tiers.get(tier)
-        drr = None if known is None else known.drr
-        if drr is not None and tenant in drr and turns:
-            drr.adjust(tenant, turns)
+        flows = None if known is None else known.flows
+        if flows is not None and tenant in flows and turns:
+            flows.adjust(tenant, turns)
 
     # ------------------------------------------------------------------ shares
 
@@ -556,7 +565,7 @@ class Scheduler:
             if other.rank < tier_state.rank
         )
         return BacklogView(
-            fifo=not self._traits.per_tenant,
+            fifo=not self._fairness.per_tenant,
             total_tokens=self._queued_tokens,
             higher_tiers_tokens=higher,
             tier_tokens=tier_state.queued_tokens,
@@ -582,10 +591,8 @@ class Scheduler:
         return tenant
 
     def _turns(self, request: QueuedRequest, amount: float) -> float:
-        """A cost in DRR units: turns of the endpoint's quantum; 1 per request under rr."""
-        if not self._traits.costs_tokens:
-            return 1.0
-        return amount / self.endpoint(request.endpoint).quantum
+        """A cost in the policy's unit of service (DRR's turns of the endpoint's quantum)."""
+        return self._service(amount, self.endpoint(request.endpoint).quantum)
 
     def _insert(self, tenant: _Tenant, request: QueuedRequest) -> None:
         tier = self._tiers[request.tier]
@@ -605,10 +612,10 @@ class Scheduler:
         if was_empty:
             tier.backlogged_tenants += 1
             tier.backlogged_weight += tenant.weight
-            if self._traits.per_tenant:
-                if tenant.name not in tier.drr:
-                    tier.drr.add(tenant.name, tenant.weight)
-                tier.drr.activate(tenant.name)
+            if self._fairness.per_tenant:
+                if tenant.name not in tier.flows:
+                    tier.flows.add(tenant.name, tenant.weight)
+                tier.flows.activate(tenant.name)
 
     def _remove(self, tenant: _Tenant, request: QueuedRequest) -> None:
         """Take a queued request out of its queue (cancel, or FIFO dispatch)."""
@@ -617,8 +624,8 @@ class Scheduler:
         del self._queued_index[request.id]
         tier = self._tiers[request.tier]
         self._account_removed(tenant, tier, request, queue)
-        if not queue and self._traits.per_tenant:
-            tier.drr.deactivate(tenant.name)
+        if not queue and self._fairness.per_tenant:
+            tier.flows.deactivate(tenant.name)
 
     def _account_removed(
         self, tenant: _Tenant, tier: _Tier, request: QueuedRequest, queue: TenantQueue
@@ -679,9 +686,9 @@ class Scheduler:
                 "queued_tokens": t.queued_tokens,
                 "inflight": t.inflight,
                 "deficit_turns": {
-                    name: tier.drr.credit(t.name)
+                    name: tier.flows.credit(t.name)
                     for name, tier in self._tiers.items()
-                    if t.name in tier.drr
+                    if t.name in tier.flows
                 },
                 "queues": {
                     tier: [
@@ -699,7 +706,7 @@ class Scheduler:
                 },
             }
         return {
-            "policy": self._policy.value,
+            "policy": self._fairness.name,
             "queued": self.queued_requests,
             "queued_tokens": self._queued_tokens,
             "inflight": self.inflight_requests,
@@ -712,7 +719,7 @@ class Scheduler:
                     "queued_tokens": tier.queued_tokens,
                     "backlogged_tenants": tier.backlogged_tenants,
                     "backlogged_weight": tier.backlogged_weight,
-                    "round": tier.drr.round,
+                    "round": tier.flows.round,
                 }
                 for name, tier in self._tiers.items()
             },

@@ -11,10 +11,8 @@ import pytest
 
 from weighbridge.keys import hash_api_key
 from weighbridge.sidecar.config import (
-    POLICY_TRAITS,
     Config,
     ConfigError,
-    Policy,
     load_config,
     parse_config,
 )
@@ -178,8 +176,8 @@ def test_backend_name_defaults_without_credentials() -> None:
         (lambda d: d["backends"][0].update(url="not a url"), "backends.0.url: must be an http(s)"),
         (lambda d: d.update(backends=[]), "backends: List should have at least 1 item"),
         (lambda d: d.pop("backends"), "backends: Field required"),
-        (lambda d: d.update(scheduler={"policy": "wfq"}), "scheduler.policy: Input should be"),
-        (lambda d: d.update(routing="random"), "routing: Input should be 'least_tokens'"),
+        (lambda d: d.update(scheduler={"policy": "wfq"}), "scheduler.policy: unknown fairness 'wfq'"),
+        (lambda d: d.update(routing="random"), "routing: unknown routing 'random'"),
         (
             lambda d: d.update(endpoints={"/v1/completions": {"cost": "bytes"}}),
             "endpoints./v1/completions.cost: Input should be 'tokens' or 'requests'",
@@ -476,11 +474,12 @@ def test_example_config_loads() -> None:
     assert isinstance(config, Config)
 
 
-def test_every_policy_has_its_traits_and_loads_by_name() -> None:
-    assert set(POLICY_TRAITS) == set(Policy)
-    for policy in Policy:
-        loaded = parse_config(minimal(scheduler={"policy": policy.value})).scheduler.policy
-        assert loaded is policy and loaded.traits is POLICY_TRAITS[policy]
-    # Only the product weighs tenants and charges tokens; only passthrough skips the queue.
-    assert [p for p in Policy if POLICY_TRAITS[p].weighted] == [Policy.DRR]
-    assert [p for p in Policy if not POLICY_TRAITS[p].holds_requests] == [Policy.PASSTHROUGH]
+def test_routing_names_a_preset_or_its_parts() -> None:
+    assert parse_config(minimal(routing="round_robin")).routing == "round_robin"
+    parts = parse_config(minimal(routing={"picker": "bounded_load",
+                                          "scorers": {"least_tokens": 1, "prefix_affinity": 3}}))
+    assert parts.routing.picker == "bounded_load"  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"routing.scorers.nope.*unknown scorer 'nope'"):
+        parse_config(minimal(routing={"picker": "bounded_load", "scorers": {"nope": 1}}))
+    with pytest.raises(ConfigError, match=r"routing.picker: unknown picker"):
+        parse_config(minimal(routing={"picker": "closest"}))

@@ -38,18 +38,16 @@ from weighbridge.app.stack import (
     Ports,
     PrometheusMode,
     StackSpec,
+    baseline_stack,
     load_stack,
 )
 from weighbridge.launch import free_port, sigterm_as_interrupt
 
-__all__ = ["ARMS", "DemoOptions", "baseline_stack", "headline_rows", "run_demo", "verdict"]
+__all__ = ["ARMS", "DemoOptions", "headline_rows", "run_demo", "verdict"]
 
 ARMS = ("baseline", "weighbridge")
 QUICK_STRETCH = 0.4  # noisy_neighbour's 15 + 20 + 25 s phases become 6 + 8 + 10 s
 REPORT_WINDOW_S = 2.0  # short phases need short windows for the fairness figures
-# Admission settings that make the sidecar tenant-aware; the request-level baseline has none.
-FAIRNESS_ADMISSION = ("headroom_slots", "max_prefill_tokens_inflight",
-                      "max_backend_prefill_tokens")
 
 
 @dataclass(frozen=True)
@@ -63,17 +61,6 @@ class DemoOptions:
     @property
     def stretch(self) -> float:
         return QUICK_STRETCH if self.quick else 1.0
-
-
-def baseline_stack(spec: StackSpec) -> StackSpec:
-    """The request-level baseline of a stack: one FIFO, round-robin routing, the same
-    admission gate without the tenant-aware settings, no priorities sent to the engines."""
-    admission = {k: v for k, v in dict(spec.sidecar.get("admission", {})).items()
-                 if k not in FAIRNESS_ADMISSION}
-    base = spec.with_sidecar(scheduler={**spec.sidecar.get("scheduler", {}), "policy": "fcfs"},
-                             routing="round_robin", admission=admission)
-    engines = base.engines.model_copy(update={"priority_scheduling": False})
-    return base.model_copy(update={"engines": engines, "name": f"{spec.name}-baseline"})
 
 
 # ----------------------------------------------------------------------------- headline

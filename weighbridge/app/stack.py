@@ -50,7 +50,12 @@ from weighbridge.launch import (
 from weighbridge.prometheus import ScrapeTarget, binary, prometheus_process, rule_files
 from weighbridge.resources import DEPLOY_DIR, SCENARIOS_DIR
 from weighbridge.settings_file import SettingsError, problems, read_yaml
-from weighbridge.sidecar.config import ConfigError, ModelName, parse_config
+from weighbridge.sidecar.config import (
+    ConfigError,
+    ModelName,
+    parse_config,
+    request_level_baseline,
+)
 
 __all__ = [
     "DEFAULT_STACK",
@@ -58,6 +63,7 @@ __all__ = [
     "StackError",
     "StackSpec",
     "StackUrls",
+    "baseline_stack",
     "load_stack",
     "parse_stack",
     "sidecar_config",
@@ -197,6 +203,15 @@ class StackSpec(_Model):
 
     def with_ports(self, ports: Ports) -> StackSpec:
         return self.model_copy(update={"ports": ports})
+
+
+def baseline_stack(spec: StackSpec) -> StackSpec:
+    """The request-level baseline of a stack: the sidecar's (``request_level_baseline``:
+    one FIFO, round-robin routing, no tenant-aware admission), and no priorities sent to
+    the engines."""
+    base = spec.with_sidecar(**request_level_baseline(spec.sidecar))
+    engines = base.engines.model_copy(update={"priority_scheduling": False})
+    return base.model_copy(update={"engines": engines, "name": f"{spec.name}-baseline"})
 
 
 def sidecar_config(spec: StackSpec, engine_urls: list[str]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from tests.support.stack import ADMIN_KEY, auth, start_emulator, start_sidecar, 
 from tests.support.wait import wait_for
 from weighbridge.headers import BACKEND
 from weighbridge.launch import ServerProcess
-from weighbridge.sidecar.router import LOAD_BOUND
+from weighbridge.sidecar.routing.bounded_load import LOAD_BOUND
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,6 +8,8 @@ from typing import Any
 from weighbridge.sidecar.admission import AdmissionGate, GateLimits
 from weighbridge.sidecar.fleet import Fleet
 from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.sidecar.routing import Route
+from weighbridge.sidecar.routing.prefix_affinity import CACHE_WEIGHT
 
 _ids = itertools.count()
 
@@ -50,3 +52,11 @@ def send(fleet: Fleet, request_id: str, backend: str, prompt_tokens: int,
     record = fleet[backend]
     record.gate.on_dispatched(0.0)
     fleet.dispatched(request_id, record, prompt_tokens, output_tokens)
+
+
+def prefer(fleet: Fleet, cached: dict[str, int], chosen: str,
+           prompt_tokens: int) -> tuple[str, str]:
+    """prefix_aware's weighing of the prompt tokens each backend's cache holds (``cached``)
+    against the fleet's load, for a request of ``prompt_tokens`` ``pick`` gave ``chosen``."""
+    held = {name: (n, -CACHE_WEIGHT * n) for name, n in cached.items()}
+    return Route("prefix_aware").weigh(make_request(prompt=prompt_tokens), chosen, held, fleet)

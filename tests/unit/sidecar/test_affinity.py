@@ -1,6 +1,7 @@
-"""prefix_aware's trade of cache affinity against load, in tokens (sidecar.router.affine),
-and the prefill limits a prefix's holder may pass when its cache pays for it
-(sidecar.router.cache_pays_prefill): properties over 2-16 backends.
+"""prefix_aware's trade of cache affinity against load, in tokens
+(sidecar.routing.bounded_load.affine), and the prefill limits a prefix's holder may pass when
+its cache pays for it (sidecar.eligibility.cache_pays_prefill): properties over 2-16
+backends.
 
 * Bounded load: the chosen backend never carries more than ``LOAD_BOUND`` times the mean
   load plus the request's prompt, whatever its cache holds.
@@ -16,22 +17,32 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.unit.sidecar.builders import make_fleet, send
-from weighbridge.sidecar.router import (
-    CACHE_WEIGHT,
+from tests.unit.sidecar.builders import make_fleet, prefer, send
+from weighbridge.sidecar.eligibility import cache_pays_prefill
+from weighbridge.sidecar.routing import Candidate
+from weighbridge.sidecar.routing.bounded_load import (
     LOAD_BOUND,
     REQUEST_COST_TOKENS,
-    Candidate,
-    Router,
     affine,
-    cache_pays_prefill,
     work,
 )
+from weighbridge.sidecar.routing.prefix_affinity import CACHE_WEIGHT
+
+
+def held(load: int, inflight: int, cached: int, index: int) -> Candidate:
+    """A backend of ``load`` outstanding tokens whose cache holds ``cached`` of the prompt,
+    as prefix_aware weighs it (least_tokens, prefix_affinity at CACHE_WEIGHT)."""
+    return Candidate(load, inflight, float(load), -CACHE_WEIGHT * cached, index)
+
+
+def cached(c: Candidate) -> float:
+    return -c.affinity / CACHE_WEIGHT
+
 
 candidates = st.lists(
     st.tuples(st.integers(0, 50_000), st.integers(0, 64), st.integers(0, 8_000)),
     min_size=2, max_size=16,
-).map(lambda rows: {f"b{i}": Candidate(load, inflight, cached, i)
+).map(lambda rows: {f"b{i}": held(load, inflight, cached, i)
                     for i, (load, inflight, cached) in enumerate(rows)})
 prompts = st.integers(1, 8_192)
 
@@ -59,12 +70,12 @@ def test_within_the_bound_the_least_work_with_the_cache_weighed_is_chosen(
 def test_the_reason_says_whether_it_holds_the_most_or_the_holders_were_over_the_bound(
         fleet: dict[str, Candidate], prompt_tokens: int) -> None:
     chosen, reason = affine(fleet, prompt_tokens)
-    most = max(c.cached for c in fleet.values())
+    most = max(cached(c) for c in fleet.values())
     limit = bound(fleet, prompt_tokens)
-    holder_within = any(c.cached == most and c.load <= limit for c in fleet.values())
+    holder_within = any(cached(c) == most and c.load <= limit for c in fleet.values())
     if most == 0:
         assert reason == "load"
-    elif fleet[chosen].cached == most:
+    elif cached(fleet[chosen]) == most:
         assert reason == "affinity"
     else:
         assert reason == ("load" if holder_within else "bounded")
@@ -78,15 +89,15 @@ def test_a_holder_within_the_bound_keeps_the_request_while_its_cache_outweighs_t
     # The holder's load: at most what the least loaded other backend's work, plus what the
     # cache outweighs, allows (and within the bound).
     holder = fleet[name]
-    cached = max(c.cached for c in others) + data.draw(st.integers(1, 4_000))
+    holders = int(max(cached(c) for c in others)) + data.draw(st.integers(1, 4_000))
     cheapest = min(work(c) for c in others)
-    room = cheapest + CACHE_WEIGHT * cached - REQUEST_COST_TOKENS * holder.inflight
-    fleet = {**fleet, name: Candidate(max(0, min(room, holder.load)), holder.inflight, cached,
-                                      holder.index)}
+    room = cheapest + CACHE_WEIGHT * holders - REQUEST_COST_TOKENS * holder.inflight
+    fleet = {**fleet, name: held(int(max(0, min(room, holder.load))), holder.inflight,
+                                 holders, holder.index)}
     if fleet[name].load > bound(fleet, prompt_tokens) or work(fleet[name]) > cheapest:
         return  # the load it was drawn with cannot be met at this inflight
     chosen, reason = affine(fleet, prompt_tokens)
-    assert fleet[chosen].cached == cached and reason == "affinity"
+    assert cached(fleet[chosen]) == holders and reason == "affinity"
 
 
 @given(candidates, prompts, st.integers(1, 4_000), st.data())
@@ -95,12 +106,12 @@ def test_more_of_the_prompt_cached_never_moves_the_request_away(
         data: st.DataObject) -> None:
     chosen, _ = affine(fleet, prompt_tokens)
     c = fleet[chosen]
-    grown = {**fleet, chosen: Candidate(c.load, c.inflight, c.cached + more, c.index)}
+    grown = {**fleet, chosen: held(c.load, c.inflight, int(cached(c)) + more, c.index)}
     assert affine(grown, prompt_tokens)[0] == chosen
 
 
 def test_nothing_cached_anywhere_is_a_choice_by_load() -> None:
-    fleet = {"a": Candidate(100, 1, 0, 0), "b": Candidate(0, 0, 0, 1)}
+    fleet = {"a": held(100, 1, 0, 0), "b": held(0, 0, 0, 1)}
     assert affine(fleet, 50) == ("b", "load")
 
 
@@ -109,10 +120,10 @@ def test_a_prefix_s_holder_prefilling_another_prompt_keeps_the_request() -> None
     prompt of another prefix; the next request of its prefix computes 256 tokens there, all
     1,792 on the idle backend: it stays (a cached token weighed as one token of load sent it
     to the idle one, which recomputed the prefix)."""
-    holder = Candidate(1792 + 64, 1, 1536, 0)
-    fleet = {"holder": holder, "idle": Candidate(0, 0, 0, 1), "other": Candidate(320, 1, 0, 2)}
+    holder = held(1792 + 64, 1, 1536, 0)
+    fleet = {"holder": holder, "idle": held(0, 0, 0, 1), "other": held(320, 1, 0, 2)}
     assert affine(fleet, 1792) == ("holder", "affinity")
-    assert holder.load + REQUEST_COST_TOKENS * holder.inflight - holder.cached > 0
+    assert holder.load + REQUEST_COST_TOKENS * holder.inflight - cached(holder) > 0
 
 
 @given(st.integers(0, 100_000), st.integers(0, 100_000), st.integers(0, 100_000),
@@ -131,12 +142,11 @@ def test_a_prefill_limit_is_passed_only_by_what_the_cache_saves(
 
 def test_prefer_reads_the_router_s_load_and_requests_in_flight() -> None:
     fleet = make_fleet("x", "y", "z")
-    router = Router(fleet, "prefix_aware")
     send(fleet, "r", "x", 50, 0)
     busy = 50 + REQUEST_COST_TOKENS  # x's load and its one request in flight
-    assert router.prefer({"x": busy // CACHE_WEIGHT, "y": 0, "z": 0}, "y", 120) \
+    assert prefer(fleet, {"x": busy // CACHE_WEIGHT, "y": 0, "z": 0}, "y", 120) \
         == ("x", "affinity")
-    assert router.prefer({"x": busy // CACHE_WEIGHT - 1, "y": 0, "z": 0}, "y", 120) \
+    assert prefer(fleet, {"x": busy // CACHE_WEIGHT - 1, "y": 0, "z": 0}, "y", 120) \
         == ("y", "load")
     # Nothing cached: ``pick``'s choice stands.
-    assert router.prefer({"x": 0, "y": 0, "z": 0}, "z", 120) == ("z", "load")
+    assert prefer(fleet, {"x": 0, "y": 0, "z": 0}, "z", 120) == ("z", "load")

@@ -1,6 +1,6 @@
 """A prefix's holder held back for prefill alone (its prefill backlog, the tenant's pacing)
 still takes a request of its prefix when the prefill its cache saves pays for the overshoot
-(sidecar.router.cache_pays_prefill); routing reads the index before the backend's first
+(sidecar.eligibility.cache_pays_prefill); routing reads the index before the backend's first
 answer (issue 38: vllm bench's prefix_repetition lost requests to engines that recomputed
 the prefix)."""
 

@@ -55,9 +55,9 @@ def test_what_cannot_be_matched_is_not_learned() -> None:
     backend = core.fleet.names[0]
     # Another block size names other blocks.
     replica.learn_sent_prefix(backend, BLOCK * 2, blocks)
-    assert core.prefix_index_blocks() == {name: 0 for name in core.fleet.names}
+    assert all(len(b.prefix) == 0 for b in core.fleet)
     replica.learn_sent_prefix(backend, BLOCK, blocks)
-    assert core.prefix_index_blocks()[backend] == len(blocks)
+    assert len(core.fleet[backend].prefix) == len(blocks)
 
 
 def test_a_core_routing_alone_records_nothing() -> None:

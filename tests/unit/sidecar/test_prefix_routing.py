@@ -9,13 +9,14 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from tests.unit.sidecar.builders import make_fleet, send
+from tests.unit.sidecar.builders import make_fleet, prefer, send
 from tests.unit.sidecar.test_core import arrive, make_config
 from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.request import QueuedRequest
-from weighbridge.sidecar.router import CACHE_WEIGHT, LOAD_BOUND, REQUEST_COST_TOKENS, Router
+from weighbridge.sidecar.routing.bounded_load import LOAD_BOUND, REQUEST_COST_TOKENS
+from weighbridge.sidecar.routing.prefix_affinity import CACHE_WEIGHT
 from weighbridge.vllm_metrics import BackendSample
 
 BLOCK = 16
@@ -114,24 +115,23 @@ def test_an_unknown_cache_predicts_nothing() -> None:
 
 def test_prefer_takes_the_cheapest_within_the_load_bound() -> None:
     fleet = make_fleet("x", "y", "z")
-    router = Router(fleet, "prefix_aware")
     send(fleet, "r", "x", 50, 0)
     # x's cost: its load of 50 and one request in flight, less CACHE_WEIGHT times what it
     # holds.
     busy = 50 + REQUEST_COST_TOKENS
-    assert router.prefer({"x": busy // CACHE_WEIGHT + 1, "y": 0, "z": 0}, "y", 120) \
+    assert prefer(fleet, {"x": busy // CACHE_WEIGHT + 1, "y": 0, "z": 0}, "y", 120) \
         == ("x", "affinity")
     # A cache worth less than x's load: the idle one is cheaper.
-    assert router.prefer({"x": busy // CACHE_WEIGHT - 1, "y": 0, "z": 0}, "y", 120) \
+    assert prefer(fleet, {"x": busy // CACHE_WEIGHT - 1, "y": 0, "z": 0}, "y", 120) \
         == ("y", "load")
-    assert router.prefer({"x": 0, "y": 0, "z": 0}, "y", 120) == ("y", "load")
+    assert prefer(fleet, {"x": 0, "y": 0, "z": 0}, "y", 120) == ("y", "load")
     # Equal hits: the less loaded.
-    assert router.prefer({"x": 64, "y": 64, "z": 0}, "z", 120) == ("y", "affinity")
+    assert prefer(fleet, {"x": 64, "y": 64, "z": 0}, "z", 120) == ("y", "affinity")
     send(fleet, "s", "x", 1000, 0)
     # x carries 1,050 against a mean of 350: over the bound (437.5 + the prompt's 120), so
     # however much it holds, the cheapest of the others takes it.
-    assert router.prefer({"x": 5000, "y": 32, "z": 0}, "z", 120) == ("y", "bounded")
-    assert router.prefer({"x": 5000, "y": 0, "z": 0}, "y", 120) == ("y", "bounded")
+    assert prefer(fleet, {"x": 5000, "y": 32, "z": 0}, "z", 120) == ("y", "bounded")
+    assert prefer(fleet, {"x": 5000, "y": 0, "z": 0}, "y", 120) == ("y", "bounded")
 
 
 def test_the_drr_charge_and_pacing_count_the_prompt_the_engine_computes() -> None:

@@ -211,18 +211,18 @@ def test_the_core_bounds_each_index_by_the_engine_s_lookups() -> None:
         core.on_completed(dispatch.request, 500, 8, now, cached_tokens=0)
     # The engine looked up only what the sidecar sent: its whole cache is the sidecar's.
     core.on_backend_metrics(backend, sample(5.0, sent))
-    assert core.prefix_cache_shares()[backend] == 1.0
+    assert core.fleet[backend].prefix.share == 1.0
     # Then it looked up three times as much as the sidecar sent: others hold the rest, as
     # the share says once the scrapes have said so for SHARE_HOLD_S.
     core.on_backend_metrics(backend, sample(6.0, sent + 3 * sent))
-    assert core.prefix_cache_shares()[backend] == 1.0
+    assert core.fleet[backend].prefix.share == 1.0
     core.on_backend_metrics(backend, sample(6.0 + SHARE_HOLD_S + 0.1, sent + 3 * sent))
-    share = core.prefix_cache_shares()[backend]
+    share = core.fleet[backend].prefix.share
     assert 0.2 < share < 0.3
     state = core.snapshot(12.0)["backends"][backend]["prefix_index"]
     assert state["share"] == round(share, 4)
     assert state["retained_blocks"] == int(share * 1000)
-    assert core.prefix_cache_shares()[other] == 1.0  # no counters from it: no correction
+    assert core.fleet[other].prefix.share == 1.0  # no counters from it: no correction
 
 
 def test_the_sidecar_counts_each_answer_and_the_engine_s_prompt_count() -> None:
@@ -294,13 +294,13 @@ def test_replicas_count_each_other_s_prompts_as_the_fleet_s() -> None:
     # Before they are told, each sees the other as a client it cannot see ...
     for at in (5.0, 5.0 + SHARE_HOLD_S + 0.1):
         a.on_backend_metrics(backend, sample(at, looked_up))
-    assert a.prefix_cache_shares()[backend] < 0.6
+    assert a.fleet[backend].prefix.share < 0.6
     # ... and once told, as the fleet's own.
     for name, tokens in told_a.items():
         replica_b.learn_sent_tokens(name, tokens, 4.0)
     for at in (5.0, 5.0 + SHARE_HOLD_S + 0.1):
         b.on_backend_metrics(backend, sample(at, looked_up))
-    assert b.prefix_cache_shares()[backend] == 1.0
+    assert b.fleet[backend].prefix.share == 1.0
     replica_b.learn_sent_tokens("no-such-backend", 10, 4.0)  # nothing to count it against
 
 

@@ -74,7 +74,7 @@ def test_every_call_of_the_wrapper_stays_inside_the_interface() -> None:
     ((backend, block_size, blocks),) = replica.take_sent_prefixes()  # b's prompt
     assert backend == sent[1].backend and block_size == BLOCK
     replica.learn_sent_prefix("b1" if backend == "b2" else "b2", block_size, blocks)
-    assert sorted(core.prefix_index_blocks().values()) == [len(blocks)] * 2
+    assert sorted(len(b.prefix) for b in core.fleet) == [len(blocks)] * 2
     assert sum(replica.take_sent_tokens().values()) == 800  # both prompts, prefix or not
     replica.learn_sent_tokens(backend, 100, 0.0)
     assert replica.buckets("a", CHAT, "standard", None)

@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from weighbridge.app import stack as stack_module
-from weighbridge.app.demo import FAIRNESS_ADMISSION, baseline_stack
 from weighbridge.app.stack import (
     DEFAULT_STACK,
     LocalStack,
     StackError,
     StackUrls,
+    baseline_stack,
     load_stack,
     parse_stack,
     sidecar_config,
@@ -23,7 +23,7 @@ from weighbridge.app.stack import (
 from weighbridge.launch import LaunchError
 from weighbridge.resources import SCENARIOS_DIR
 from weighbridge.sidecar.admission import derive_limits
-from weighbridge.sidecar.config import parse_config
+from weighbridge.sidecar.config import FAIRNESS_ADMISSION, parse_config
 from weighbridge.sidecar.shape import EngineShape
 
 STACKS = sorted((DEFAULT_STACK.parent).glob("*.yaml"))
