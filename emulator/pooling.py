@@ -372,15 +372,17 @@ def _render(ids: tuple[int, ...], parsed: _Basic, server: _Server, *,
         ids = ids + (PAD_ID,) * (server.max_model_len - len(ids))
     if not ids:
         raise ApiError(400, "The decoder prompt cannot be empty")
-    if len(ids) > server.max_model_len:
-        # vLLM tokenizes text only one token past the limit, so it says "at least" that many.
-        shown = f"at least {server.max_model_len + 1}" if text else str(len(ids))
+    limit = server.max_model_len
+    if len(ids) > limit:
+        # vLLM tokenizes text only one token past the limit, and says "at least" of a count
+        # one past it (vllm/renderers/params.py).
+        count = min(len(ids), limit + 1) if text else len(ids)
+        qualifier = "at least " if count == limit + 1 else ""
         raise ApiError(
-            400, f"This model's maximum context length is {server.max_model_len} tokens. "
-            f"However, your prompt contains {shown} input tokens, which exceeds this limit "
-            "even without any output tokens. Please reduce the length of the input prompt. "
-            f"(parameter=input_tokens, value={shown.removeprefix('at least ')})",
-            param="input_tokens")
+            400, f"This model's maximum context length is {limit} tokens. However, your "
+            f"prompt contains {qualifier}{count} input tokens, which exceeds this limit even "
+            "without any output tokens. Please reduce the length of the input prompt. "
+            f"(parameter=input_tokens, value={count})", param="input_tokens")
     return ids
 
 

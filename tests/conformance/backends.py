@@ -29,6 +29,9 @@ NUM_KV_BLOCKS = 64
 # flags (no LoRA test streams, no stream-interval test reads the cache, a LoRA adapter is
 # cached like its base), and a real vLLM start-up costs 30-60 s: one for the three.
 SERVER_STREAM_INTERVAL = 4
+# The tiny model on vLLM's pooling runner, as an embedding model and as a classifier.
+EMBED_MODEL = ("--runner", "pooling", "--convert", "embed")
+CLASSIFY_MODEL = ("--runner", "pooling", "--convert", "classify")
 # vLLM's development endpoints (/server_info), which both backends of the default pair serve.
 DEV_MODE = {"VLLM_SERVER_DEV_MODE": "1"}
 

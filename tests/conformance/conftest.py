@@ -9,7 +9,8 @@ the default pair serves test_conformance.py, test_output_budget.py and, with
 ``--enable-prompt-tokens-details`` (which only adds a field to the usage), real vLLM's side
 of test_prefix_cache.py (whose tests hold whatever earlier requests cached); the flagged pair
 (``backends.SERVER_STREAM_INTERVAL``) serves LoRA, the prefix cache off and
-``--stream-interval``. Pooling (test_embeddings.py) is a runner of its own.
+``--stream-interval``. Pooling is a runner of its own: ``--convert embed`` serves
+test_embeddings.py and test_pooling.py, ``--convert classify`` the latter's /classify.
 """
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def vllm_backend() -> Iterator[Backend]:
 @pytest.fixture(params=["emulator", pytest.param("vllm", marks=pytest.mark.vllm)])
 def backend(request: pytest.FixtureRequest) -> Backend:
     return request.getfixturevalue(f"{request.param}_backend")
+
+
+@pytest.fixture(scope="session")
+def vllm_pooling_backend() -> Iterator[Backend]:
+    """Real vLLM serving the tiny model as an embedding model: /v1/embeddings, /pooling,
+    and /score and /rerank as a bi-encoder."""
+    with real_vllm(extra_args=list(backends.EMBED_MODEL)) as server:
+        yield Backend("vllm", server.url, server.model_name)
 
 
 @pytest.fixture(scope="session")

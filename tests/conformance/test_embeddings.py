@@ -2,7 +2,8 @@
 pooling model (``--runner pooling --convert embed``: last-token pooling, normalised).
 
 A vLLM instance serves either generation or pooling, so real vLLM gets a server of its own
-here; the emulator serves both from the suite's one instance.
+(``vllm_pooling_backend``, which test_pooling.py shares); the emulator serves both from the
+suite's one instance.
 """
 
 from __future__ import annotations
@@ -10,22 +11,13 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.conformance.backends import MAX_MODEL_LEN, Backend, assert_error_body, real_vllm
+from tests.conformance.backends import MAX_MODEL_LEN, Backend, assert_error_body
 from tests.support import loopback, metrics
 from weighbridge.emulator.api import EMBEDDING_SIZE
-
-POOLING = ("--runner", "pooling", "--convert", "embed")
-
-
-@pytest.fixture(scope="session")
-def vllm_pooling_backend() -> Iterator[Backend]:
-    with real_vllm(extra_args=POOLING) as server:
-        yield Backend("vllm", server.url, server.model_name)
 
 
 @pytest.fixture(params=["emulator", pytest.param("vllm_pooling", marks=pytest.mark.vllm)])
