@@ -7,7 +7,9 @@ as the first token. Parameters come from the ``x-test`` header (JSON). The serve
 monotonic time of every content chunk it wrote (one clock per machine on Linux), so a test
 compares what the client measured with what the server did, not with what it meant to do.
 ``POST /stall?seconds=S`` holds every response that arrives before the stall ends until it
-does. ``GET /timings/ID`` returns the notes of request ``ID``.
+does. ``GET /timings/ID`` returns the notes of request ``ID``; ``GET /seen`` what named each
+request's agent program on the wire: the harnesses' identity headers and the body's
+``vllm_xargs``, in arrival order.
 
 Run: ``python tests/integration/loadgen/delay_server.py PORT``.
 """
@@ -23,6 +25,10 @@ from aiohttp import web
 
 TIMINGS: dict[str, dict[str, object]] = {}
 STALL_UNTIL = [0.0]
+SEEN: list[dict[str, object]] = []
+IDENTITY_HEADERS = ("x-claude-code-session-id", "x-claude-code-agent-id",
+                    "x-claude-code-parent-agent-id", "x-session-id", "x-session-affinity",
+                    "session-id", "thread-id")
 
 
 async def _sleep_until(t: float) -> None:
@@ -39,6 +45,9 @@ async def completions(request: web.Request) -> web.StreamResponse:
     ttft = float(params.get("ttft_ms", 20)) / 1000
     itl = float(params.get("itl_ms", 5)) / 1000
     per_chunk = int(params.get("tokens_per_chunk", 1))
+    SEEN.append({"headers": {h: request.headers[h] for h in IDENTITY_HEADERS
+                             if h in request.headers},
+                 "vllm_xargs": body.get("vllm_xargs"), "user": body.get("user")})
     tokens = int(body.get("max_tokens", 16))
     prompt = body.get("prompt")
     prompt_tokens = len(prompt) if isinstance(prompt, list) else 1
@@ -78,6 +87,10 @@ async def timings(request: web.Request) -> web.Response:
     return web.json_response(TIMINGS.get(request.match_info["id"]))
 
 
+async def seen(_request: web.Request) -> web.Response:
+    return web.json_response(SEEN)
+
+
 async def health(_request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
@@ -87,6 +100,7 @@ def main() -> None:
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/stall", stall)
     app.router.add_get("/timings/{id}", timings)
+    app.router.add_get("/seen", seen)
     app.router.add_get("/health", health)
     web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None,
                 access_log=None)
