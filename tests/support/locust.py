@@ -1,14 +1,21 @@
 """One Locust run of a scenario from scenarios/, as the README runs it: headless, with the
 project's records directory and exporter flags. ``argv`` for a run the test drives itself
-(``subprocess.Popen``), ``run`` for one that runs to its end, ``process`` for one served in
-the background until the test's stack closes."""
+(``subprocess.Popen``), ``run`` for one that runs to its end, ``run_scraped`` for one that
+runs to its end with its exporter read meanwhile, ``process`` for one served in the
+background until the test's stack closes."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+
+from tests.support import loopback
 from weighbridge.launch import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,3 +48,26 @@ def process(host: str, records_dir: Path, duration: str, exporter_port: int, log
         argv=argv(host, records_dir, duration, *extra, scenario=scenario,
                   exporter_port=exporter_port),
         cwd=REPO, log_path=log_path)
+
+
+def run_scraped(argv: list[str], exporter_port: int, until: Callable[[str], bool],
+                wait_s: float = 30.0, timeout_s: float = 120.0
+                ) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run ``argv`` (from :func:`argv`, with ``exporter_port``) to its end, scraping its
+    exporter while it runs: the result and the first exposition ``until`` accepts (the last
+    read when none did within ``wait_s``)."""
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        text = ""
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and not until(text):
+            time.sleep(0.5)
+            with contextlib.suppress(httpx.HTTPError):
+                text = loopback.get(f"http://127.0.0.1:{exporter_port}/metrics",
+                                    timeout=2).text
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), text

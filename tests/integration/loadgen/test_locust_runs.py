@@ -5,17 +5,14 @@ process run is scraped mid-run by its exporter too: one run for both checks."""
 from __future__ import annotations
 
 import collections
-import contextlib
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support import locust, loopback
+from tests.support import locust
 from weighbridge.launch import ServerProcess, free_port
 from weighbridge.loadgen.plan import plan_request
 from weighbridge.loadgen.scenario import discover_scenarios
@@ -84,21 +81,8 @@ def steady_run(emulator: ServerProcess, tmp_path_factory: pytest.TempPathFactory
     run_dir = tmp_path_factory.mktemp("steady") / "run"
     port = free_port()
     argv = locust.argv(emulator.url, run_dir, "20s", exporter_port=port)
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        text = ""
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and 'tenant="gamma"' not in text:
-            time.sleep(0.5)
-            with contextlib.suppress(httpx.HTTPError):
-                text = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    return SteadyRun(run_dir, subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr),
-                     text)
+    result, text = locust.run_scraped(argv, port, lambda t: 'tenant="gamma"' in t)
+    return SteadyRun(run_dir, result, text)
 
 
 def test_steady_scenario_leaves_parquet_and_run_json(steady_run: SteadyRun) -> None:

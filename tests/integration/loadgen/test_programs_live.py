@@ -10,20 +10,17 @@ alone, not from timing.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import subprocess
 import time
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 import pytest
 
-from tests.support import locust, loopback
+from tests.support import locust
 from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.summary import analyse, summary
 from weighbridge.launch import ServerProcess, emulator_process, free_port
@@ -172,20 +169,8 @@ def test_locust_runs_agent_programs_and_its_exporter_counts_them(
     argv = locust.argv(long_context_emulator.url, run_dir, "60s", "--stretch", "0.3",
                        "--scale", "0.3", "--seed", "2", scenario="agent_programs",
                        exporter_port=port)
-    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    try:
-        text = ""
-        deadline = time.monotonic() + 45
-        while time.monotonic() < deadline and _completed(text) == 0:
-            time.sleep(0.5)
-            with contextlib.suppress(httpx.HTTPError):
-                text = loopback.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, stderr[-4000:]
+    result, text = locust.run_scraped(argv, port, lambda t: _completed(t) > 0, wait_s=45)
+    assert result.returncode == 0, result.stderr[-4000:]
     assert _completed(text) > 0, "no program completed while the exporter was scraped"
     records = read_parquet(run_dir / "requests.parquet")
     assert {r.status for r in records} <= {"ok", "cancelled"}
