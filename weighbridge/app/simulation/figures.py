@@ -32,7 +32,6 @@ FIGURES = {
     "tier1_slo_attainment": "tier-1 SLO attainment",
     "served_tokens_per_s": "token throughput (tokens/s)",
     "rejected": "requests rejected",
-    "computed_tokens_jain_index": "Jain's index, computed tokens",
 }
 
 
