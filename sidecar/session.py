@@ -408,7 +408,9 @@ def _fields(kind: EndpointKind, body: dict[str, Any]) -> None:
             and body["stream_interval"] < 1:
         # Live charging counts a streamed chunk's tokens by it (vLLM refuses it too).
         raise _bad_request("invalid_stream_interval", "stream_interval must be at least 1")
-    if body.get("stream") is not None and not isinstance(body["stream"], bool):
+    # The pooling kinds never stream: vLLM ignores the field there, and so does the sidecar.
+    if kind.generates and body.get("stream") is not None and not isinstance(body["stream"],
+                                                                          bool):
         raise _bad_request("invalid_stream", "stream must be a boolean")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
