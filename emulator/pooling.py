@@ -32,7 +32,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Required, TypeAlias, Union, cast
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, create_model
 from pydantic_core import InitErrorDetails
 from typing_extensions import TypedDict
 
@@ -146,29 +146,26 @@ class _Scoring(_Basic):
     chat_template_kwargs: dict[str, Any] | None = None
 
 
-class ScoreQueriesDocumentsRequest(_Scoring):
-    queries: ScoreInput | list[ScoreInput]
-    documents: ScoreInput | list[ScoreInput]
+ScoreSide: Any = ScoreInput | list[ScoreInput]
+# vLLM's four forms of a score request, in the order its union tries them: each names its
+# queries and its documents.
+_SCORE_FORMS = (("ScoreQueriesDocumentsRequest", "queries", "documents"),
+                ("ScoreQueriesItemsRequest", "queries", "items"),
+                ("ScoreDataRequest", "data_1", "data_2"),
+                ("ScoreTextRequest", "text_1", "text_2"))
 
 
-class ScoreQueriesItemsRequest(_Scoring):
-    queries: ScoreInput | list[ScoreInput]
-    items: ScoreInput | list[ScoreInput]
+def _score_form(name: str, first: str, second: str) -> type[_Scoring]:
+    sides: dict[str, Any] = {first: (ScoreSide, ...), second: (ScoreSide, ...)}
+    return create_model(name, __base__=_Scoring, **sides)
 
 
-class ScoreDataRequest(_Scoring):
-    data_1: ScoreInput | list[ScoreInput]
-    data_2: ScoreInput | list[ScoreInput]
-
-
-class ScoreTextRequest(_Scoring):
-    text_1: ScoreInput | list[ScoreInput]
-    text_2: ScoreInput | list[ScoreInput]
+_SCORE_MODELS = tuple(_score_form(*form) for form in _SCORE_FORMS)
 
 
 class RerankRequest(_Scoring):
     query: ScoreInput
-    documents: ScoreInput | list[ScoreInput]
+    documents: ScoreSide
     top_n: int = Field(default=0, ge=0)
 
 
@@ -176,19 +173,15 @@ class RerankRequest(_Scoring):
 _BRANCH_MODELS: dict[EndpointKind, tuple[type[BaseModel], ...]] = {
     EndpointKind.POOLING: (PoolingCompletionRequest, PoolingChatRequest, IOProcessorRequest),
     EndpointKind.CLASSIFY: (ClassificationCompletionRequest, ClassificationChatRequest),
-    EndpointKind.SCORE: (ScoreQueriesDocumentsRequest, ScoreQueriesItemsRequest,
-                         ScoreDataRequest, ScoreTextRequest),
+    EndpointKind.SCORE: _SCORE_MODELS,
     EndpointKind.RERANK: (RerankRequest,),
 }
 _MODELS: dict[EndpointKind, TypeAdapter[Any]] = {
     kind: TypeAdapter(cast(Any, models[0] if len(models) == 1 else Union[models]))  # noqa: UP007
     for kind, models in _BRANCH_MODELS.items()}
 # The union branches' names, which vLLM's messages leave out (api.validation_error).
-_BRANCHES = frozenset({
-    "PoolingCompletionRequest", "PoolingChatRequest", "IOProcessorRequest",
-    "ClassificationCompletionRequest", "ClassificationChatRequest",
-    "ScoreQueriesDocumentsRequest", "ScoreQueriesItemsRequest", "ScoreDataRequest",
-    "ScoreTextRequest", "RerankRequest"})
+_BRANCHES = frozenset(model.__name__ for models in _BRANCH_MODELS.values()
+                      for model in models)
 
 
 # -- parsed requests -------------------------------------------------------------------------
@@ -422,9 +415,8 @@ def _scoring(kind: EndpointKind, parsed: _Scoring, server: _Server,
 
 
 def _score_sides(parsed: _Scoring) -> tuple[Any, Any]:
-    for first, second in (("queries", "documents"), ("queries", "items"),
-                          ("data_1", "data_2"), ("text_1", "text_2")):
-        if first in type(parsed).model_fields and second in type(parsed).model_fields:
+    for name, first, second in _SCORE_FORMS:
+        if type(parsed).__name__ == name:
             return getattr(parsed, first), getattr(parsed, second)
     raise AssertionError(f"{type(parsed).__name__} is no score request")
 

@@ -239,6 +239,11 @@ class Emulator:
             kv_cache_memory_bytes=settings.kv_cache_memory_bytes,
             max_loras=settings.engine.max_loras if settings.enable_lora else None)
         self.adapters = {m.name: m for m in settings.lora_modules}
+        # What every request is parsed against: the served model and its limits.
+        self._served: dict[str, Any] = {
+            "served_model": settings.model_name, "max_model_len": settings.engine.max_model_len,
+            "vocab_size": settings.vocab_size, "adapters": self.adapters,
+            "tokenizer": settings.tokenizer}
         self.runner = EngineRunner(self.model, self.metrics, tokenizer=settings.tokenizer)
         self.eos = EosModel(settings.mean_output_tokens, settings.seed)
         self.app = web.Application(client_max_size=MAX_BODY_BYTES,
@@ -372,10 +377,7 @@ class Emulator:
     async def _generate(self, endpoint: Endpoint, request: web.Request) -> web.StreamResponse:
         body = await self._json_body(request)
         s = self.settings
-        req = parse_generation_request(endpoint, body, served_model=s.model_name,
-                                       max_model_len=s.engine.max_model_len,
-                                       vocab_size=s.vocab_size, adapters=self.adapters,
-                                       tokenizer=s.tokenizer)
+        req = parse_generation_request(endpoint, body, **self._served)
         request_id = new_request_id(endpoint)
         (seq,) = engine_sequences(req, request_id, self.runner.clock(), self.eos,
                                   s.engine.scheduling_policy)
@@ -410,11 +412,7 @@ class Emulator:
         """Each input is a prefill-only request to the engine (vLLM's pooling runner); the
         answer waits for all of them."""
         body = await self._json_body(request)
-        s = self.settings
-        req = parse_embedding_request(body, served_model=s.model_name,
-                                      max_model_len=s.engine.max_model_len,
-                                      vocab_size=s.vocab_size, adapters=self.adapters,
-                                      tokenizer=s.tokenizer)
+        req = parse_embedding_request(body, **self._served)
         request_id = f"embd-{uuid.uuid4().hex[:16]}"
         if not await self._pool(req, request_id):
             return web.Response(status=499)  # aborted: the client is gone
@@ -425,11 +423,7 @@ class Emulator:
         """``/pooling``, ``/classify``, ``/score`` and ``/rerank`` (emulator/pooling.py): every
         input a prefill-only request to the engine, the answer once all are done."""
         body = await self._json_body(request)
-        s = self.settings
-        req = parse_pooling_request(kind, body, served_model=s.model_name,
-                                    max_model_len=s.engine.max_model_len,
-                                    vocab_size=s.vocab_size, adapters=self.adapters,
-                                    tokenizer=s.tokenizer)
+        req = parse_pooling_request(kind, body, **self._served)
         request_id = new_pooling_id(kind)
         if not await self._pool(req, request_id):
             return web.Response(status=499)

@@ -69,13 +69,16 @@ def post(backend: Backend, path: str, body: Any) -> httpx.Response:
 
 
 def both(emulator: Backend, vllm: Backend, path: str, body: Any) -> tuple[Any, Any]:
-    """The two answers, each a 200."""
+    """The two answers, each a 200, alike in shape and usage."""
     answers = []
     for backend in (emulator, vllm):
         r = post(backend, path, body)
         assert r.status_code == 200, (backend.kind, r.text)
         answers.append(r.json())
-    return answers[0], answers[1]
+    ours, theirs = answers
+    assert shape(ours) == shape(theirs)
+    assert ours["usage"] == theirs["usage"]
+    return ours, theirs
 
 
 def shape(answer: Any) -> Any:
@@ -93,9 +96,7 @@ def test_rerank_ranks_every_document_with_vllm_s_usage(emulator: Backend,
                                                        path: str) -> None:
     answers = both(emulator, vllm_pooling_backend, path,
                    {"query": QUERY, "documents": DOCUMENTS})
-    ours, theirs = answers
-    assert shape(ours) == shape(theirs)
-    assert ours["usage"] == theirs["usage"]  # the query once, and each document
+    ours, theirs = answers  # the usage: the query once, and each document
     assert ours["id"].startswith("score-") and theirs["id"].startswith("score-")
     for answer in answers:
         results = answer["results"]
@@ -124,8 +125,6 @@ def test_score_scores_each_pair_with_vllm_s_usage(emulator: Backend,
                                                   vllm_pooling_backend: Backend, path: str,
                                                   body: dict[str, Any]) -> None:
     ours, theirs = both(emulator, vllm_pooling_backend, path, body)
-    assert shape(ours) == shape(theirs)
-    assert ours["usage"] == theirs["usage"]
     assert [d["index"] for d in ours["data"]] == [d["index"] for d in theirs["data"]]
     assert all(-1.0 - 1e-6 <= d["score"] <= 1.0 + 1e-6 for d in ours["data"] + theirs["data"])
 
@@ -145,10 +144,7 @@ def test_score_scores_each_pair_with_vllm_s_usage(emulator: Backend,
 def test_pooling_embeds_each_input_with_vllm_s_usage(emulator: Backend,
                                                      vllm_pooling_backend: Backend,
                                                      body: dict[str, Any]) -> None:
-    ours, theirs = both(emulator, vllm_pooling_backend, "/pooling", body)
-    assert shape(ours) == shape(theirs)
-    assert ours["usage"] == theirs["usage"]
-    for answer in (ours, theirs):
+    for answer in both(emulator, vllm_pooling_backend, "/pooling", body):
         assert answer["id"].startswith("pooling-")
         for item in answer["data"]:
             assert len(item["data"]) == EMBEDDING_SIZE
@@ -205,10 +201,7 @@ def test_pooling_without_activation_is_not_normalised(emulator: Backend,
 def test_classify_answers_two_labels_with_vllm_s_usage(emulator: Backend,
                                                        vllm_classifier: Backend,
                                                        body: dict[str, Any]) -> None:
-    ours, theirs = both(emulator, vllm_classifier, "/classify", body)
-    assert shape(ours) == shape(theirs)
-    assert ours["usage"] == theirs["usage"]
-    for answer in (ours, theirs):
+    for answer in both(emulator, vllm_classifier, "/classify", body):
         assert answer["id"].startswith("classify-")
         for item in answer["data"]:
             assert item["num_classes"] == len(item["probs"]) == 2
