@@ -163,7 +163,8 @@ def program_completion(a: Analysis, base: Analysis | None) -> Chart | None:
             name = (f"{tenant}{suffix}: p50 {c.p50:.1f} s, p90 {c.p90:.1f} s, "
                     f"p99 {c.p99:.1f} s ({values.size:,} programs)")
             q = np.linspace(0, 1, min(values.size, CDF_POINTS))
-            lines.append(Line(name, np.quantile(values, q), q, group=tenant + suffix,
+            # A tenant's colour in both runs, the baseline's dashed.
+            lines.append(Line(name, np.quantile(values, q), q, group=tenant,
                               dashed=bool(suffix)))
     if not lines:
         return None
