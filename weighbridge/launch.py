@@ -365,6 +365,23 @@ def _cluster(name: str, addresses: Sequence[tuple[str, int]], *, http2: bool = F
     return cluster
 
 
+# How Envoy finds a dead picker among replicas: the protocol's gRPC health service (liveness:
+# a picker with no ready endpoint still answers, with 503s) every second, traffic or none,
+# and a picker that refuses a stream's connection is ejected at once; with every replica
+# down, none is used (no panic routing to them all).
+_PICKER_HEALTH: dict[str, Any] = {
+    "health_checks": [{"timeout": "1s", "interval": "1s", "no_traffic_interval": "1s",
+                       "unhealthy_threshold": 1, "healthy_threshold": 1,
+                       "grpc_health_check": {"service_name": "liveness"}}],
+    "outlier_detection": {"split_external_local_origin_errors": True,
+                          "consecutive_local_origin_failure": 1,
+                          "enforcing_consecutive_local_origin_failure": 100,
+                          "interval": "1s", "base_ejection_time": "10s",
+                          "max_ejection_percent": 100},
+    "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+}
+
+
 def envoy_config(port: int, admin_port: int,
                  epp: Sequence[tuple[str, int]] | None,
                  modes: EnvoyModes = EnvoyModes(),
@@ -427,7 +444,7 @@ def envoy_config(port: int, admin_port: int,
         {"name": "pool", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED",
          "connect_timeout": "1s",
          "original_dst_lb_config": {"use_http_header": True, "http_header_name": DESTINATION}},
-        _cluster("epp", epp, http2=True),
+        {**_cluster("epp", epp, http2=True), **_PICKER_HEALTH},
     ]
     if fallback:
         clusters.append(_cluster("fallback", fallback))
