@@ -274,8 +274,9 @@ class LoadgenExporter:
                 self._scrape_errors += 1
             return False
         with self._lock:
-            self._stability.backend_sample(
-                sample.prompt_tokens_total + sample.generation_tokens_total, sample.at_s)
+            self._stability.backend_sample(  # a parsed scrape always has the counter
+                sample.prompt_tokens_total + (sample.generation_tokens_total or 0.0),
+                sample.at_s)
         return True
 
     def _scrape_loop(self) -> None:

@@ -52,41 +52,15 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal
 
 from weighbridge.sidecar.shape import EngineShape, ShapeLearner
+from weighbridge.vllm_metrics import BackendSample
 
 if TYPE_CHECKING:
     from weighbridge.sidecar.config import Admission
 
 GateMode = Literal["open", "headroom", "closed"]
-
-
-class ScrapedMetrics(Protocol):
-    """What the gate reads from a scrape (``weighbridge.vllm_metrics.BackendSample`` has these)."""
-
-    @property
-    def at_s(self) -> float: ...
-    @property
-    def waiting(self) -> float: ...
-    @property
-    def running(self) -> float: ...
-    @property
-    def kv_cache_usage(self) -> float | None: ...
-    @property
-    def generation_tokens_total(self) -> float | None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsSample:
-    """One scrape of a backend's /metrics. ``at_s`` is when the scrape was *sent* (sidecar
-    clock): dispatches after it are certainly not in it."""
-
-    at_s: float
-    waiting: float  # vllm:num_requests_waiting
-    running: float  # vllm:num_requests_running
-    kv_cache_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
-    generation_tokens_total: float | None = None  # vllm:generation_tokens_total (counter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,55 +159,18 @@ def derive_limits(admission: Admission, shape: EngineShape,
     which a larger engine's slots are learned. The KV reserve is the same fraction of the
     cache.
     """
-    learned = admission.max_running_per_backend is None
     slots = admission.max_running_per_backend or shape.slots
-    if admission.max_backend_waiting is not None:
-        waiting = admission.max_backend_waiting
-    elif slots is None:
-        waiting = WAITING_UNKNOWN_SLOTS
-    else:
-        waiting = max(2, slots // 8)
-    if not learned:
-        max_running = admission.max_running_per_backend
-    elif shape.slots is not None:
-        max_running = shape.slots + waiting
-        if "max_inflight_per_backend" in admission.model_fields_set:
-            # A configured in-flight cap bounds the fresh one too, as it always did.
-            max_running = min(max_running, admission.max_inflight_per_backend)
-    else:
-        max_running = None
+    waiting = _waiting_bound(admission, slots)
+    max_running = _running_cap(admission, shape, waiting)
     fresh_cap = max_running or admission.max_inflight_per_backend
     smallest = min(fresh_cap, admission.max_inflight_per_backend)
-    headroom_always = admission.headroom_slots is not None
-    if admission.headroom_slots is not None:
-        # Configured headroom means *running* slots kept free: above the learned slots the
-        # cap holds requests that wait in the engine, which free no slot for anyone.
-        headroom = admission.headroom_slots
-        if learned and shape.slots is not None:
-            headroom += max(0, fresh_cap - shape.slots)
-    elif tenant_aware and slots is not None and learned and not shape.slots_exact:
-        # The slots are a lower bound: a lone tenant may hold half the waiting bound past
-        # them (the probe that lets a larger engine show its size, sidecar.shape), and the
-        # other half stays for everyone else. An engine that has no more slots queues
-        # those few, which makes the count exact and brings the full headroom below.
-        headroom = max(1, waiting - waiting // 2)
-    elif tenant_aware and slots is not None:
-        headroom = fresh_cap - (slots - max(1, slots // 8))
-    else:
-        headroom = 0
+    headroom = _headroom(admission, shape, slots, waiting, fresh_cap, tenant_aware)
     headroom = max(0, min(headroom, smallest - 1))
 
     kv_blocks = admission.kv_cache_blocks or shape.kv_blocks
     block_size = admission.kv_block_size or shape.block_size or 16
     kv_on = admission.kv_aware and tenant_aware and kv_blocks is not None
-    reserve = 0
-    if kv_on:
-        assert kv_blocks is not None
-        if admission.kv_reserve_blocks is not None:
-            reserve = admission.kv_reserve_blocks
-        else:
-            reserve = math.ceil(kv_blocks * reserve_fraction(slots))
-        reserve = max(0, min(reserve, kv_blocks - 1))
+    reserve = _kv_reserve(admission, kv_blocks, slots) if kv_on else 0
 
     budget = admission.step_budget_tokens or DEFAULT_STEP_BUDGET
 
@@ -242,15 +179,7 @@ def derive_limits(admission: Admission, shape: EngineShape,
             return configured or None  # 0: no limit
         return budget * budgets if tenant_aware else None
 
-    if admission.metrics_poll_ms is not None:
-        poll = admission.metrics_poll_ms / 1000
-    else:
-        if shape.step_s is not None:
-            poll = min(max(POLL_STEPS * shape.step_s, POLL_BOUNDS_S[0]), POLL_BOUNDS_S[1])
-        else:
-            poll = DEFAULT_POLL_S
-        if shape.scrape_s is not None:
-            poll = max(poll, min(POLL_SCRAPE_MULTIPLE * shape.scrape_s, POLL_COST_CAP_S))
+    poll = _poll_s(admission, shape)
     return GateLimits(
         max_backend_waiting=waiting,
         min_decode_tokens_per_s=admission.min_decode_tokens_per_s,
@@ -258,7 +187,7 @@ def derive_limits(admission: Admission, shape: EngineShape,
         max_inflight=admission.max_inflight_per_backend,
         max_running=max_running,
         headroom_slots=headroom,
-        headroom_always=headroom_always,
+        headroom_always=admission.headroom_slots is not None,
         kv_blocks=kv_blocks if kv_on else None,
         block_size=block_size,
         kv_reserve_blocks=reserve,
@@ -266,6 +195,76 @@ def derive_limits(admission: Admission, shape: EngineShape,
         max_backend_prefill_tokens=prefill_limit(admission.max_backend_prefill_tokens, 2),
         poll_s=poll,
     )
+
+
+def _waiting_bound(admission: Admission, slots: int | None) -> int:
+    """W: the config's, else max(2, S/8), or 8 while S is unknown."""
+    if admission.max_backend_waiting is not None:
+        return admission.max_backend_waiting
+    if slots is None:
+        return WAITING_UNKNOWN_SLOTS
+    return max(2, slots // 8)
+
+
+def _running_cap(admission: Admission, shape: EngineShape, waiting: int) -> int | None:
+    """The fresh cap: the config's, else the learned slots plus the waiting bound (None
+    while they are unknown)."""
+    if admission.max_running_per_backend is not None:
+        return admission.max_running_per_backend
+    if shape.slots is None:
+        return None
+    max_running = shape.slots + waiting
+    if "max_inflight_per_backend" in admission.model_fields_set:
+        # A configured in-flight cap bounds the fresh one too, as it always did.
+        max_running = min(max_running, admission.max_inflight_per_backend)
+    return max_running
+
+
+def _headroom(admission: Admission, shape: EngineShape, slots: int | None, waiting: int,
+              fresh_cap: int, tenant_aware: bool) -> int:
+    """The slots kept for tenants under their share, before the caps bound it."""
+    learned = admission.max_running_per_backend is None
+    if admission.headroom_slots is not None:
+        # Configured headroom means *running* slots kept free: above the learned slots the
+        # cap holds requests that wait in the engine, which free no slot for anyone.
+        headroom = admission.headroom_slots
+        if learned and shape.slots is not None:
+            headroom += max(0, fresh_cap - shape.slots)
+        return headroom
+    if not tenant_aware or slots is None:
+        return 0
+    if learned and not shape.slots_exact:
+        # The slots are a lower bound: a lone tenant may hold half the waiting bound past
+        # them (the probe that lets a larger engine show its size, sidecar.shape), and the
+        # other half stays for everyone else. An engine that has no more slots queues
+        # those few, which makes the count exact and brings the full headroom below.
+        return max(1, waiting - waiting // 2)
+    return fresh_cap - (slots - max(1, slots // 8))
+
+
+def _kv_reserve(admission: Admission, kv_blocks: int | None, slots: int | None) -> int:
+    """The KV blocks above the watermark: the config's, else the slots' reserve fraction of
+    the cache; at most all but one block."""
+    assert kv_blocks is not None
+    if admission.kv_reserve_blocks is not None:
+        reserve = admission.kv_reserve_blocks
+    else:
+        reserve = math.ceil(kv_blocks * reserve_fraction(slots))
+    return max(0, min(reserve, kv_blocks - 1))
+
+
+def _poll_s(admission: Admission, shape: EngineShape) -> float:
+    """The scrape period: the config's, else POLL_STEPS engine steps within POLL_BOUNDS_S,
+    and at least POLL_SCRAPE_MULTIPLE scrapes' durations (up to POLL_COST_CAP_S)."""
+    if admission.metrics_poll_ms is not None:
+        return admission.metrics_poll_ms / 1000
+    if shape.step_s is not None:
+        poll = min(max(POLL_STEPS * shape.step_s, POLL_BOUNDS_S[0]), POLL_BOUNDS_S[1])
+    else:
+        poll = DEFAULT_POLL_S
+    if shape.scrape_s is not None:
+        poll = max(poll, min(POLL_SCRAPE_MULTIPLE * shape.scrape_s, POLL_COST_CAP_S))
+    return poll
 
 
 class AdmissionGate:
@@ -279,7 +278,7 @@ class AdmissionGate:
         self._derive = derive
         self._learner = ShapeLearner()
         self._inflight = 0
-        self._sample: ScrapedMetrics | None = None
+        self._sample: BackendSample | None = None
         self._decode_per_seq: float | None = None  # tokens/s per running sequence
         self._dispatched_since = 0
         self._finished_since = 0
@@ -319,7 +318,7 @@ class AdmissionGate:
         self._inflight -= 1
         self._finished_since += 1
 
-    def observe(self, sample: ScrapedMetrics) -> None:
+    def observe(self, sample: BackendSample) -> None:
         previous = self._sample
         if previous is not None and sample.at_s < previous.at_s:
             return  # a late answer to an older scrape: keep the newer view
@@ -434,7 +433,7 @@ class AdmissionGate:
         }
 
 
-def _decode_per_seq(previous: ScrapedMetrics | None, sample: ScrapedMetrics) -> float | None:
+def _decode_per_seq(previous: BackendSample | None, sample: BackendSample) -> float | None:
     """Generation tokens/s per running sequence between two scrapes, or None when it cannot
     be known (first scrape, no counter, counter reset by an engine restart, nothing ran, or
     nothing ran at one of the two scrapes). An interval that starts or ends with an idle

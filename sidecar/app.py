@@ -342,9 +342,10 @@ class Sidecar:
         return metrics
 
     def _on_sample(self, backend: str, sample: BackendSample) -> None:
+        generated = sample.generation_tokens_total or 0.0  # a parsed scrape always has it
         self.stability.observe_backend(backend, sample.at_s,
-                                       sample.prompt_tokens_total + sample.generation_tokens_total,
-                                       sample.generation_tokens_total, sample.running)
+                                       sample.prompt_tokens_total + generated, generated,
+                                       sample.running)
 
     async def _tick(self) -> None:
         # Gates reopen with time alone (metrics go stale, the fallback cap applies). Every

@@ -162,8 +162,8 @@ def _part(kind: Literal["fairness", "ordering", "scorer", "picker"]) -> Any:
         known = registered(kind)
         if name not in known:
             raise PydanticCustomError("plugin", "unknown {kind} {name}: one of {known}",
-                                      {"kind": kind, "name": repr(name),
-                                       "known": ", ".join(known)})
+                                      {"kind": "fairness policy" if kind == "fairness" else kind,
+                                       "name": repr(name), "known": ", ".join(known)})
         return name
 
     return PlainValidator(check, json_schema_input_type=str)
@@ -753,8 +753,25 @@ class Config(_Model):
 
     @model_validator(mode="after")
     def _cross_check(self) -> Config:
-        issues: list[Issue] = []
+        issues = self._tier_issues()
+        key_owner, key_issues = self._key_owners()
+        issues += key_issues + self._backend_issues()
+        if issues:
+            raise conflicts(issues)
+        has_model_limits = any(t.model_limits for t in self.tenants.values()) or any(
+            m.tenant_limits != RateLimits() for m in self.models.values())
+        if has_model_limits and self.default_model is None:
+            self._warnings.append(
+                "default_model: not set, so a request without `model` meets no per-model "
+                "limit; set it to the model the backends serve such requests with")
+        if not self.tenants:
+            self._warnings.append("tenants: no tenants defined; every request will get 401")
+        self._admin_digests = frozenset(d for d, loc in key_owner.items() if loc[0] != "tenants")
+        return self
 
+    def _tier_issues(self) -> list[Issue]:
+        """Ranks used twice; tenants of an unknown tier."""
+        issues: list[Issue] = []
         rank_owner: dict[int, str] = {}
         for name, tier in self.tiers.items():
             if tier.rank in rank_owner:
@@ -775,8 +792,13 @@ class Config(_Model):
                         f"unknown tier '{tenant.tier}'; defined tiers: " + ", ".join(self.tiers),
                     )
                 )
+        return issues
 
+    def _key_owners(self) -> tuple[dict[str, tuple[str | int, ...]], list[Issue]]:
+        """Where each key (by digest) is declared, and the keys declared twice; the tenants'
+        keys are learned (``_tenant_by_digest``) and plain-text keys warned of."""
         # Keys are compared by digest, so 'plain:k' and 'sha256:<sha of k>' are one key.
+        issues: list[Issue] = []
         key_owner: dict[str, tuple[str | int, ...]] = {}
         by_digest: dict[str, str] = {}
         owners: list[tuple[tuple[str | int, ...], ApiKey, str | None]] = [
@@ -803,7 +825,12 @@ class Config(_Model):
                     f"{dotted(loc)}: plain-text API key; store its sha256 digest "
                     "(or use env:VAR) outside tests and demos"
                 )
+        self._tenant_by_digest = by_digest
+        return key_owner, issues
 
+    def _backend_issues(self) -> list[Issue]:
+        """Backend names and URLs declared twice."""
+        issues: list[Issue] = []
         first_with: dict[str, int] = {}
         for i, backend in enumerate(self.backends):
             for attr in ("name", "url"):
@@ -817,20 +844,7 @@ class Config(_Model):
                             f"duplicate backend {attr} '{shown}' (also backends.{seen}.{attr})",
                         )
                     )
-
-        if issues:
-            raise conflicts(issues)
-        has_model_limits = any(t.model_limits for t in self.tenants.values()) or any(
-            m.tenant_limits != RateLimits() for m in self.models.values())
-        if has_model_limits and self.default_model is None:
-            self._warnings.append(
-                "default_model: not set, so a request without `model` meets no per-model "
-                "limit; set it to the model the backends serve such requests with")
-        if not self.tenants:
-            self._warnings.append("tenants: no tenants defined; every request will get 401")
-        self._tenant_by_digest = by_digest
-        self._admin_digests = frozenset(d for d, loc in key_owner.items() if loc[0] != "tenants")
-        return self
+        return issues
 
     # ----------------------------------------------------------------- lookups
 

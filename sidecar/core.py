@@ -38,8 +38,8 @@ While a request is in flight::
   A client that disconnects while its request is still queued: ``core.cancel(id, now)``.
   A backend that fails: ``core.mark_backend_unhealthy(name)`` (then ``on_failed`` for its
   streams, or ``dispatch_failed`` for requests it refused); ``mark_backend_healthy`` when the
-  probe succeeds. Scrapes: ``core.on_backend_metrics(name, sample)`` (any object with
-  ``ScrapedMetrics``' fields, e.g. ``scrape.BackendSample``); a failed
+  probe succeeds. Scrapes: ``core.on_backend_metrics(name, sample)`` (the scrape
+  contract, ``weighbridge.vllm_metrics.BackendSample``); a failed
   scrape needs no call (the last sample goes stale and the fallback cap applies).
 
 Streamed tokens
@@ -72,7 +72,6 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from weighbridge.sidecar.admission import (
     AdmissionGate,
     GateLimits,
-    ScrapedMetrics,
     derive_limits,
     vllm_priority,
 )
@@ -95,6 +94,7 @@ from weighbridge.sidecar.routing import Route
 from weighbridge.sidecar.scheduler import Scheduler
 from weighbridge.sidecar.shape import EngineShape
 from weighbridge.sidecar.stability import current_pools, learned_step_s, step_budget
+from weighbridge.vllm_metrics import BackendSample
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -524,7 +524,7 @@ class SchedulingCore:
             # The backlog and early rejection count what the engine computes: the most any
             # backend of the pool holds (where prefix_aware sends it); dispatch re-predicts.
             request.predicted_cached_tokens = max(
-                self._predicted_cached(name, request) for name in backends)
+                self.fleet[name].predicted_cached(request) for name in backends)
         scheduler = pool.scheduler
         service_s = self._decode_s(request, backends) if deadline_covers_output else 0.0
         if scheduler.holds_requests and pool.predictor.deadline_unmeetable(request, now,
@@ -600,27 +600,6 @@ class SchedulingCore:
         return self._dispatch(decision.pool, decision.request, decision.backend, now,
                               decision.slots)
 
-    def _shared_blocks(self, backend: str, request: QueuedRequest) -> tuple[int, ...]:
-        """The prompt's full blocks as ``backend``'s engine names them, where it shares them
-        between requests (its prefix cache is on and reported, and the index cuts the
-        prompt in the engine's blocks); else none: the KV footprint counts it whole."""
-        record = self.fleet[backend]
-        prefix, index = request.prefix, record.prefix
-        block_size = record.kv.block_size
-        if prefix is None or not index.capacity_blocks or not record.reporting \
-                or index.block_size != block_size \
-                or prefix.tokens_per_block(block_size) != block_size:
-            return ()
-        return prefix.blocks(block_size)
-
-    def _predicted_cached(self, backend: str, request: QueuedRequest) -> int:
-        """The prompt tokens ``backend``'s prefix cache should hold for the request, where
-        its answers have shown they say so (``reporting``); else none."""
-        record = self.fleet[backend]
-        if request.prefix is None or not record.reporting:
-            return 0
-        return record.prefix.predict(request.prefix, request.prompt_tokens)
-
     def dispatch_ready(self, now: float) -> Iterator[Dispatch]:
         """Every dispatch possible now (the selector chain repeated until a gate closes or
         the queue empties)."""
@@ -638,7 +617,7 @@ class SchedulingCore:
         # each of its n answers is an engine request.
         self._count_sent(backend, request.prompt_tokens * request.sequences)
         if request.prefix is not None:
-            request.predicted_cached_tokens = self._predicted_cached(backend, request)
+            request.predicted_cached_tokens = record.predicted_cached(request)
             index.sent(request.prefix)
             if self._record.sharing and index.retained_blocks:
                 self._record.sent_prefixes.append((backend, index.block_size,
@@ -651,7 +630,7 @@ class SchedulingCore:
         self.route.dispatched(request, record, self.fleet)
         self.ledger.dispatch(request.id)
         record.kv.add(request.id, request.tenant, request.prompt_tokens,
-                      request.estimated_output_tokens, self._shared_blocks(backend, request))
+                      request.estimated_output_tokens, record.shared_blocks(request))
         self._reported[request.id] = 0
         # Pacing counts what the engine prefills: a cached prompt costs it nothing.
         if request.computed_prompt_tokens > 0:
@@ -861,14 +840,7 @@ class SchedulingCore:
 
     def _end_prefill(self, request: QueuedRequest) -> None:
         assert request.backend is not None
-        prefilling = self.fleet[request.backend].prefilling
-        if not prefilling:
-            return  # a prompt with nothing to compute (all cached) was never counted
-        left = prefilling[request.tenant] - request.computed_prompt_tokens
-        if left > 0:
-            prefilling[request.tenant] = left
-        else:
-            del prefilling[request.tenant]  # a Counter: no error when it was never counted
+        self.fleet[request.backend].prefilled(request.tenant, request.computed_prompt_tokens)
 
     @staticmethod
     def _observe_served(pool: Pool, tokens: int, now: float) -> None:
@@ -877,25 +849,10 @@ class SchedulingCore:
     # ------------------------------------------------------------------ backends
 
     @_entry
-    def on_backend_metrics(self, backend: str, sample: ScrapedMetrics) -> None:
+    def on_backend_metrics(self, backend: str, sample: BackendSample) -> None:
         record = self.fleet.get(backend)
-        if record is None:
-            return  # drained and forgotten since the scrape was sent
-        record.gate.observe(sample)
-        record.kv_cache_usage = sample.kv_cache_usage
-        # vllm:cache_config_info's cache shape bounds what the prefix index may hold; an
-        # engine without prefix caching, or whose answers say nothing of it, holds none.
-        kv_blocks = getattr(sample, "kv_blocks", None)
-        block_size = getattr(sample, "block_size", None)
-        if getattr(sample, "prefix_caching", None) is False or record.unreported:
-            kv_blocks = 0
-        if kv_blocks is not None and block_size:
-            record.prefix.resize(int(kv_blocks), int(block_size))
-        # The engine's lookups against the prompts sent it: the share of its cache they hold.
-        queries = getattr(sample, "prefix_cache_queries_total", None)
-        if queries is not None:
-            record.prefix.observe_engine(
-                sample.at_s, queries, getattr(sample, "prefix_cache_hits_total", None))
+        if record is not None:  # else drained and forgotten since the scrape was sent
+            record.observe(sample)
 
     def poll_period_s(self, backend: str | None = None) -> float:
         """How often to scrape ``backend`` (derived from its step time unless configured);

@@ -32,6 +32,8 @@ from weighbridge.sidecar.prefix import PrefixIndex
 
 if TYPE_CHECKING:
     from weighbridge.sidecar.config import Backend as BackendConfig
+    from weighbridge.sidecar.request import QueuedRequest
+    from weighbridge.vllm_metrics import BackendSample
 
 __all__ = ["Backend", "Fleet"]
 
@@ -73,6 +75,53 @@ class Backend:
     def inflight(self) -> int:
         """Requests of ours in flight there (the gate counts them)."""
         return self.gate.inflight
+
+    def observe(self, sample: BackendSample) -> None:
+        """A scrape of its /metrics: the gate's view, and the prefix cache's shape and
+        lookups."""
+        self.gate.observe(sample)
+        self.kv_cache_usage = sample.kv_cache_usage
+        # vllm:cache_config_info's cache shape bounds what the prefix index may hold; an
+        # engine without prefix caching, or whose answers say nothing of it, holds none.
+        kv_blocks, block_size = sample.kv_blocks, sample.block_size
+        if sample.prefix_caching is False or self.unreported:
+            kv_blocks = 0
+        if kv_blocks is not None and block_size:
+            self.prefix.resize(int(kv_blocks), int(block_size))
+        # The engine's lookups against the prompts sent it: the share of its cache they hold.
+        queries = sample.prefix_cache_queries_total
+        if queries is not None:
+            self.prefix.observe_engine(sample.at_s, queries, sample.prefix_cache_hits_total)
+
+    def predicted_cached(self, request: QueuedRequest) -> int:
+        """The prompt tokens its prefix cache should hold for the request, where its answers
+        have shown they say so (``reporting``); else none."""
+        if request.prefix is None or not self.reporting:
+            return 0
+        return self.prefix.predict(request.prefix, request.prompt_tokens)
+
+    def shared_blocks(self, request: QueuedRequest) -> tuple[int, ...]:
+        """The prompt's full blocks as its engine names them, where it shares them between
+        requests (its prefix cache is on and reported, and the index cuts the prompt in the
+        engine's blocks); else none: the KV footprint counts it whole."""
+        prefix, index = request.prefix, self.prefix
+        block_size = self.kv.block_size
+        if prefix is None or not index.capacity_blocks or not self.reporting \
+                or index.block_size != block_size \
+                or prefix.tokens_per_block(block_size) != block_size:
+            return ()
+        return prefix.blocks(block_size)
+
+    def prefilled(self, tenant: str, tokens: int) -> None:
+        """A prompt of ``tenant`` that counted ``tokens`` toward pacing left prefill."""
+        prefilling = self.prefilling
+        if not prefilling:
+            return  # a prompt with nothing to compute (all cached) was never counted
+        left = prefilling[tenant] - tokens
+        if left > 0:
+            prefilling[tenant] = left
+        else:
+            del prefilling[tenant]  # a Counter: no error when it was never counted
 
     def snapshot(self, now: float) -> dict[str, Any]:
         """What /admin/state shows of it."""

@@ -334,10 +334,12 @@ class CoreCollector(Collector):
             if sample is not None:
                 waiting.add_metric([name], sample.waiting)
                 running.add_metric([name], sample.running)
-                kv.add_metric([name], sample.kv_cache_usage)
+                if sample.kv_cache_usage is not None:
+                    kv.add_metric([name], sample.kv_cache_usage)
                 age.add_metric([name], now - sample.at_s)
                 prompt.add_metric([name], sample.prompt_tokens_total)
-                generation.add_metric([name], sample.generation_tokens_total)
+                if sample.generation_tokens_total is not None:
+                    generation.add_metric([name], sample.generation_tokens_total)
                 preemptions.add_metric([name], sample.preemptions_total)
         yield from (healthy, inflight, outstanding, prefilling, cap, waiting, running, kv, speed,
                     processed, age, prompt, generation, preemptions, errors)

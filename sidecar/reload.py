@@ -42,14 +42,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from weighbridge.sidecar.config import Config, ConfigError, load_config
+from weighbridge.sidecar.config import Backend, Config, ConfigError, load_config
 
 __all__ = ["RESTART_ONLY", "ConfigCollector", "ConfigHolder", "ReadError", "ReloadPlan",
            "ReloadRefused", "config_version", "plan", "read_config"]
@@ -129,54 +129,21 @@ def plan(old: Config, new: Config, draining: Collection[str] = (),
     for name in RESTART_ONLY:
         if getattr(old, name) != getattr(new, name):
             issues.append((name, _RESTART))
-    if set(old.tiers) != set(new.tiers):
-        issues.append(("tiers", "adding or removing a tier needs a restart"))
     other: list[str] = []
-    for name in sorted(set(old.tiers) & set(new.tiers)):
-        before, after = old.tiers[name], new.tiers[name]
-        if before.rank != after.rank:
-            issues.append((f"tiers.{name}.rank", _RESTART))
-        elif before != after:
-            other.append(f"tiers.{name}")
-    if set(old.endpoints) != set(new.endpoints):
-        issues.append(("endpoints", "adding or removing an endpoint needs a restart"))
-    for path in sorted(set(old.endpoints) & set(new.endpoints)):
-        was, now = old.endpoints[path], new.endpoints[path]
-        if _without(was.model_dump(), *_ENDPOINT_LIVE) != \
-                _without(now.model_dump(), *_ENDPOINT_LIVE):
-            issues.append((f"endpoints.{path}", "only " + " and ".join(_ENDPOINT_LIVE)
-                           + " may change without a restart"))
-        elif was != now:
-            other.append(f"endpoints.{path}")
+    _tier_changes(old, new, issues, other)
+    _endpoint_changes(old, new, issues, other)
     if old.models != new.models:
         other.append("models")
     for name in ("max_tokens_limit", "client_body_timeout_ms"):
         if getattr(old, name) != getattr(new, name):
             other.append(name)
-
     before_backends = {b.name: b for b in old.backends}
-    for i, backend in enumerate(new.backends):
-        kept = before_backends.get(backend.name)
-        if kept is not None and kept != backend:
-            issues.append((f"backends.{i}", f"backend {backend.name!r} changed; remove it "
-                           "and add it under another name (it drains), or restart"))
-        elif kept is None and backend.name in draining:
-            issues.append((f"backends.{i}.name", f"backend {backend.name!r} is still "
-                           "draining; add it again once it has drained, or under another name"))
+    issues += _backend_issues(before_backends, new, draining)
     if issues:
         raise ReloadRefused(source, issues)
 
     after_backends = {b.name for b in new.backends}
-    tenants_changed, keys_changed = [], []
-    for name in old.tenants.keys() & new.tenants.keys():
-        before_t, after_t = old.tenants[name], new.tenants[name]
-        if before_t == after_t:
-            continue  # most of them: no dump to compare
-        if {k.digest for k in before_t.api_keys} != {k.digest for k in after_t.api_keys}:
-            keys_changed.append(name)
-        if _without(before_t.model_dump(), "api_keys") != \
-                _without(after_t.model_dump(), "api_keys"):
-            tenants_changed.append(name)
+    tenants_changed, keys_changed = _tenant_changes(old, new)
     return ReloadPlan(
         tenants_added=tuple(n for n in new.tenants if n not in old.tenants),
         tenants_removed=tuple(n for n in old.tenants if n not in new.tenants),
@@ -189,6 +156,64 @@ def plan(old: Config, new: Config, draining: Collection[str] = (),
         other=tuple(other),
         version=config_version(new),
     )
+
+
+def _tier_changes(old: Config, new: Config, issues: list[tuple[str, str]],
+                  other: list[str]) -> None:
+    """A tier added, removed or ranked anew needs a restart; its other fields change live."""
+    if set(old.tiers) != set(new.tiers):
+        issues.append(("tiers", "adding or removing a tier needs a restart"))
+    for name in sorted(set(old.tiers) & set(new.tiers)):
+        before, after = old.tiers[name], new.tiers[name]
+        if before.rank != after.rank:
+            issues.append((f"tiers.{name}.rank", _RESTART))
+        elif before != after:
+            other.append(f"tiers.{name}")
+
+
+def _endpoint_changes(old: Config, new: Config, issues: list[tuple[str, str]],
+                      other: list[str]) -> None:
+    """An endpoint added or removed, or changed beyond its live fields, needs a restart."""
+    if set(old.endpoints) != set(new.endpoints):
+        issues.append(("endpoints", "adding or removing an endpoint needs a restart"))
+    for path in sorted(set(old.endpoints) & set(new.endpoints)):
+        was, now = old.endpoints[path], new.endpoints[path]
+        if _without(was.model_dump(), *_ENDPOINT_LIVE) != \
+                _without(now.model_dump(), *_ENDPOINT_LIVE):
+            issues.append((f"endpoints.{path}", "only " + " and ".join(_ENDPOINT_LIVE)
+                           + " may change without a restart"))
+        elif was != now:
+            other.append(f"endpoints.{path}")
+
+
+def _backend_issues(before: Mapping[str, Backend], new: Config,
+                    draining: Collection[str]) -> list[tuple[str, str]]:
+    """A kept backend changed, or a new one under a name still draining."""
+    issues: list[tuple[str, str]] = []
+    for i, backend in enumerate(new.backends):
+        kept = before.get(backend.name)
+        if kept is not None and kept != backend:
+            issues.append((f"backends.{i}", f"backend {backend.name!r} changed; remove it "
+                           "and add it under another name (it drains), or restart"))
+        elif kept is None and backend.name in draining:
+            issues.append((f"backends.{i}.name", f"backend {backend.name!r} is still "
+                           "draining; add it again once it has drained, or under another name"))
+    return issues
+
+
+def _tenant_changes(old: Config, new: Config) -> tuple[list[str], list[str]]:
+    """The kept tenants whose settings changed, and those whose keys changed."""
+    tenants_changed, keys_changed = [], []
+    for name in old.tenants.keys() & new.tenants.keys():
+        before_t, after_t = old.tenants[name], new.tenants[name]
+        if before_t == after_t:
+            continue  # most of them: no dump to compare
+        if {k.digest for k in before_t.api_keys} != {k.digest for k in after_t.api_keys}:
+            keys_changed.append(name)
+        if _without(before_t.model_dump(), "api_keys") != \
+                _without(after_t.model_dump(), "api_keys"):
+            tenants_changed.append(name)
+    return tenants_changed, keys_changed
 
 
 @dataclass(frozen=True, slots=True)

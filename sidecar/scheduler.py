@@ -122,22 +122,17 @@ class Scheduler:
                 "ordering", "shortest_prompt_first" if shortest_prompt_first else ordering)
         except UnknownPlugin as e:
             raise ValueError(str(e)) from None
-        self._fairness = traits = fairness
+        self._fairness = fairness
         self._rank = order.rank
         self._service = fairness.service
         self._selector = TierSelector(tiers, anti_starvation_weight)
         self._tiers = {name: _Tier(name, rank, fairness()) for name, rank in tiers.items()}
-        weight_blind = not traits.weighted
-        self._tenants: dict[str, _Tenant] = {}
-        for name, spec in tenants.items():
-            if spec.tier not in self._tiers:
-                raise ValueError(f"tenant {name!r}: unknown tier {spec.tier!r}")
-            if not spec.weight > 0:
-                raise ValueError(f"tenant {name!r}: weight must be positive")
-            self._tenants[name] = _Tenant(name, spec, 1.0 if weight_blind else spec.weight)
+        self._check(tenants)
+        self._tenants = {name: _Tenant(name, spec, self._weight(spec))
+                         for name, spec in tenants.items()}
         self._endpoints = dict(endpoints or {})
         self._repeat_demotion = repeat_demotion
-        self._charge_streamed = charge_streamed_tokens and traits.costs_tokens
+        self._charge_streamed = charge_streamed_tokens and fairness.costs_tokens
         self._seq = itertools.count()
         self._queued_index: dict[str, QueuedRequest] = {}
         self._dispatched: dict[str, QueuedRequest] = {}
@@ -185,12 +180,7 @@ class Scheduler:
         queues, in-flight count and DRR credit and takes its new spec (a new weight counts
         from the next decision); a new one starts empty; a removed one must have nothing
         queued (end those first) and is forgotten once nothing of it is in flight."""
-        weight_blind = not self._fairness.weighted
-        for name, spec in tenants.items():
-            if spec.tier not in self._tiers:
-                raise ValueError(f"tenant {name!r}: unknown tier {spec.tier!r}")
-            if not spec.weight > 0:
-                raise ValueError(f"tenant {name!r}: weight must be positive")
+        self._check(tenants)
         for name in [n for n in self._tenants if n not in tenants]:
             gone = self._tenants[name]
             if gone.queued:
@@ -198,24 +188,38 @@ class Scheduler:
             self._retired.add(name)
             self._forget_retired(gone)
         for name, spec in tenants.items():
-            weight = 1.0 if weight_blind else spec.weight
             tenant = self._tenants.get(name)
             self._retired.discard(name)
             if tenant is None:
-                self._tenants[name] = _Tenant(name, spec, weight)
-                continue
-            tenant.spec = spec
-            delta, tenant.weight = weight - tenant.weight, weight
-            if not delta:
-                continue
-            if tenant.active:
-                self._active_weight += delta
-            for tier_name, queue in tenant.queues.items():
-                tier = self._tiers[tier_name]
-                if queue:
-                    tier.backlogged_weight += delta
-                if self._fairness.per_tenant and name in tier.flows:
-                    tier.flows.add(name, weight)
+                self._tenants[name] = _Tenant(name, spec, self._weight(spec))
+            else:
+                tenant.spec = spec
+                self._reweigh(tenant, self._weight(spec))
+
+    def _check(self, tenants: Mapping[str, TenantSpec]) -> None:
+        for name, spec in tenants.items():
+            if spec.tier not in self._tiers:
+                raise ValueError(f"tenant {name!r}: unknown tier {spec.tier!r}")
+            if not spec.weight > 0:
+                raise ValueError(f"tenant {name!r}: weight must be positive")
+
+    def _weight(self, spec: TenantSpec) -> float:
+        """The weight the policy gives a tenant: its own, or 1 where weights do not count."""
+        return spec.weight if self._fairness.weighted else 1.0
+
+    def _reweigh(self, tenant: _Tenant, weight: float) -> None:
+        """A kept tenant's new weight, counted from the next decision."""
+        delta, tenant.weight = weight - tenant.weight, weight
+        if not delta:
+            return
+        if tenant.active:
+            self._active_weight += delta
+        for tier_name, queue in tenant.queues.items():
+            tier = self._tiers[tier_name]
+            if queue:
+                tier.backlogged_weight += delta
+            if self._fairness.per_tenant and tenant.name in tier.flows:
+                tier.flows.add(tenant.name, weight)
 
     def _forget_retired(self, tenant: _Tenant) -> None:
         """A removed tenant leaves once nothing of it is queued or in flight."""

@@ -57,20 +57,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Protocol
 
-
-class ShapeMetrics(Protocol):
-    """The scrape fields the learner reads (``weighbridge.vllm_metrics.BackendSample`` has them)."""
-
-    @property
-    def at_s(self) -> float: ...
-    @property
-    def waiting(self) -> float: ...
-    @property
-    def running(self) -> float: ...
-    @property
-    def generation_tokens_total(self) -> float | None: ...
+from weighbridge.vllm_metrics import BackendSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +85,14 @@ class ShapeLearner:
     def __init__(self, saturated_wait_steps: float = SATURATED_WAIT_STEPS) -> None:
         self._wait_steps = saturated_wait_steps
         self._shape = EngineShape()
-        self._previous: ShapeMetrics | None = None
+        self._previous: BackendSample | None = None
         self._scrape_durations: deque[float] = deque(maxlen=SCRAPE_WINDOW)
 
     @property
     def shape(self) -> EngineShape:
         return self._shape
 
-    def observe(self, sample: ShapeMetrics, fallback_step_s: float) -> EngineShape:
+    def observe(self, sample: BackendSample, fallback_step_s: float) -> EngineShape:
         """Learn from one more scrape (in scrape order; an older one is ignored).
         ``fallback_step_s`` stands for the step time until one is measured (the poll
         period is a safe choice: a wait longer than a poll is certainly not one step)."""
@@ -113,11 +101,10 @@ class ShapeLearner:
             return self._shape
         self._previous = sample
         shape = self._shape
-        kv_blocks = getattr(sample, "kv_blocks", None)
-        block_size = getattr(sample, "block_size", None)
+        kv_blocks, block_size = sample.kv_blocks, sample.block_size
         if kv_blocks and block_size:
             shape = replace(shape, kv_blocks=int(kv_blocks), block_size=int(block_size))
-        scrape_s = getattr(sample, "scrape_s", None)
+        scrape_s = sample.scrape_s
         if scrape_s is not None and scrape_s >= 0:
             self._scrape_durations.append(scrape_s)
             shape = replace(shape, scrape_s=statistics.median(self._scrape_durations))
@@ -150,7 +137,7 @@ class ShapeLearner:
         return self._shape
 
 
-def _step_s(previous: ShapeMetrics, sample: ShapeMetrics) -> float | None:
+def _step_s(previous: BackendSample, sample: BackendSample) -> float | None:
     before, after = previous.generation_tokens_total, sample.generation_tokens_total
     running = (previous.running + sample.running) / 2
     if before is None or after is None or after <= before or running <= 0:
@@ -159,13 +146,13 @@ def _step_s(previous: ShapeMetrics, sample: ShapeMetrics) -> float | None:
     return 1.0 / per_seq
 
 
-def _waited_long(previous: ShapeMetrics, sample: ShapeMetrics, threshold_s: float) -> bool:
+def _waited_long(previous: BackendSample, sample: BackendSample, threshold_s: float) -> bool:
     """Whether the requests that finished between two scrapes had waited in the engine's
     queue longer than ``threshold_s`` on average. vLLM observes a request's queue time when
     it finishes, so the evidence lags by a request's lifetime; saturation that lasts is seen
     all the same. False when unknown (not exported, counters reset, nothing finished)."""
-    s0, c0 = getattr(previous, "queue_time_sum", None), getattr(previous, "queue_time_count", None)
-    s1, c1 = getattr(sample, "queue_time_sum", None), getattr(sample, "queue_time_count", None)
+    s0, c0 = previous.queue_time_sum, previous.queue_time_count
+    s1, c1 = sample.queue_time_sum, sample.queue_time_count
     if s0 is None or c0 is None or s1 is None or c1 is None or c1 <= c0 or s1 < s0:
         return False
     return bool((s1 - s0) / (c1 - c0) >= threshold_s)

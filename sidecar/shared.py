@@ -60,6 +60,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 import redis.asyncio as aioredis
@@ -316,6 +317,16 @@ def _unfield(text: str) -> list[str]:
 class _Pending:
     request: QueuedRequest
     delta: int
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    """What one sync tells the others, taken from the replica."""
+
+    booked: dict[tuple[str, str, str], float]  # service per (pool, tier, tenant)
+    observations: list[tuple[str, str, int]]  # (tenant, endpoint, output tokens)
+    sent: list[tuple[str, int, tuple[int, ...]]]  # prompts sent: (backend, block size, blocks)
+    sent_tokens: dict[str, int]  # prompt tokens sent per backend
 
 
 class SharedState:
@@ -577,55 +588,19 @@ class SharedState:
         """One full exchange: charges owed, this replica's service, load and estimates'
         observations; back come the totals of the tenants queued here, the others' load
         and the shared estimates."""
-        replica = self.replica
-        for request, delta in replica.take_charges():
-            self._pending.append(_Pending(request, delta))
-        if len(self._pending) > MAX_PENDING_CHARGES:
-            self.dropped_charges += len(self._pending) - MAX_PENDING_CHARGES
-            del self._pending[:len(self._pending) - MAX_PENDING_CHARGES]
-        booked = replica.take_booked()
-        observations = replica.take_observations()
-        sent = replica.take_sent_prefixes()  # while down, lost: only cache hits elsewhere
-        # Lost while down too: the others then see this replica's prompts as unseen clients'.
-        sent_tokens = replica.take_sent_tokens()
+        out = self._take()
         if not self.up:
             # Service and estimates while down stay this replica's own: when Redis is back,
             # the others judge from its totals as they stand then.
-            replica.set_foreign_load({})
+            self.replica.set_foreign_load({})
             return
         owed = self._owed_specs()
-        wanted = sorted(set(booked) | set(replica.queued_flows()))
+        wanted = sorted(set(out.booked) | set(self.replica.queued_flows()))
         pending, self._pending = self._pending, []
         try:
             async with asyncio.timeout(max(self._timeout_s * 4, 0.05)):
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    for charge in pending:
-                        await self._queue_adjust(pipe, charge)
-                    if owed:
-                        await self._adjust(
-                            keys=[bucket_key(self._prefix, s.scope, s.name) for s, _ in owed],
-                            args=[a for s, d in owed for a in _bucket_args(s, d)], client=pipe)
-                    for key, turns in booked.items():
-                        pipe.hincrbyfloat(self._served_key, _field(*key), turns)
-                    if wanted:
-                        pipe.hmget(self._served_key, [_field(*key) for key in wanted])
-                    await self._load(keys=self._load_keys(), args=self._load_args(),
-                                     client=pipe)
-                    if observations:
-                        args: list[str | float] = [replica.estimate_alpha]
-                        for tenant, endpoint, tokens in observations:
-                            args += [_field(tenant, endpoint), tokens]
-                        # Queued on the pipeline (a script call on a pipeline only queues).
-                        await self._estimates(keys=[self._estimates_key], args=args,
-                                              client=pipe)
-                    if sent or sent_tokens:
-                        pipe.xadd(self._prefixes_key, {"r": self.replica_id,
-                                                       "d": orjson.dumps(sent).decode(),
-                                                       "t": orjson.dumps(sent_tokens).decode()},
-                                  maxlen=PREFIX_STREAM_LEN, approximate=True)
-                    start = self._prefixes_read
-                    pipe.xrange(self._prefixes_key, min=start if start == "-" else f"({start}",
-                                count=PREFIX_READ_COUNT)
+                    await self._queue_sync(pipe, out, pending, owed, wanted)
                     results = await pipe.execute()
         except (RedisError, OSError, TimeoutError) as e:
             self._pending = pending + self._pending  # owed still, in order
@@ -639,8 +614,58 @@ class SharedState:
         if owed:
             levels = results[len(pending)]
             self._read([s for s, _ in owed], levels[0], levels[1:])
-        results = results[len(pending) + bool(owed) + len(booked):]
         self._syncs_done += 1
+        self._read_exchange(results[len(pending) + bool(owed) + len(out.booked):], out, wanted)
+
+    def _take(self) -> _Outgoing:
+        """What this replica owes the others since the last sync (charges join the
+        pending ones, the oldest dropped past MAX_PENDING_CHARGES)."""
+        replica = self.replica
+        for request, delta in replica.take_charges():
+            self._pending.append(_Pending(request, delta))
+        if len(self._pending) > MAX_PENDING_CHARGES:
+            self.dropped_charges += len(self._pending) - MAX_PENDING_CHARGES
+            del self._pending[:len(self._pending) - MAX_PENDING_CHARGES]
+        # Prompts sent while down are lost: only cache hits elsewhere, and the others then
+        # see this replica's prompts as unseen clients'.
+        return _Outgoing(replica.take_booked(), replica.take_observations(),
+                         replica.take_sent_prefixes(), replica.take_sent_tokens())
+
+    async def _queue_sync(self, pipe: Any, out: _Outgoing, pending: list[_Pending],
+                          owed: list[tuple[BucketSpec, float]],
+                          wanted: list[tuple[str, str, str]]) -> None:
+        """One sync's commands on the pipeline, in the order ``_read_exchange`` reads
+        their answers."""
+        for charge in pending:
+            await self._queue_adjust(pipe, charge)
+        if owed:
+            await self._adjust(
+                keys=[bucket_key(self._prefix, s.scope, s.name) for s, _ in owed],
+                args=[a for s, d in owed for a in _bucket_args(s, d)], client=pipe)
+        for key, turns in out.booked.items():
+            pipe.hincrbyfloat(self._served_key, _field(*key), turns)
+        if wanted:
+            pipe.hmget(self._served_key, [_field(*key) for key in wanted])
+        await self._load(keys=self._load_keys(), args=self._load_args(), client=pipe)
+        if out.observations:
+            args: list[str | float] = [self.replica.estimate_alpha]
+            for tenant, endpoint, tokens in out.observations:
+                args += [_field(tenant, endpoint), tokens]
+            # Queued on the pipeline (a script call on a pipeline only queues).
+            await self._estimates(keys=[self._estimates_key], args=args, client=pipe)
+        if out.sent or out.sent_tokens:
+            pipe.xadd(self._prefixes_key, {"r": self.replica_id,
+                                           "d": orjson.dumps(out.sent).decode(),
+                                           "t": orjson.dumps(out.sent_tokens).decode()},
+                      maxlen=PREFIX_STREAM_LEN, approximate=True)
+        start = self._prefixes_read
+        pipe.xrange(self._prefixes_key, min=start if start == "-" else f"({start}",
+                    count=PREFIX_READ_COUNT)
+
+    def _read_exchange(self, results: list[Any], out: _Outgoing,
+                       wanted: list[tuple[str, str, str]]) -> None:
+        """The answers after the settlements: service totals, load, estimates, prompts."""
+        replica = self.replica
         if wanted:
             totals = results.pop(0)
             for key, total in zip(wanted, totals, strict=True):
@@ -648,18 +673,18 @@ class SharedState:
                 last = self._seen.get(key)
                 self._seen[key] = (self._syncs_done, now_total)
                 if last is not None and last[0] == self._syncs_done - 1:
-                    foreign = now_total - last[1] - booked.get(key, 0.0)
+                    foreign = now_total - last[1] - out.booked.get(key, 0.0)
                     if abs(foreign) > 1e-9:
                         replica.charge_foreign(*key, foreign)
         self._adopt_load(results.pop(0))
-        if observations:
+        if out.observations:
             shared = results.pop(0)
             for i in range(0, len(shared), 2):
                 tenant, endpoint = _unfield(shared[i])
                 replica.adopt_estimate(tenant, endpoint, float(shared[i + 1]))
-        if sent or sent_tokens:
+        if out.sent or out.sent_tokens:
             results.pop(0)  # the new entry's id
-            self.prefixes_sent += len(sent)
+            self.prefixes_sent += len(out.sent)
         self._learn_prefixes(results.pop(0))
 
     def _learn_prefixes(self, entries: list[tuple[str, dict[str, str]]]) -> None:

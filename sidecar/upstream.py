@@ -241,15 +241,7 @@ class UpstreamResponse:
             if head:
                 self._feed_head(data)
             else:
-                size = self._size
-                self._parser.feed_data(data)
-                if self._size != size:
-                    self._framing = 0
-                elif self._state == _BODY:
-                    self._framing += len(data)
-                    if self._framing > MAX_FRAMING:
-                        raise UpstreamError("the backend's chunked framing carries no body "
-                                            f"for over {MAX_FRAMING} bytes")
+                self._feed_body(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade, UpstreamError) as e:
             self._broke(e)
         sink = self._sink
@@ -273,6 +265,18 @@ class UpstreamResponse:
         if self._size > HIGH_WATER and not self._paused and self._conn.transport is not None:
             self._paused = True
             self._conn.transport.pause_reading()
+
+    def _feed_body(self, data: bytes) -> None:
+        """Feed bytes after the head: chunked framing that carries no body is bounded."""
+        size = self._size
+        self._parser.feed_data(data)
+        if self._size != size:
+            self._framing = 0
+        elif self._state == _BODY:
+            self._framing += len(data)
+            if self._framing > MAX_FRAMING:
+                raise UpstreamError("the backend's chunked framing carries no body "
+                                    f"for over {MAX_FRAMING} bytes")
 
     def _feed_head(self, data: bytes) -> None:
         """Feed bytes of the head: at most :data:`MAX_HEAD` of them before the head is whole

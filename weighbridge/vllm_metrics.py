@@ -1,4 +1,6 @@
-"""Reading a vLLM server's ``/metrics``: the few series admission control and routing need.
+"""Reading a vLLM server's ``/metrics``: the few series admission control and routing need,
+as one typed sample (``BackendSample``: the scrape contract every reader of a scrape takes,
+the sidecar's admission gate, shape learner and prefix index, and the simulator's engines).
 
 A full Prometheus parse of vLLM's exposition (≈50 KB, 200 families) costs ≈10 ms of event-loop
 time; scanning lines for the handful of names we need costs a fraction of that, so the
@@ -37,15 +39,17 @@ class ScrapeError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class BackendSample:
-    """One scrape of one backend, stamped with the sidecar's monotonic clock."""
+    """One scrape of one backend. ``at_s`` is when the scrape was *sent* (the sidecar's
+    monotonic clock): dispatches after it are certainly not in it. A field the exposition
+    lacks is None (a counter: 0)."""
 
     at_s: float
-    waiting: float
-    running: float
-    kv_cache_usage: float
-    generation_tokens_total: float
-    prompt_tokens_total: float
-    preemptions_total: float
+    waiting: float  # vllm:num_requests_waiting
+    running: float  # vllm:num_requests_running
+    kv_cache_usage: float | None = None  # vllm:kv_cache_usage_perc, 0..1
+    generation_tokens_total: float | None = None  # vllm:generation_tokens_total (counter)
+    prompt_tokens_total: float = 0.0
+    preemptions_total: float = 0.0
     # Time requests spent in the engine's waiting queue (a histogram's sum and count): the
     # engine's own word on whether it is saturated. None when not exported.
     queue_time_sum: float | None = None

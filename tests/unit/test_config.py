@@ -176,7 +176,8 @@ def test_backend_name_defaults_without_credentials() -> None:
         (lambda d: d["backends"][0].update(url="not a url"), "backends.0.url: must be an http(s)"),
         (lambda d: d.update(backends=[]), "backends: List should have at least 1 item"),
         (lambda d: d.pop("backends"), "backends: Field required"),
-        (lambda d: d.update(scheduler={"policy": "wfq"}), "scheduler.policy: unknown fairness 'wfq'"),
+        (lambda d: d.update(scheduler={"policy": "wfq"}),
+         "scheduler.policy: unknown fairness policy 'wfq'"),
         (lambda d: d.update(routing="random"), "routing: unknown routing 'random'"),
         (
             lambda d: d.update(endpoints={"/v1/completions": {"cost": "bytes"}}),

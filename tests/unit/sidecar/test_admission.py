@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from weighbridge.sidecar.admission import AdmissionGate, GateLimits, MetricsSample, vllm_priority
+from weighbridge.sidecar.admission import AdmissionGate, GateLimits, vllm_priority
+from weighbridge.vllm_metrics import BackendSample
 
 LIMITS = GateLimits(
     max_backend_waiting=2,
@@ -18,8 +19,8 @@ LIMITS = GateLimits(
 )
 
 
-def sample(at, waiting=0, running=0, gen=None, kv=0.1) -> MetricsSample:
-    return MetricsSample(at, waiting, running, kv, gen)
+def sample(at, waiting=0, running=0, gen=None, kv=0.1) -> BackendSample:
+    return BackendSample(at, waiting, running, kv, gen)
 
 
 def fill(gate: AdmissionGate, n: int, now: float = 0.0) -> None:

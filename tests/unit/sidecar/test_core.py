@@ -11,12 +11,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from weighbridge.sidecar.admission import GateLimits, MetricsSample
+from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.ledger import LedgerError
 from weighbridge.sidecar.rejection import DEADLINE_UNMEETABLE, QUEUE_FULL, RATE_LIMITED, Reject
 from weighbridge.sidecar.request import QueuedRequest, RequestState
+from weighbridge.vllm_metrics import BackendSample
 
 CHAT = "/v1/chat/completions"
 _ids = itertools.count()
@@ -157,8 +158,8 @@ def test_an_end_to_end_deadline_counts_the_time_to_decode_the_answer() -> None:
     core.meter.observe(10_000, 1.0, True)  # a wait of ~0.1 s before any new request
     # Both engines decode 20 tokens/s per sequence (4 running, 80 tokens in a second).
     for name in ("b1", "b2"):
-        core.on_backend_metrics(name, MetricsSample(0.0, 0, 4, 0.1, 0))
-        core.on_backend_metrics(name, MetricsSample(1.0, 0, 4, 0.1, 80))
+        core.on_backend_metrics(name, BackendSample(0.0, 0, 4, 0.1, 0))
+        core.on_backend_metrics(name, BackendSample(1.0, 0, 4, 0.1, 80))
     # The expected output (the endpoint's initial estimate, 100 tokens) at 20 tokens/s: 5 s,
     # past a deadline 4 s away however short the wait.
     long = arrive(core, "b", now=1.0, deadline_s=5.0, deadline_covers_output=True,
@@ -230,8 +231,8 @@ def test_metrics_hold_a_backend_with_a_queue() -> None:
     core = SchedulingCore(make_config())
     for _ in range(6):
         arrive(core)
-    core.on_backend_metrics("b1", MetricsSample(0.0, waiting=5, running=4, kv_cache_usage=0.9))
-    core.on_backend_metrics("b2", MetricsSample(0.0, waiting=0, running=0, kv_cache_usage=0.1))
+    core.on_backend_metrics("b1", BackendSample(0.0, waiting=5, running=4, kv_cache_usage=0.9))
+    core.on_backend_metrics("b2", BackendSample(0.0, waiting=0, running=0, kv_cache_usage=0.1))
     backends = [d.backend for d in core.dispatch_ready(0.1)]
     assert backends.count("b1") == 1  # nothing of ours there yet: one goes, then held
     assert backends.count("b2") == 4
@@ -265,8 +266,8 @@ def slowed_by_a(policy: str) -> SchedulingCore:
     for _ in range(4):
         arrive(core, "a")
     assert len(list(core.dispatch_ready(0.0))) == 4
-    core.on_backend_metrics(SLOW_BACKEND, MetricsSample(0.5, 0, 4, 0.1, 0))
-    core.on_backend_metrics(SLOW_BACKEND, MetricsSample(1.5, 0, 4, 0.1, 20))
+    core.on_backend_metrics(SLOW_BACKEND, BackendSample(0.5, 0, 4, 0.1, 0))
+    core.on_backend_metrics(SLOW_BACKEND, BackendSample(1.5, 0, 4, 0.1, 20))
     return core
 
 
@@ -440,7 +441,7 @@ def test_every_request_ends_exactly_once_under_any_event_sequence(policy, ops) -
             req = queued.pop(value % len(queued))
             assert core.cancel(req.id, now)
         elif kind == "scrape":
-            core.on_backend_metrics(who, MetricsSample(now, value % 3, value, 0.5, now * 100))
+            core.on_backend_metrics(who, BackendSample(now, value % 3, value, 0.5, now * 100))
         elif kind == "health":
             (core.mark_backend_healthy if value else core.mark_backend_unhealthy)(who)
         elif kind == "tick":

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.sidecar.test_core import arrive, make_config
-from weighbridge.sidecar.admission import GateLimits, MetricsSample
+from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.vllm_metrics import BackendSample
@@ -130,7 +130,7 @@ def test_over_share_dispatches_never_pass_the_watermark(policy, ops) -> None:
             else:
                 core.dispatch_failed(req, now)
         elif kind == "scrape":
-            core.on_backend_metrics("b1", MetricsSample(now, waiting=0, running=value))
+            core.on_backend_metrics("b1", BackendSample(now, waiting=0, running=value))
     # Liveness: with nothing of ours in flight, a queued request always goes.
     for req in inflight:
         core.on_completed(req, req.prompt_tokens, 1, now)
@@ -146,7 +146,7 @@ def test_derived_headroom_is_kept_only_while_a_light_tenant_is_around() -> None:
                                                   "kv_aware": False})
     core = SchedulingCore(config)
     assert core.fleet["b1"].gate.limits.headroom_slots == 2  # 16 slots: a lone tenant holds 14
-    core.on_backend_metrics("b1", MetricsSample(0.0, waiting=0, running=0))
+    core.on_backend_metrics("b1", BackendSample(0.0, waiting=0, running=0))
     for _ in range(20):
         arrive(core, "a", 0.0)
     # Nobody light around: the headroom is ordinary capacity (work-conserving).
@@ -161,7 +161,7 @@ def test_derived_headroom_is_kept_only_while_a_light_tenant_is_around() -> None:
     assert sorted(got) == ["a", "b"]
     assert core.scheduler.tenant_inflight("a") == 14
     # Ten seconds after b was last seen light the headroom is ordinary capacity again.
-    core.on_backend_metrics("b1", MetricsSample(10.5, waiting=0, running=15))
+    core.on_backend_metrics("b1", BackendSample(10.5, waiting=0, running=15))
     assert [d.request.tenant for d in core.dispatch_ready(10.5)] == ["a"]
 
 
@@ -169,7 +169,7 @@ def test_configured_headroom_is_always_kept() -> None:
     config = make_config(backends=ONE, admission={"max_running_per_backend": 16,
                                                   "headroom_slots": 2, "kv_aware": False})
     core = SchedulingCore(config)
-    core.on_backend_metrics("b1", MetricsSample(0.0, waiting=0, running=0))
+    core.on_backend_metrics("b1", BackendSample(0.0, waiting=0, running=0))
     for _ in range(20):
         arrive(core, "a", 0.0)
     assert len(list(core.dispatch_ready(0.0))) == 14

@@ -38,7 +38,7 @@ def test_a_replica_sends_the_next_turn_where_another_sent_the_first() -> None:
     assert sent == [(first.backend, BLOCK, PromptPrefix(token_ids=history).blocks(BLOCK))]
     assert replica_a.take_sent_prefixes() == []  # taken once
     # Before b learns of it, b predicts nothing cached anywhere and sends the turn by load.
-    assert b._predicted_cached(first.backend, turn_request(b, history)) == 0
+    assert b.fleet[first.backend].predicted_cached(turn_request(b, history)) == 0
     for backend, block_size, blocks in sent:
         replica_b.learn_sent_prefix(backend, block_size, blocks)
     second = turn(b, history + list(range(300, 340)), 0.3)

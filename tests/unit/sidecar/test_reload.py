@@ -14,13 +14,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from weighbridge.keys import hash_api_key
-from weighbridge.sidecar.admission import MetricsSample
 from weighbridge.sidecar.config import Config, ConfigError, parse_config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.ratelimit import LimitTable, TenantRateLimiter
 from weighbridge.sidecar.rejection import TENANT_REMOVED
 from weighbridge.sidecar.reload import ConfigHolder, ReloadRefused, config_version, plan
 from weighbridge.sidecar.request import QueuedRequest, RequestState
+from weighbridge.vllm_metrics import BackendSample
 
 CHAT = "/v1/chat/completions"
 _ids = itertools.count()
@@ -268,7 +268,7 @@ def test_an_added_backend_takes_work_once_healthy_and_a_removed_one_drains() -> 
 def test_a_kept_backend_keeps_its_gate_and_learned_shape() -> None:
     core = SchedulingCore(config(base()))
     for at in (0.0, 1.0, 2.0):  # the engine saturated: its slots are learned
-        core.on_backend_metrics("b1", MetricsSample(at, waiting=3, running=4,
+        core.on_backend_metrics("b1", BackendSample(at, waiting=3, running=4,
                                                     generation_tokens_total=100 * at))
     gate, shape = core.fleet["b1"].gate, core.fleet["b1"].gate.shape
     both = changed(base(), "backends", [{"url": "http://127.0.0.1:8001", "name": "b1"},

@@ -25,10 +25,10 @@ import pytest
 
 from weighbridge.emulator.engine import EngineConfig, Sequence, StepModel, StepResult
 from weighbridge.emulator.profiles import get_profile
-from weighbridge.sidecar.admission import MetricsSample
 from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.request import QueuedRequest
+from weighbridge.vllm_metrics import BackendSample
 
 # The shapes of tests/integration/sidecar/test_scenarios.py's saturation run.
 ENGINE = EngineConfig(max_num_seqs=32, max_num_batched_tokens=2048, num_kv_blocks=3328,
@@ -128,7 +128,7 @@ def run(policy: str, latency_s: float = LATENCY_S) -> SimRun:
         if kind == "scrape":
             if now >= WARMUP_S:
                 scraped.append(engine.num_waiting)
-            core.on_backend_metrics("e", MetricsSample(
+            core.on_backend_metrics("e", BackendSample(
                 at_s=now, waiting=engine.num_waiting, running=engine.num_running,
                 kv_cache_usage=engine.kv_cache_usage, generation_tokens_total=generated))
             push(now + POLL_S, "scrape")

@@ -18,12 +18,11 @@ from weighbridge.sidecar.admission import (
     WAITING_UNKNOWN_SLOTS,
     AdmissionGate,
     GateLimits,
-    MetricsSample,
     derive_limits,
 )
 from weighbridge.sidecar.config import Admission
 from weighbridge.sidecar.shape import SATURATED_WAIT_STEPS, SCRAPE_WINDOW, EngineShape, ShapeLearner
-from weighbridge.vllm_metrics import parse_vllm_metrics
+from weighbridge.vllm_metrics import BackendSample, parse_vllm_metrics
 
 
 @dataclass(frozen=True)
@@ -112,7 +111,7 @@ def test_an_engine_larger_than_the_cap_gets_its_slots_learned_at_the_cap() -> No
     for _ in range(fallback):
         gate.on_dispatched(0.0)
     assert gate.shape.slots is None
-    gate.observe(MetricsSample(0.1, 0, fallback, 0.1, 0))
+    gate.observe(BackendSample(0.1, 0, fallback, 0.1, 0))
     assert gate.shape.slots == fallback and not gate.shape.slots_exact
     # A lower bound: headroom kept for others, and a lone flood may probe a little past it.
     assert gate.limits.headroom_slots > 0
@@ -151,7 +150,7 @@ def test_a_cap_that_binds_while_the_engine_queues_teaches_nothing_new() -> None:
                          derive=lambda shape: derive_limits(Admission(), shape))
     for _ in range(8):
         gate.on_dispatched(0.0)
-    gate.observe(MetricsSample(0.1, 3, 5, 0.1, 0))  # 5 running, 3 of ours waiting
+    gate.observe(BackendSample(0.1, 3, 5, 0.1, 0))  # 5 running, 3 of ours waiting
     assert gate.shape.slots is None
 
 

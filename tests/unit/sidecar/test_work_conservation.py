@@ -179,12 +179,12 @@ def test_every_rule_live_no_backend_admitting_a_waiting_tenant_is_left(
             continue
         core.fold_streamed()
         for pool in core.pools():
-            standings = core._standings(pool, fleet.now)
+            standings = core._cycle._standings(pool, fleet.now)
             slots = sum(s.verdict.share_slots for s in standings.values())
-            fair = core._globally_fair(pool, slots)
+            fair = core._cycle._globally_fair(pool, slots)
             for mode, rules in (("open", OPEN_RULES), ("headroom", HEADROOM_RULES)):
                 names = [n for n, s in standings.items() if s.verdict.mode == mode]
-                verdicts = core._verdicts(pool, names, rules, standings, slots, fair,
+                verdicts = core._cycle._verdicts(pool, names, rules, standings, slots, fair,
                                           fleet.now)
                 for backend, allowed in verdicts.items():
                     let_in = {t for t in waiting if allowed is None or allowed(t)}

@@ -477,9 +477,9 @@ class Simulation:
         for engine in self.engines:
             sample = engine.sample(now)
             core.on_backend_metrics(engine.name, sample)
-            stability.observe_backend(
-                engine.name, now, sample.prompt_tokens_total + sample.generation_tokens_total,
-                sample.generation_tokens_total, sample.running)
+            generated = sample.generation_tokens_total or 0.0  # the engine's: always there
+            stability.observe_backend(engine.name, now, sample.prompt_tokens_total + generated,
+                                      generated, sample.running)
         stability.sample(now)
         if self._watch_every is not None and now >= self._next_watch:
             self._next_watch = now + self._watch_every
