@@ -1,20 +1,30 @@
-"""Hypothesis properties of DeficitRoundRobin: the fairness bounds stated in sidecar/drr.py,
-no starvation, and turns-accounting identities.
+"""Hypothesis properties of the fairness policies' flow choice, run over every registered
+policy that chooses among tenants (sidecar.fairness: DRR and the ones after it): the bound
+on two backlogged flows' service, forfeits counted, no starvation, no pick missing work;
+then the tighter bounds DRR itself states (sidecar/drr.py) and its credit identities.
 
-Units: costs are in turns (cost / endpoint quantum), flow ``i`` gets ``w_i`` turns a round,
-and service is compared weight-normalised (``x_i = booked service / w_i``). In tokens, with
-one endpoint of quantum ``Q``, multiply every bound by ``Q``.
+Units: costs are in the policy's unit (turns: cost / endpoint quantum), flow ``i`` has weight
+``w_i`` (DRR: ``w_i`` turns a round), and service is compared weight-normalised (``x_i =
+booked service / w_i``). In tokens, with one endpoint of quantum ``Q``, multiply every bound
+by ``Q``.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from weighbridge.sidecar.drr import DeficitRoundRobin
+from weighbridge.sidecar.fairness import Fairness
+from weighbridge.sidecar.plugins import registered
+
+# Every registered policy that chooses among tenants: its flow structure is what is tested.
+FLOW_POLICIES = [name for name, policy in registered("fairness").items() if policy.per_tenant]
 
 EPS = 1e-9
 WEIGHTS = st.sampled_from([0.25, 0.5, 1.0, 1.5, 2.0, 4.0])
@@ -27,7 +37,7 @@ class Model:
     booked service and whether it is backlogged."""
 
     weights: list[float]
-    drr: DeficitRoundRobin = field(default_factory=DeficitRoundRobin)
+    drr: Fairness = field(default_factory=DeficitRoundRobin)
     queues: list[list[float]] = field(default_factory=list)
     booked: list[float] = field(default_factory=list)
     max_cost: list[float] = field(default_factory=list)
@@ -109,8 +119,9 @@ PASS_OVER = st.tuples(st.just("skip"), st.integers(1, 14), st.just(0.0))
 OPS_PASSED_OVER = st.one_of(OPS_PLAIN, PASS_OVER, PASS_OVER)
 
 
-def run(weights: list[float], ops: list[tuple[str, int, float]], model: Model | None = None):
-    model = model or Model(weights)
+def run(weights: list[float], ops: list[tuple[str, int, float]], model: Model | None = None,
+        policy: str = "drr"):
+    model = model or Model(weights, registered("fairness")[policy]())
     n = len(weights)
     model.snapshot()
     for kind, i, value in ops:
@@ -143,10 +154,13 @@ def backlogged_spans(history, i: int, j: int):
         yield start, len(history) - 1
 
 
-def check_sliding_bound(model: Model, adjusted: bool, forfeits: bool = False) -> None:
-    """With ``forfeits``, each flow's service is counted with the quanta it forfeited."""
+def check_sliding_bound(model: Model, adjusted: bool, forfeits: bool = False,
+                        generic: bool = False) -> None:
+    """With ``forfeits``, each flow's service is counted with the quanta it forfeited;
+    ``generic``: the bound every registered policy keeps, else DRR's own (tighter)."""
     w, c = model.weights, model.max_cost
     n = len(w)
+    widest = max((c[k] + 2 * max(h[2][k] for h in model.history)) / w[k] for k in range(n))
     for i in range(n):
         for j in range(i + 1, n):
             for start, end in backlogged_spans(model.history, i, j):
@@ -155,9 +169,14 @@ def check_sliding_bound(model: Model, adjusted: bool, forfeits: bool = False) ->
                 if adjusted:
                     budget_i = max(model.history[k][2][i] for k in range(start, end + 1))
                     budget_j = max(model.history[k][2][j] for k in range(start, end + 1))
-                bound = (
-                    2 + (c[i] + 2 * budget_i) / w[i] + (c[j] + 2 * budget_j) / w[j] + EPS
-                )
+                if generic:
+                    # One quantum a round and a maximal request per flow (the widest of any
+                    # flow: it may be the one served between them), adjustments twice.
+                    bound = 2 + 2 * widest + EPS
+                else:
+                    bound = (
+                        2 + (c[i] + 2 * budget_i) / w[i] + (c[j] + 2 * budget_j) / w[j] + EPS
+                    )
                 for a in range(start, end + 1):
                     xa = model.history[a][0]
                     fa = model.forfeited[a] if forfeits else [0.0] * n
@@ -167,6 +186,21 @@ def check_sliding_bound(model: Model, adjusted: bool, forfeits: bool = False) ->
                         diff = ((xb[i] + fb[i] - xa[i] - fa[i])
                                 - (xb[j] + fb[j] - xa[j] - fa[j]))
                         assert abs(diff) < bound, (i, j, a, b, diff, bound)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
+    ops=st.lists(st.one_of(OPS_ADJUSTED, PASS_OVER), max_size=120),
+)
+@pytest.mark.parametrize("policy", FLOW_POLICIES)
+def test_every_policy_bounds_two_backlogged_flows_service(policy, weights, ops) -> None:
+    """Over any interval in which two flows are both backlogged, their weight-normalised
+    service, forfeits counted, differs by less than 2 + 2 max_k (C_k + 2 A_k) / w_k: one
+    quantum a round and a maximal request (with its adjustments) per flow. DRR keeps the
+    tighter bounds below."""
+    check_sliding_bound(run(weights, ops, policy=policy), adjusted=True, forfeits=True,
+                        generic=True)
 
 
 @settings(max_examples=300, deadline=None)
@@ -210,11 +244,12 @@ def test_sliding_window_bound_with_pass_overs_counts_the_forfeit(weights, ops) -
     weights=st.lists(WEIGHTS, min_size=2, max_size=4),
     ops=st.lists(OPS_PASSED_OVER, max_size=120),
 )
-def test_the_forfeit_count_never_decreases(weights, ops) -> None:
+@pytest.mark.parametrize("policy", FLOW_POLICIES)
+def test_the_forfeit_count_never_decreases(policy, weights, ops) -> None:
     """It is exported as a counter (weighbridge_drr_quanta_forfeited_total) and read over a
     window: a pass-over still going on is in it, and a flow that empties keeps what it lost."""
-    model = run(weights, ops)
-    for before, after in zip(model.forfeited, model.forfeited[1:]):
+    model = run(weights, ops, policy=policy)
+    for before, after in itertools.pairwise(model.forfeited):
         for i in range(len(weights)):
             assert after[i] >= before[i] - EPS, (i, before, after)
 
@@ -268,11 +303,13 @@ def test_common_start_bound_is_one_quantum_plus_one_request(weights, first, ops)
     weights=st.lists(WEIGHTS, min_size=2, max_size=5),
     ops=st.lists(OPS_PLAIN, max_size=150),
 )
-def test_no_backlogged_flow_starves(weights, ops) -> None:
-    """A backlogged flow is served within (floor(C_i/w_i) + 2) * sum_j ceil(w_j/c_min)
-    decisions: it is at most floor(C_i/w_i) + 1 rounds ahead, and in each round every other
+@pytest.mark.parametrize("policy", FLOW_POLICIES)
+def test_no_backlogged_flow_starves(policy, weights, ops) -> None:
+    """A backlogged flow is served within (floor(C/w) + 2) * sum_j ceil(w_j/c_min)
+    decisions, C/w the widest maximal request of any flow: it is at most floor(C/w) + 1
+    rounds (DRR; VTC: that much weight-normalised service) ahead, and in each every other
     flow serves at most ceil(w_j / c_min) requests."""
-    model = Model(weights)
+    model = Model(weights, registered("fairness")[policy]())
     n = len(weights)
     waited = [0] * n
     c_min = 0.05  # COSTS' lower bound
@@ -292,8 +329,8 @@ def test_no_backlogged_flow_starves(weights, ops) -> None:
                     waited[k] = 0
                 elif before[k]:
                     waited[k] += 1
-                    c_max = max(model.max_cost[k], c_min)
-                    rounds = math.floor(c_max / weights[k]) + 2
+                    rounds = math.floor(max(max(model.max_cost[j], c_min) / weights[j]
+                                            for j in range(n))) + 2
                     per_round = sum(
                         math.ceil(weights[j] / c_min) for j in range(n) if j != k
                     )
@@ -305,7 +342,29 @@ def test_no_backlogged_flow_starves(weights, ops) -> None:
     weights=st.lists(WEIGHTS, min_size=1, max_size=4),
     ops=st.lists(OPS_ADJUSTED, max_size=150),
 )
-def test_pick_never_misses_work_and_credit_is_positive_when_picked(weights, ops) -> None:
+@pytest.mark.parametrize("policy", FLOW_POLICIES)
+def test_pick_never_misses_work(policy, weights, ops) -> None:
+    """Whatever the adjustments, a pick finds a flow exactly when one is backlogged."""
+    model = Model(weights, registered("fairness")[policy]())
+    for kind, i, value in ops:
+        i %= len(weights)
+        if kind == "enq":
+            model.enqueue(i, value)
+        elif kind == "cancel":
+            model.cancel(i)
+        elif kind == "adj":
+            model.adjust(i, value)
+        else:
+            backlogged = any(model.queues)
+            assert (model.decide() is None) == (not backlogged)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    weights=st.lists(WEIGHTS, min_size=1, max_size=4),
+    ops=st.lists(OPS_ADJUSTED, max_size=150),
+)
+def test_drr_credit_is_positive_when_picked_and_idle_flows_bank_none(weights, ops) -> None:
     model = Model(weights)
     for kind, i, value in ops:
         i %= len(weights)

@@ -1,4 +1,5 @@
-"""Stateful property test of the Scheduler under every policy: accounting conserves
+"""Stateful property test of the Scheduler under every registered fairness policy
+(sidecar.plugins): accounting conserves
 requests and tokens, cancel never loses or duplicates, and each tenant's requests leave in
 (priority, deadline, arrival) order."""
 
@@ -19,6 +20,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from weighbridge.sidecar.plugins import registered
 from weighbridge.sidecar.queues import QueueLimits
 from weighbridge.sidecar.request import QueuedRequest, RequestState
 from weighbridge.sidecar.scheduler import EndpointSpec, Scheduler, TenantSpec
@@ -41,7 +43,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.clock = 0.0
 
     @initialize(
-        policy=st.sampled_from(["drr", "rr", "fcfs", "passthrough"]),
+        policy=st.sampled_from(sorted(registered("fairness"))),
         demotion=st.booleans(),
         streamed=st.booleans(),
         shortest_first=st.booleans(),
@@ -100,7 +102,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     def _check_choice(self, request: QueuedRequest) -> None:
         assert request.id in self.queued, "dispatched something not queued (or twice)"
-        if self.s.policy in ("fcfs", "passthrough"):
+        if not self.s.uses_headroom:  # one FIFO: no choice among tenants
             assert request.seq == min(r.seq for r in self.queued.values())
         else:
             mine = [
@@ -125,7 +127,7 @@ class SchedulerMachine(RuleBasedStateMachine):
 
     @rule(blocked=st.sampled_from(sorted(TENANTS)))
     def next_with_eligibility(self, blocked: str) -> None:
-        if self.s.policy in ("fcfs", "passthrough"):
+        if not self.s.uses_headroom:
             return
         request = self.s.next(self.clock, lambda t: t != blocked)
         if request is None:
@@ -209,7 +211,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         active = {r.tenant for r in (*self.queued.values(), *self.inflight.values())}
         assert snap["active_tenants"] == len(active)
         weight = sum(
-            1.0 if s.policy != "drr" else TENANTS[t].weight for t in active
+            TENANTS[t].weight if registered("fairness")[s.policy].weighted else 1.0
+            for t in active
         )
         assert snap["active_weight"] == pytest.approx(weight)
         for tier, view in snap["tiers"].items():
