@@ -700,14 +700,16 @@ class Picker(ext_proc_grpc.ExternalProcessorServicer):
                  ) -> ext_proc.ProcessingResponse | None:
         if exchange.session is None or exchange.replaced:
             return None
-        if message.HasField("response_headers"):
-            return exchange.response_headers(message)
-        if message.HasField("response_body"):
+        # One look at the message's kind: a body chunk is most of them.
+        kind = message.WhichOneof("request")
+        if kind == "response_body":
             return exchange.response_body(message)
-        if message.HasField("response_trailers"):
+        if kind == "response_headers":
+            return exchange.response_headers(message)
+        if kind == "response_trailers":
             exchange._settle()
             return ext_proc.ProcessingResponse(response_trailers=ext_proc.TrailersResponse())
-        if message.HasField("request_trailers"):
+        if kind == "request_trailers":
             return ext_proc.ProcessingResponse(request_trailers=ext_proc.TrailersResponse())
         return None
 
