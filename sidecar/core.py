@@ -465,6 +465,7 @@ class SchedulingCore:
         now: float,
         sequences: int = 1,
         user: str | None = None,
+        session: str | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
         deadline_covers_output: bool = False,
@@ -477,7 +478,9 @@ class SchedulingCore:
         replicas share (sidecar.shared), already taken for this request's estimate
         (``estimated_tokens``); None: this process's own limiter decides.
         ``deadline_covers_output``: the deadline is for the whole answer
-        (``deadline_covers_output``), so early rejection adds the time to decode it."""
+        (``deadline_covers_output``), so early rejection adds the time to decode it.
+        ``session``: the client's session id (its ``x-session-id`` header), for the routes
+        that keep a session's turns together (``session_affinity``)."""
         if tenant not in self.config.tenants:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
@@ -506,6 +509,7 @@ class SchedulingCore:
                                                             sequences),
             arrival_s=now,
             user=user,
+            session=session,
             model=self.request_model(model),
             priority=priority,
             deadline_s=deadline_s,

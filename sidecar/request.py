@@ -63,6 +63,8 @@ class QueuedRequest:
     estimated_output_tokens: int  # every sequence's
     arrival_s: float
     user: str | None = None  # the caller's identity (its key): repeat demotion counts per caller
+    # The client's session (its x-session-id header): what session affinity routes by.
+    session: str | None = None
     model: str | None = None  # what per-model limits charge: the body's `model` or the default
     priority: int = 0  # the client's own ordering among its requests, lower first (as vLLM)
     deadline_s: float | None = None  # absolute, same clock as arrival_s

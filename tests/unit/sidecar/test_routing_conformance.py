@@ -49,7 +49,9 @@ def fleet_of(rows: list[tuple[int, int, float | None, bool]]) -> Fleet:
 
 
 def request() -> QueuedRequest:
-    return make_request(prompt=len(HISTORY), prefix=PromptPrefix(token_ids=HISTORY))
+    """A conversation's turn: its prompt readable, its session named."""
+    return make_request(prompt=len(HISTORY), prefix=PromptPrefix(token_ids=HISTORY),
+                        session="conversation")
 
 
 @pytest.mark.parametrize("scorer", SCORERS)
@@ -63,6 +65,7 @@ def test_a_scorer_costs_tokens_of_its_sign(scorer: str, rows) -> None:
         assert s.applies(r) and s.applies(make_request())
     if not s.applies(r):
         return
+    s.dispatched(r, fleet[fleet.names[-1]])  # what an affinity scorer may remember
     for backend in fleet:
         cost = s.cost(r, backend)
         assert math.isfinite(cost)
@@ -113,7 +116,7 @@ def test_every_route_sends_work_where_it_may_go_and_leaves_no_load(routing: Rout
         now += 0.05
         if kind == "arrive":
             arrive(core, tenant, now, prompt_tokens=32 * k, max_tokens=8,
-                   prefix=PromptPrefix(token_ids=HISTORY[:32 * k]))
+                   prefix=PromptPrefix(token_ids=HISTORY[:32 * k]), session=tenant)
         elif kind == "dispatch":
             for d in core.dispatch_ready(now):
                 assert core.fleet[d.backend].takes_work
