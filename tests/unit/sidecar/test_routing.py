@@ -78,3 +78,25 @@ def test_an_unknown_part_is_refused() -> None:
     send(fleet := make_fleet("a"), "1", "a", 1, 1)
     with pytest.raises(ValueError):
         send(fleet, "1", "a", 1, 1)
+
+
+def test_a_session_s_next_turn_goes_back_unless_another_is_far_less_loaded() -> None:
+    """session_affinity: no prompt the sidecar can read, only the session header; the second
+    turn goes back to the first turn's backend, though it carries a little more load."""
+    fleet = make_fleet("a", "b")
+    route = Route(Routing(picker="bounded_load",
+                          scorers={"least_tokens": 1.0, "session_affinity": 1.0}))
+    first = make_request(prompt=400, session="s")
+    assert pick(route, fleet) == "a"
+    route.dispatched(first, fleet["a"], fleet)
+    send(fleet, "first", "a", 0, 300)  # its answer still streaming there
+    second = make_request(prompt=500, session="s")
+    chosen = route.pick(second, list(fleet), fleet).name
+    assert chosen == "b"  # by load alone
+    held = {b.name: route.held(second, b) for b in fleet}
+    assert held["a"][0] == 500 and held["b"][0] == 0
+    assert route.weigh(second, chosen, held, fleet) == ("a", "affinity")
+    # Another session has nothing anywhere: load decides.
+    other = make_request(prompt=500, session="t")
+    assert route.weigh(other, "b", {b.name: route.held(other, b) for b in fleet},
+                       fleet) == ("b", "load")
