@@ -25,6 +25,7 @@ from pydantic import BaseModel
 
 from weighbridge.sidecar import config
 from weighbridge.sidecar.config import Config
+from weighbridge.sidecar.eligibility import BACKEND_RULES, HEADROOM_RULES, OPEN_RULES
 from weighbridge.sidecar.plugins import Kind, registered
 from weighbridge.sidecar.routing import PRESETS
 
@@ -168,6 +169,7 @@ def _parts() -> Iterator[str]:
         for name, part in registered(kind).items():
             yield f"| `{name}` | {_cell(inspect.getdoc(part) or '')} |"
         yield ""
+    yield from _rules()
     yield "### Routing presets\n"
     yield "The names `routing` takes for a picker over weighted scorers.\n"
     yield "| name | picker | scorers (weight) |\n|---|---|---|"
@@ -175,6 +177,30 @@ def _parts() -> Iterator[str]:
         weighed = ", ".join(f"`{s}` ({w:g})" for s, w in scorers.items()) or "none"
         yield f"| `{name}` | `{picker}` | {weighed} |"
     yield ""
+
+
+def _rules() -> Iterator[str]:
+    """The admission rules, in the order sidecar.eligibility composes them."""
+    yield "### Admission rules\n"
+    yield ("Not named by the configuration: `admission` sets their limits. The backend rules "
+           "refine each backend's gate verdict in this order; then the tenant rules hold a "
+           "tenant back on an open backend, or on one in headroom.\n")
+    yield "| rule | applies | what it does |\n|---|---|---|"
+    names = {**{type(r): n for n, r in _named("backend_rule")},
+             **{type(r): n for n, r in _named("tenant_rule")}}
+    shown: set[type] = set()
+    for where, rules in (("backend", BACKEND_RULES), ("open", OPEN_RULES),
+                         ("headroom", HEADROOM_RULES)):
+        for rule in rules:
+            text = "as above" if type(rule) in shown else _cell(inspect.getdoc(rule) or "")
+            shown.add(type(rule))
+            yield f"| `{names[type(rule)]}` | {where} | {text} |"
+    yield ""
+
+
+def _named(kind: Kind) -> Iterator[tuple[str, object]]:
+    for name, part in registered(kind).items():
+        yield name, part()
 
 
 def render() -> str:

@@ -1,7 +1,7 @@
 """The rules that decide where the next dispatch may go, and for whom: each a small pure
 class whose docstring is its reason, composed in one ordered list below.
 
-A dispatch pass (``SchedulingCore.next_dispatch``) first asks every healthy backend's gate
+A dispatch pass (sidecar.cycle) first asks every healthy backend's gate
 for its verdict (``AdmissionGate.verdict``: open, headroom or closed, from the engine's own
 metrics), then refines it with the **backend rules** in order. The open backends take the
 next request of anyone the **open rules** allow on at least one of them, and it goes to one
@@ -24,6 +24,7 @@ from typing import Protocol
 
 from weighbridge.sidecar.admission import AdmissionGate, GateVerdict
 from weighbridge.sidecar.kv import KvFootprint
+from weighbridge.sidecar.plugins import register
 from weighbridge.sidecar.scheduler import Scheduler
 
 Eligible = Callable[[str], bool]  # tenant -> may it dispatch to this backend now
@@ -53,6 +54,7 @@ class BackendRule(Protocol):
     def __call__(self, standing: Standing, state: BackendState) -> Standing: ...
 
 
+@register("backend_rule", "prefill_backlog")
 class PrefillBacklog:
     """Enough prompts already wait to be prefilled on this backend
     (``max_backend_prefill_tokens``): only a light tenant with none of its own among them
@@ -75,6 +77,7 @@ class PrefillBacklog:
                                                      verdict.share_slots))
 
 
+@register("backend_rule", "decode_floor")
 class DecodeFloor:
     """The engine decodes below the floor for everyone: more of the tenants that slowed it
     would slow it further, but a tenant under its share, beside others, may still start (its
@@ -90,6 +93,7 @@ class DecodeFloor:
         return standing
 
 
+@register("backend_rule", "kv_watermark")
 class KvWatermark:
     """At the KV watermark only tenants under their share of it may add more: an over-share
     tenant could make the engine preempt (sidecar.kv), an under-share one is what the
@@ -129,6 +133,7 @@ class TenantRule(Protocol):
     def __call__(self, p: Pass) -> Eligible | None: ...
 
 
+@register("tenant_rule", "pacing")
 class Pacing:
     """A tenant with ``max_prefill_tokens_inflight`` prompt tokens still in prefill on this
     backend waits: one tenant's long prompts must not fill the engine's prefill budget."""
@@ -140,6 +145,7 @@ class Pacing:
         return lambda tenant: prefilling.get(tenant, 0) < cap
 
 
+@register("tenant_rule", "global_share")
 class GlobalShare:
     """With replicas sharing the backends, a tenant at its weighted share of the slots
     across every replica waits while a tenant of its tier, backlogged on another replica,
@@ -149,6 +155,7 @@ class GlobalShare:
         return p.globally_fair
 
 
+@register("tenant_rule", "decode_floor_share")
 class DecodeFloorShare:
     """Below the decode floor a lone tenant keeps the engine to itself, and over-share
     tenants wait (the headroom DecodeFloor opens is for under-share tenants beside
@@ -162,6 +169,7 @@ class DecodeFloorShare:
                                and scheduler.under_share(tenant, slots))
 
 
+@register("tenant_rule", "prefill_backlog_share")
 class PrefillBacklogShare:
     """At the prefill backlog a tenant may add a prompt only if it is light (not backlogged
     upstream: this request is its only one queued, or it was light lately), under its
@@ -179,6 +187,7 @@ class PrefillBacklogShare:
             and scheduler.under_share(tenant, slots))
 
 
+@register("tenant_rule", "slot_headroom")
 class SlotHeadroom:
     """The slots above the share cap are for tenants under their weighted share; with
     work-conserving headroom (``headroom_always`` off) they are kept only while a light
@@ -196,6 +205,7 @@ class SlotHeadroom:
         return lambda tenant: scheduler.under_share(tenant, slots) or not light - {tenant}
 
 
+@register("tenant_rule", "kv_reserve")
 class KvReserve:
     """Above the KV watermark the reserve is for light tenants (not backlogged upstream:
     this request is their only one queued, or they were light lately), each up to its

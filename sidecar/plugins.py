@@ -1,6 +1,8 @@
 """The one registry of the scheduling core's parts, by kind: which flow is served next
 (``fairness``), a tenant's own queue order (``ordering``), what sending a request to a
-backend costs (``scorer``) and the choice among backends (``picker``).
+backend costs (``scorer``), the choice among backends (``picker``), and the admission rules
+that refine a backend's standing (``backend_rule``) or hold a tenant back on it
+(``tenant_rule``; sidecar.eligibility composes both, in the order its lists state).
 
 A part is one module in its kind's package (``sidecar/fairness/``, ``sidecar/routing/``)
 whose class carries ``@register(kind, name)``; the registry imports every module of those
@@ -21,11 +23,12 @@ from typing import Any, Literal, TypeVar, get_args
 
 __all__ = ["Kind", "UnknownPlugin", "plugin", "register", "registered"]
 
-Kind = Literal["fairness", "ordering", "scorer", "picker"]
+Kind = Literal["fairness", "ordering", "scorer", "picker", "backend_rule", "tenant_rule"]
 KINDS: tuple[Kind, ...] = get_args(Kind)
 
-# The packages whose modules hold the parts, imported on the first read.
+# The packages whose modules hold the parts, and the modules, imported on the first read.
 _PACKAGES = ("weighbridge.sidecar.fairness", "weighbridge.sidecar.routing")
+_MODULES = ("weighbridge.sidecar.eligibility",)
 
 _registry: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
 _discovered = False
@@ -62,6 +65,8 @@ def _discover() -> None:
         package = importlib.import_module(package_name)
         for module in pkgutil.iter_modules(package.__path__):
             importlib.import_module(f"{package_name}.{module.name}")
+    for module_name in _MODULES:
+        importlib.import_module(module_name)
 
 
 def registered(kind: Kind) -> Mapping[str, Any]:

@@ -30,6 +30,7 @@ from weighbridge.sidecar.eligibility import (
     refine,
 )
 from weighbridge.sidecar.kv import KvFootprint
+from weighbridge.sidecar.plugins import registered
 
 OPEN = GateVerdict("open", "", 8)
 OPEN_STANDING = Standing("b", OPEN)
@@ -199,3 +200,13 @@ def test_rules_compose_as_all_of_them() -> None:
                                           globally_fair=lambda t: t != "y"))
     assert allowed is not None
     assert [allowed(t) for t in ("x", "y", "z")] == [False, False, True]
+
+
+def test_every_registered_rule_is_composed_and_every_composed_rule_registered() -> None:
+    """A rule is one class and one registration (sidecar.plugins), placed in the list that
+    orders it: none registered and left out, none composed unregistered."""
+    assert {type(r) for r in BACKEND_RULES} == set(registered("backend_rule").values())
+    assert {type(r) for r in (*OPEN_RULES, *HEADROOM_RULES)} == \
+        set(registered("tenant_rule").values())
+    for part in (*registered("backend_rule").values(), *registered("tenant_rule").values()):
+        assert (part.__doc__ or "").strip(), part  # its docstring is its reason
