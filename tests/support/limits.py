@@ -1,6 +1,6 @@
-"""Limits judged through several front replicas: a hammer that sends a tenant's requests at
-a rate, round robin over the fronts' URLs, and the bound a global bucket allows over the
-window it measured."""
+"""Limits and shares judged through several front replicas: a hammer that sends a tenant's
+requests at a rate, round robin over the fronts' URLs, the bound a global bucket allows over
+the window it measured, and a closed-loop client that keeps a tenant backlogged."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import httpx
 
 from tests.support.ledger import Ledger
-from tests.support.stack import auth
+from tests.support.stack import auth, completion
 
 
 def figures(test: str, **values: object) -> None:
@@ -83,3 +83,15 @@ def assert_within_the_limit(admitted: int, capacity: float, per_s: float,
     least, most = window.refill_s()
     low, high = capacity + per_s * least, capacity + per_s * most
     assert low * 0.98 <= admitted <= high * 1.02, (admitted, low, high, window)
+
+
+async def closed_loop(client: httpx.AsyncClient, url: str, key: str, until: float,
+                      served: list[tuple[float, int]], output: int, prompt_tokens: int
+                      ) -> None:
+    """One client: a request, its answer, the next, until ``until``; (end time, output
+    tokens) of each answer."""
+    while time.monotonic() < until:
+        response = await client.post(url + "/v1/completions", headers=auth(key),
+                                     json=completion(output, prompt_tokens=prompt_tokens))
+        if response.status_code == 200:
+            served.append((time.monotonic(), response.json()["usage"]["completion_tokens"]))

@@ -21,10 +21,10 @@ import time
 import httpx
 import pytest
 
-from tests.support.limits import figures
+from tests.support.limits import closed_loop, figures
 from tests.support.metrics import scrape
 from tests.support.redis import RedisServer
-from tests.support.stack import auth, completion, start_emulator, tenant
+from tests.support.stack import start_emulator, tenant
 from tests.support.wait import wait_for
 from weighbridge.launch import envoy_config, envoy_process, epp_process, free_port
 
@@ -35,17 +35,6 @@ OUTPUT = 24
 WEIGHTS = {"heavy": 4, "light": 1}
 CLIENTS = 24  # a tenant's closed-loop clients: enough that it stays backlogged in both pickers
 TOLERANCE_PCT = 5.0  # issue 42: the 4:1 share within 5% (reported, not asserted: module doc)
-
-
-async def closed_loop(client: httpx.AsyncClient, url: str, key: str, until: float,
-                      served: list[tuple[float, int]]) -> None:
-    """One client: a request, its answer, the next, until ``until``; (end time, output
-    tokens) of each answer."""
-    while time.monotonic() < until:
-        response = await client.post(url + "/v1/completions", headers=auth(key),
-                                     json=completion(OUTPUT, prompt_tokens=16))
-        if response.status_code == 200:
-            served.append((time.monotonic(), response.json()["usage"]["completion_tokens"]))
 
 
 def test_a_weighted_share_holds_across_two_pickers(processes: contextlib.ExitStack) -> None:
@@ -77,7 +66,7 @@ def test_a_weighted_share_holds_across_two_pickers(processes: contextlib.ExitSta
         until = start + WARMUP_S + WINDOW_S
         async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=100)) as c:
             await asyncio.gather(*(closed_loop(c, envoy.url, f"sk-{name}", until,
-                                               served[name])
+                                               served[name], OUTPUT, 16)
                                    for name in WEIGHTS for _ in range(CLIENTS)))
         window = (start + WARMUP_S, until)
         return {name: [(t, n) for t, n in answers if window[0] <= t <= window[1]]

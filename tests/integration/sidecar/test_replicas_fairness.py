@@ -14,9 +14,10 @@ import time
 import httpx
 import pytest
 
+from tests.support.limits import closed_loop
 from tests.support.metrics import scrape
 from tests.support.redis import RedisServer
-from tests.support.stack import auth, completion, start_emulator, start_sidecar, tenant
+from tests.support.stack import start_emulator, start_sidecar, tenant
 from tests.support.wait import wait_for
 from weighbridge.statistics import jain_index
 
@@ -24,17 +25,6 @@ pytestmark = pytest.mark.timeout(180)
 
 WARMUP_S, WINDOW_S = 4.0, 16.0
 OUTPUT = 24
-
-
-async def closed_loop(client: httpx.AsyncClient, url: str, key: str, until: float,
-                      served: list[tuple[float, int]]) -> None:
-    """One client: a request, its answer, the next, until ``until``; (end time, output
-    tokens) of each answer."""
-    while time.monotonic() < until:
-        response = await client.post(url + "/v1/completions", headers=auth(key),
-                                     json=completion(OUTPUT, prompt_tokens=16))
-        if response.status_code == 200:
-            served.append((time.monotonic(), response.json()["usage"]["completion_tokens"]))
 
 
 def test_a_tenant_s_share_is_judged_across_replicas(processes: contextlib.ExitStack) -> None:
@@ -61,9 +51,10 @@ def test_a_tenant_s_share_is_judged_across_replicas(processes: contextlib.ExitSt
             # Enough clients that each tenant stays backlogged on every replica it uses (8
             # each on the spread tenant's three): a tenant with nothing queued somewhere is
             # not starved there, and the share rule rightly lets the other run ahead.
-            clients = [closed_loop(c, replicas[0], "sk-one", until, served["one"])
+            clients = [closed_loop(c, replicas[0], "sk-one", until, served["one"], OUTPUT, 16)
                        for _ in range(24)]
-            clients += [closed_loop(c, replicas[i % 3], "sk-spread", until, served["spread"])
+            clients += [closed_loop(c, replicas[i % 3], "sk-spread", until, served["spread"],
+                                   OUTPUT, 16)
                         for i in range(24)]
             await asyncio.gather(*clients)
         window = (start + WARMUP_S, until)
