@@ -1,16 +1,15 @@
 from __future__ import annotations
 
-from weighbridge.sidecar.drr import DeficitRoundRobin
+from weighbridge.sidecar.fairness.drr import WeightedDrr
 from weighbridge.sidecar.plugins import register
 
 
 @register("fairness", "rr")
-class RoundRobin(DeficitRoundRobin):
+class RoundRobin(WeightedDrr):
     """Round robin over the tenants of each tier, one request a turn: weights and token
-    costs ignored (a baseline to compare ``drr`` with). Tiers are served strictly by rank."""
+    costs ignored (a baseline to compare ``drr`` with; DRR with every weight and every
+    request's cost one). Tiers are served strictly by rank."""
 
-    holds_requests = True
-    per_tenant = True
     weighted = False
     costs_tokens = False
 

@@ -78,13 +78,9 @@ class VirtualTokenCounter:
 
     def add(self, flow: str, weight: float) -> None:
         """Register a flow, or change its weight (for the service it receives from now)."""
-        if not weight > 0 or math.isinf(weight):
+        if not 0 < weight < math.inf:
             raise ValueError(f"weight must be positive and finite, got {weight}")
-        existing = self._flows.get(flow)
-        if existing is None:
-            self._flows[flow] = _Flow(weight)
-        else:
-            existing.weight = weight
+        self._flows.setdefault(flow, _Flow(weight)).weight = weight
 
     def activate(self, flow: str) -> None:
         f = self._flows[flow]

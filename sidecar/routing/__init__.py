@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from weighbridge.sidecar.fleet import Backend, Fleet
     from weighbridge.sidecar.request import QueuedRequest
 
-__all__ = ["PRESETS", "Candidate", "Picker", "Route", "Scorer", "route_parts"]
+__all__ = ["PRESETS", "Candidate", "Picker", "Route", "Scorer", "WeighsNoAffinity",
+           "route_parts"]
 
 # Today's routing names, as a picker over weighted scorers.
 PRESETS: dict[str, tuple[str, dict[str, float]]] = {
@@ -88,6 +89,19 @@ class Picker(Protocol):
     def dispatched(self, backend: Backend, fleet: Fleet) -> None:
         """A request went to ``backend``."""
         ...
+
+
+class WeighsNoAffinity:
+    """A picker's part when it weighs no affinity: its pick stands (``load``), and it
+    keeps nothing of a dispatch."""
+
+    def weigh(self, chosen: str, candidates: Mapping[str, Candidate],
+              prompt_tokens: int) -> tuple[str, str]:
+        del candidates, prompt_tokens
+        return chosen, "load"
+
+    def dispatched(self, backend: Backend, fleet: Fleet) -> None:
+        del backend, fleet
 
 
 def route_parts(routing: Any) -> tuple[str, dict[str, float]]:

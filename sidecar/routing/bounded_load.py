@@ -1,13 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from weighbridge.sidecar.plugins import register
-from weighbridge.sidecar.routing.least_loaded import least_loaded
+from weighbridge.sidecar.routing.least_loaded import LeastLoaded
 
 if TYPE_CHECKING:
-    from weighbridge.sidecar.fleet import Backend, Fleet
     from weighbridge.sidecar.routing import Candidate
 
 # (1 + epsilon) of consistent hashing with bounded loads: the most a backend may carry,
@@ -51,7 +50,7 @@ def affine(candidates: Mapping[str, Candidate], prompt_tokens: int) -> tuple[str
 
 
 @register("picker", "bounded_load")
-class BoundedLoad:
+class BoundedLoad(LeastLoaded):
     """Affinity within a load bound (consistent hashing with bounded loads, in tokens).
     Without affinity, as ``least_loaded``. With it, among the backends that may take the
     request (and those held back for prefill alone whose cache pays for it,
@@ -61,18 +60,7 @@ class BoundedLoad:
     request's prompt, while another can take it, whatever it holds, so a hot prefix,
     conversation or tenant cannot pile onto one engine."""
 
-    @staticmethod
-    def pick(candidates: Sequence[Backend], cost: Callable[[Backend], float],
-             fleet: Fleet) -> Backend:
-        del fleet
-        return least_loaded(candidates, cost)
-
-    @staticmethod
-    def weigh(chosen: str, candidates: Mapping[str, Candidate],
+    def weigh(self, chosen: str, candidates: Mapping[str, Candidate],
               prompt_tokens: int) -> tuple[str, str]:
         del chosen
         return affine(candidates, prompt_tokens)
-
-    @staticmethod
-    def dispatched(backend: Backend, fleet: Fleet) -> None:
-        del backend, fleet

@@ -1,17 +1,17 @@
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from weighbridge.sidecar.plugins import register
+from weighbridge.sidecar.routing import WeighsNoAffinity
 
 if TYPE_CHECKING:
     from weighbridge.sidecar.fleet import Backend, Fleet
-    from weighbridge.sidecar.routing import Candidate
 
 
 @register("picker", "round_robin")
-class RoundRobin:
+class RoundRobin(WeighsNoAffinity):
     """The backends in turn, in the fleet's order, from the one after the last dispatched
     to; scorers are not read (a baseline)."""
 
@@ -23,12 +23,6 @@ class RoundRobin:
         del cost
         count, after = len(fleet), self._next
         return min(candidates, key=lambda b: (b.index - after) % count)
-
-    @staticmethod
-    def weigh(chosen: str, candidates: Mapping[str, Candidate],
-              prompt_tokens: int) -> tuple[str, str]:
-        del candidates, prompt_tokens
-        return chosen, "load"
 
     def dispatched(self, backend: Backend, fleet: Fleet) -> None:
         self._next = (backend.index + 1) % len(fleet)
