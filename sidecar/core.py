@@ -1,9 +1,12 @@
 """The whole scheduling core behind one object: what the HTTP shell calls, and nothing else.
 
-``SchedulingCore`` wires the rate limiter, output estimator, wait predictor, scheduler,
-admission gates, router and ledger in the order the design fixes, so that the shell cannot
-get the order or the accounting wrong: every request that ``arrive`` accepts ends exactly
-once, through ``cancel``, ``on_completed``, ``on_failed`` or ``on_client_gone``.
+``SchedulingCore`` keeps each request's lifecycle: it wires the rate limiter, output
+estimator, wait predictor, each pool's scheduler, the fleet's records (sidecar.fleet: each
+backend's gate, KV footprint, prefix index and load), the dispatch cycle (sidecar.cycle:
+standings, eligible tenants, the fairness pick, the scored backends) and the ledger in the
+order the design fixes, so that the shell cannot get the order or the accounting wrong:
+every request that ``arrive`` accepts ends exactly once, through ``cancel``,
+``on_completed``, ``on_failed`` or ``on_client_gone``. ``stats()`` is what /metrics reads.
 
 Shell contract (all methods take ``now``: one monotonic clock, seconds)
 ---------------------------------------------------------------------

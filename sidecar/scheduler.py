@@ -1,4 +1,5 @@
-"""The egress selector chain: tier, then tenant (weighted DRR), then the tenant's own queue.
+"""The egress selector chain: tier, then tenant (the fairness policy), then the tenant's own
+queue (the ordering).
 
 ``Scheduler`` owns every queued request and the in-flight ones it handed out, and keeps the
 aggregates that other parts read in O(1): queued requests/tokens per tier and tenant, the
