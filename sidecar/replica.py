@@ -125,7 +125,8 @@ class Replica:
     # ------------------------------------------------------------------ service and load
 
     def take_booked(self) -> dict[tuple[str, str, str], float]:
-        """DRR turns charged per (pool, tier, tenant) since the last call."""
+        """Service charged per (pool, tier, tenant) since the last call, in the fairness
+        policy's own unit (DRR's turns; every replica runs the same policy)."""
         return {(pool_id(pool.backends), tier, tenant): turns
                 for pool in self._core.pools()
                 for (tier, tenant), turns in pool.scheduler.take_booked().items()}

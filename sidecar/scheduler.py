@@ -500,8 +500,8 @@ class Scheduler:
             self._booked = {}
 
     def take_booked(self) -> dict[tuple[str, str], float]:
-        """Turns charged per (tier, tenant) since the last call: dispatch costs, live
-        charges, settlements and refunds."""
+        """Service charged per (tier, tenant) since the last call, in the fairness policy's
+        unit (DRR's turns): dispatch costs, live charges, settlements and refunds."""
         taken = self._booked or {}
         if self._booked is not None:
             self._booked = {}
@@ -519,7 +519,7 @@ class Scheduler:
                 for tier, queue in t.queues.items() if queue]
 
     def charge_foreign(self, tier: str, tenant: str, turns: float) -> None:
-        """Service another replica gave ``tenant`` in ``tier``: charged to its DRR credit as
+        """Service another replica gave ``tenant`` in ``tier``, in the policy's unit: charged as
         if served here, so this replica orders its queue by the tenant's service across
         every replica. A tenant that never queued here in that tier has no credit to charge
         (its service elsewhere before it arrives here is not held against it)."""
