@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import multiprocessing
@@ -30,6 +31,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, disable_created_metrics, generate_latest
 
+from weighbridge.endpoints import EndpointKind
 from weighbridge.redaction import redact_url
 from weighbridge.sidecar.backends import BackendPool
 from weighbridge.sidecar.config import EMBEDDINGS, Config, ConfigError
@@ -161,6 +163,10 @@ class Sidecar:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_post(EMBEDDINGS, self.embeddings)
+        for kind in (EndpointKind.POOLING, EndpointKind.CLASSIFY, EndpointKind.SCORE,
+                     EndpointKind.RERANK):
+            for path in kind.paths:  # each proxied as its kind (sidecar.session)
+                r.add_post(path, functools.partial(self._proxy, kind.value))
         r.add_get("/v1/models", self.models)
         r.add_get("/metrics", self.metrics_endpoint)
         r.add_get("/healthz", self.healthz)

@@ -38,6 +38,7 @@ from pydantic import (
 from pydantic import HttpUrl as _HttpUrl
 from pydantic_core import PydanticCustomError
 
+from weighbridge.endpoints import EndpointKind
 from weighbridge.hf_tokenizer import MODULES
 from weighbridge.keys import ApiKey, ApiKeyField, key_digest
 from weighbridge.redaction import redact_url
@@ -133,7 +134,9 @@ def _check_path(value: Any) -> str:
     path = _expect_str(value)
     if not path.startswith("/") or any(c.isspace() for c in path):
         raise PydanticCustomError("path", "endpoint must be a URL path such as /v1/completions")
-    return path
+    # A kind's other paths (/v1/rerank, ...) name its own: one limit holds on all of them.
+    kind = EndpointKind.of_path(path)
+    return path if kind is None else kind.value
 
 
 EndpointPath = Annotated[str, PlainValidator(_check_path, json_schema_input_type=str)]
@@ -329,13 +332,12 @@ class Endpoint(_Model):
 
 
 def default_endpoints() -> dict[str, Endpoint]:
-    return {
-        "/v1/chat/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
-        "/v1/completions": Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM),
-        # Prefill only: a request costs its input tokens, and nothing is generated.
-        EMBEDDINGS: Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM,
-                                   initial_output_estimate=0),
-    }
+    # The pooling kinds are prefill only: a request costs its input tokens, and nothing is
+    # generated.
+    return {kind.value: Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM)
+            if kind.generates else
+            Endpoint(cost="tokens", quantum=DEFAULT_TOKEN_QUANTUM, initial_output_estimate=0)
+            for kind in EndpointKind}
 
 
 def _check_tokenizer(value: Any) -> str:

@@ -349,7 +349,7 @@ class Ingress:
         self._configured(caller)
         result = self.core.arrive(
             request_id=request_id, tenant=caller.tenant, tier=arrival.tier,
-            endpoint=arrival.endpoint, prompt_tokens=arrival.prompt_tokens,
+            endpoint=arrival.endpoint.value, prompt_tokens=arrival.prompt_tokens,
             max_tokens=arrival.max_tokens, sequences=arrival.sequences, now=now,
             # Repeat demotion counts by the key, never by the body's `user`, which the client
             # can vary per request to escape it.

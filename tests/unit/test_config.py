@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from weighbridge.endpoints import EndpointKind
 from weighbridge.keys import hash_api_key
 from weighbridge.sidecar.config import (
     Config,
@@ -104,6 +105,16 @@ def test_issue_yaml_loads(issue_file: Path) -> None:
     assert config.warnings == ()
 
 
+def test_a_kind_s_other_paths_name_its_own() -> None:
+    """A limit or a cost model written on /v1/rerank is /rerank's, which every path of the
+    kind is read as (weighbridge.endpoints)."""
+    raw = minimal(endpoints={"/v1/score": {"quantum": 7}})
+    raw["tenants"]["acme"]["endpoint_limits"] = {"/v2/rerank": {"requests_per_minute": 3}}
+    config = parse_config(raw)
+    assert config.endpoints["/score"].quantum == 7 and "/v1/score" not in config.endpoints
+    assert set(config.tenants["acme"].endpoint_limits) == {"/rerank"}
+
+
 def test_defaults_fill_everything_optional() -> None:
     config = parse_config(minimal())
 
@@ -112,10 +123,11 @@ def test_defaults_fill_everything_optional() -> None:
         "standard": 2,
         "batch": 3,
     }
-    assert set(config.endpoints) == {"/v1/chat/completions", "/v1/completions",
-                                     "/v1/embeddings"}
+    assert set(config.endpoints) == {kind.value for kind in EndpointKind}
     assert all(e.cost == "tokens" and e.quantum == 2048 for e in config.endpoints.values())
-    assert config.endpoints["/v1/embeddings"].initial_output_estimate == 0  # generates nothing
+    # The pooling kinds generate nothing.
+    assert {path for path, e in config.endpoints.items() if e.initial_output_estimate == 0} \
+        == {kind.value for kind in EndpointKind if not kind.generates}
     assert config.scheduler.policy == "drr"
     assert config.routing == "prefix_aware"
     # Unset admission knobs are derived from each engine's learned shape (test_shape.py).
