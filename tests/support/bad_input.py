@@ -107,5 +107,31 @@ BAD_EMBEDDING_BODIES: list[tuple[str, bytes, str]] = [
      "invalid_body"),
 ]
 
+# (name, path, body, reason) of vLLM's pooling endpoints: what the charge is read from, as
+# vLLM would refuse it, and the fields the sidecar reads.
+BAD_POOLING_BODIES: list[tuple[str, str, bytes, str]] = [
+    ("rerank-no-query", "/rerank", b'{"documents": ["a"]}', "invalid_prompt"),
+    ("rerank-query-list", "/v1/rerank", b'{"query": ["a"], "documents": ["b"]}',
+     "invalid_prompt"),
+    ("rerank-no-documents", "/v2/rerank", b'{"query": "q", "documents": []}',
+     "invalid_prompt"),
+    ("rerank-document-number", "/rerank", b'{"query": "q", "documents": [1]}',
+     "invalid_prompt"),
+    ("score-two-to-three", "/score", b'{"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}',
+     "invalid_prompt"),
+    ("score-one-side", "/v1/score", b'{"text_1": "a"}', "invalid_prompt"),
+    ("pooling-no-input", "/pooling", b'{"input": []}', "invalid_prompt"),
+    ("classify-token-negative", "/classify", b'{"input": [-3]}', "invalid_prompt"),
+    ("rerank-priority-float", "/rerank", b'{"query": "q", "documents": ["a"], "priority": 1.5}',
+     "invalid_priority"),
+    ("score-user-number", "/score", b'{"text_1": "a", "text_2": "b", "user": 5}',
+     "invalid_user"),
+    ("pooling-model-number", "/pooling", b'{"input": "a", "model": 7}', "invalid_model"),
+    ("rerank-malformed", "/rerank", b'{"query": ', "invalid_json"),
+    ("classify-array", "/classify", b"[1]", "invalid_body"),
+    ("pooling-too-deep", "/pooling", b'{"input": "hi", "x": ' + b"[" * 300 + b"]" * 300 + b"}",
+     "invalid_body"),
+]
+
 # x-weighbridge-deadline-ms values refused as invalid_deadline.
 BAD_DEADLINES = ["abc", "-5", "0", "nan", "inf", "-inf", "", "1e400", "10ms", "0x10"]

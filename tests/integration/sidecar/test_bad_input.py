@@ -17,6 +17,7 @@ from tests.support.bad_input import (
     BAD_CHAT_BODIES,
     BAD_DEADLINES,
     BAD_EMBEDDING_BODIES,
+    BAD_POOLING_BODIES,
     KEY,
     MAX_BODY_BYTES,
     MAX_TOKENS_LIMIT,
@@ -79,6 +80,17 @@ def test_bad_chat_body_is_400(stack: Stack, body: bytes, reason: str) -> None:
 def test_bad_embeddings_body_is_400(stack: Stack, body: bytes, reason: str) -> None:
     before, seen = ledger(stack.sidecar), backend_finished(stack.emulator)
     expect_rejected(stack, post(stack, body, "/v1/embeddings"), 400, reason)
+    delta = settled(stack.sidecar) - before
+    assert delta.arrived == 1 and delta.rejected == {reason: 1}
+    assert backend_finished(stack.emulator) == seen
+
+
+@pytest.mark.parametrize(("path", "body", "reason"),
+                         [(p, b, r) for _, p, b, r in BAD_POOLING_BODIES],
+                         ids=[name for name, _, _, _ in BAD_POOLING_BODIES])
+def test_bad_pooling_body_is_400(stack: Stack, path: str, body: bytes, reason: str) -> None:
+    before, seen = ledger(stack.sidecar), backend_finished(stack.emulator)
+    expect_rejected(stack, post(stack, body, path), 400, reason)
     delta = settled(stack.sidecar) - before
     assert delta.arrived == 1 and delta.rejected == {reason: 1}
     assert backend_finished(stack.emulator) == seen
@@ -202,6 +214,10 @@ def test_never_a_5xx_for_bad_input(stack: Stack) -> None:
         assert 400 <= response.status_code < 500 and "error" in response.json()
     for _, body, _ in BAD_EMBEDDING_BODIES:
         response = post(stack, body, "/v1/embeddings")
+        sent += 1
+        assert 400 <= response.status_code < 500 and "error" in response.json()
+    for _, path, body, _ in BAD_POOLING_BODIES:
+        response = post(stack, body, path)
         sent += 1
         assert 400 <= response.status_code < 500 and "error" in response.json()
     delta = settled(stack.sidecar) - before

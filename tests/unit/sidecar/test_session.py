@@ -21,6 +21,7 @@ from tests.support.bad_input import (
     BAD_CHAT_BODIES,
     BAD_DEADLINES,
     BAD_EMBEDDING_BODIES,
+    BAD_POOLING_BODIES,
     KEY,
     MAX_BODY_BYTES,
     MAX_TOKENS_LIMIT,
@@ -72,6 +73,7 @@ CASES: list[Case] = [
     *(Case(f"completions-{name}", COMPLETIONS, body) for name, body, _ in BAD_BODIES),
     *(Case(f"chat-{name}", CHAT, body) for name, body, _ in BAD_CHAT_BODIES),
     *(Case(f"embeddings-{name}", EMBEDDINGS, body) for name, body, _ in BAD_EMBEDDING_BODIES),
+    *(Case(f"pooling-{name}", path, body) for name, path, body, _ in BAD_POOLING_BODIES),
     *(with_headers(f"deadline-{value or 'empty'}", {headers.DEADLINE_MS: value})
       for value in BAD_DEADLINES),
     Case("body-over-the-limit", COMPLETIONS,
@@ -157,7 +159,7 @@ def test_the_rows_cover_refusals_failures_and_service() -> None:
     outcomes = [simulated(case) for case in CASES]
     reasons = {o.reject_reason for o in outcomes}
     expected = {r for rows in (BAD_BODIES, BAD_CHAT_BODIES, BAD_EMBEDDING_BODIES)
-                for _, _, r in rows}
+                for _, _, r in rows} | {r for _, _, _, r in BAD_POOLING_BODIES}
     assert expected | {"invalid_deadline", "body_too_large", "unauthorized", "unknown_tier",
                        "tier_not_allowed", "model_not_found", "rate_limited"} <= reasons
     assert [o.status for o in outcomes if o.ledger["total"]["failed"]] == [400]
