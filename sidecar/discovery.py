@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -458,8 +459,6 @@ def _describe(error: BaseException) -> str:
 async def api_client(kubeconfig: str | None) -> Any:
     """A ``kubernetes_asyncio`` ApiClient: the pod's service account in a cluster, else the
     kubeconfig file (``None``: ``$KUBECONFIG`` or ``~/.kube/config``)."""
-    import os
-
     from kubernetes_asyncio import client, config
 
     configuration = client.Configuration()
