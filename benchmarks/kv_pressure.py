@@ -570,10 +570,10 @@ async def live_arm(arm: ArmSpec, engine_url: str, sidecar_url: str, seed: int,
     return ArmFigures(
         arm=arm.name, victim_ttft_s=_percentiles(ttft), victim_e2e_s=_percentiles(e2e),
         victim_requests=len(times), victim_unanswered=sum(1 for t, _ in times if t is None),
-        preemptions=round(last.preemptions_total - first.preemptions_total),
+        preemptions=round((last.preemptions_total or 0.0) - (first.preemptions_total or 0.0)),
         preempted_victim=-1,  # vLLM does not say whose
-        output_tokens_per_s=(last.generation_tokens_total
-                             - first.generation_tokens_total) / elapsed,
+        output_tokens_per_s=((last.generation_tokens_total or 0.0)
+                             - (first.generation_tokens_total or 0.0)) / elapsed,
         runner_done=len(in_window),
         runner_long_done=sum(1 for tokens in in_window if tokens > LONG_OUTPUT // 2),
         holds={k: round(v) for k, v in diagnostics.holds.items()},

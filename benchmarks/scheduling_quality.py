@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import shutil
 import statistics
@@ -793,6 +794,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scheduling_quality",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--part", choices=["all", "policies", "claims"], default="all")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="--part claims: keep the claims' result in this JSON file")
+    parser.add_argument("--claims-from", type=Path, default=None,
+                        help="--part all: the claims' result saved by --save (run them apart, "
+                             "niced, and only the live policies under the benchmark lock)")
     parser.add_argument("--record", action="store_true",
                         help="write the section into benchmarks/RESULTS.md (--part all)")
     args = parser.parse_args(argv)
@@ -804,13 +810,27 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    claims: tuple[list[str], list[Table]] | None = None
+    if args.claims_from is not None:
+        saved = json.loads(args.claims_from.read_text())
+        claims = (saved["summary"], [Table(tuple(t["columns"]), [tuple(r) for r in t["rows"]],
+                                           t["caption"]) for t in saved["tables"]])
     if args.part == "claims":
         summary, tables = run_claims(log)
+        if args.save is not None:
+            args.save.write_text(json.dumps({"summary": summary, "tables": [
+                {"columns": t.columns, "rows": t.rows, "caption": t.caption}
+                for t in tables]}))
         result = BenchResult(summary=summary, tables=tables, notes=CLAIMS_NOTES)
     else:
         with Progress(console=Console(stderr=True)) as progress:
             ctx = BenchContext(progress=progress, quick=False)
-            result = run(ctx) if args.part == "all" else run_policies(ctx)
+            result = run_policies(ctx)
+        if args.part == "all":
+            summary, tables = claims if claims is not None else run_claims(log)
+            result = BenchResult(summary=result.summary + summary,
+                                 tables=result.tables + tables,
+                                 notes=result.notes + CLAIMS_NOTES, passed=None)
     print("\n".join(result.summary) + "\n")
     for table in result.tables:
         print(table.markdown() + "\n")
