@@ -83,3 +83,11 @@ class StandaloneRun:
 
     def record(self, bench: Benchmark, result: BenchResult) -> None:
         write_section(bench.name, self.section(bench, result))
+
+    def finish(self, bench: Benchmark, result: BenchResult, record: bool) -> None:
+        """Print the result's summary and tables; with ``record``, write its section."""
+        print("\n".join(result.summary) + "\n")
+        for table in result.tables:
+            print(table.markdown() + "\n")
+        if record:
+            self.record(bench, result)

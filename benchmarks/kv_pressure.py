@@ -687,11 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     standalone = _results.StandaloneRun(["python", "-m", "benchmarks.kv_pressure", *argv])
     result = run_engines(args.engine, [ARMS[name] for name in args.arms], args.warmup,
                          args.window, lambda line: print(line, file=sys.stderr, flush=True))
-    print("\n".join(result.summary) + "\n")
-    for t in result.tables:
-        print(t.markdown() + "\n")
-    if args.record:
-        standalone.record(BENCHMARK, result)
+    standalone.finish(BENCHMARK, result, args.record)
     return 0
 
 

@@ -411,6 +411,22 @@ def output_tps(records: Sequence[RequestRecord], tenant: str) -> float:
 SCRIPT_KEY, PERSON_KEY, OTHER_KEY = "sk-team-script", "sk-team-person", "sk-other"
 
 
+def flood_tenant() -> TenantSpec:
+    """``other``: 48 closed-loop users of 256 + 128 tokens, so the tenant beside it is served
+    at its share and queues."""
+    return TenantSpec(name="other", api_key=OTHER_KEY, tier="shared",
+                      lengths=_lengths(256, 128), arrival=Closed(users=48))
+
+
+def beside_flood(tenant: str, keys: Sequence[str], scheduler: Mapping[str, Any]
+                 ) -> dict[str, Any]:
+    """The sidecar: ``tenant`` behind ``keys`` and ``other`` behind its own, one tier."""
+    return {"tiers": {"shared": {"rank": 1}},
+            "tenants": {tenant: {"tier": "shared", "api_keys": [f"plain:{k}" for k in keys]},
+                        "other": {"tier": "shared", "api_keys": [f"plain:{OTHER_KEY}"]}},
+            "scheduler": dict(scheduler)}
+
+
 def demotion_tenants() -> list[TenantSpec]:
     """One sidecar tenant, ``team``, behind two keys: a script's closed loop of 48 users and
     a person's Poisson 1/s; ``other`` floods beside it, so team's queue is backlogged."""
@@ -419,17 +435,12 @@ def demotion_tenants() -> list[TenantSpec]:
                    lengths=_lengths(256, 128), arrival=Closed(users=48)),
         TenantSpec(name="team-person", api_key=PERSON_KEY, tier="shared",
                    lengths=_lengths(64, 32), arrival=Poisson(rate=1.0)),
-        TenantSpec(name="other", api_key=OTHER_KEY, tier="shared",
-                   lengths=_lengths(256, 128), arrival=Closed(users=48)),
+        flood_tenant(),
     ]
 
 
 def demotion_sidecar(on: bool) -> dict[str, Any]:
-    return {"tiers": {"shared": {"rank": 1}},
-            "tenants": {"team": {"tier": "shared", "api_keys": [f"plain:{SCRIPT_KEY}",
-                                                                f"plain:{PERSON_KEY}"]},
-                        "other": {"tier": "shared", "api_keys": [f"plain:{OTHER_KEY}"]}},
-            "scheduler": {"repeat_demotion": on}}
+    return beside_flood("team", (SCRIPT_KEY, PERSON_KEY), {"repeat_demotion": on})
 
 
 def priority_tenants() -> list[TenantSpec]:
@@ -441,16 +452,12 @@ def priority_tenants() -> list[TenantSpec]:
                    lengths=_lengths(256, 128), arrival=Closed(users=48)),
         TenantSpec(name="solo-urgent", api_key="sk-solo", tier="shared", priority=0,
                    lengths=_lengths(64, 32), arrival=Poisson(rate=1.0)),
-        TenantSpec(name="other", api_key=OTHER_KEY, tier="shared",
-                   lengths=_lengths(256, 128), arrival=Closed(users=48)),
+        flood_tenant(),
     ]
 
 
 def priority_sidecar(on: bool) -> dict[str, Any]:
-    return {"tiers": {"shared": {"rank": 1}},
-            "tenants": {"solo": {"tier": "shared", "api_keys": ["plain:sk-solo"]},
-                        "other": {"tier": "shared", "api_keys": [f"plain:{OTHER_KEY}"]}},
-            "scheduler": {"repeat_demotion": on}}
+    return beside_flood("solo", ("sk-solo",), {"repeat_demotion": on})
 
 
 def demotion_table() -> tuple[Table, list[str]]:
@@ -526,16 +533,12 @@ def spf_tenants(rate: float) -> list[TenantSpec]:
                    lengths=Lengths.model_validate({"classes": [
                        {"weight": 0.8, "prompt": SPF_SHORT, "output": 32},
                        {"weight": 0.2, "prompt": SPF_LONG, "output": 32}]})),
-        TenantSpec(name="other", api_key=OTHER_KEY, tier="shared",
-                   lengths=_lengths(256, 128), arrival=Closed(users=48)),
+        flood_tenant(),
     ]
 
 
 def spf_sidecar(on: bool) -> dict[str, Any]:
-    return {"tiers": {"shared": {"rank": 1}},
-            "tenants": {"mixed": {"tier": "shared", "api_keys": ["plain:sk-mixed"]},
-                        "other": {"tier": "shared", "api_keys": [f"plain:{OTHER_KEY}"]}},
-            "scheduler": {"shortest_prompt_first": on}}
+    return beside_flood("mixed", ("sk-mixed",), {"shortest_prompt_first": on})
 
 
 def spf_table() -> tuple[Table, list[str]]:
@@ -831,11 +834,7 @@ def main(argv: list[str] | None = None) -> int:
             result = BenchResult(summary=result.summary + summary,
                                  tables=result.tables + tables,
                                  notes=result.notes + CLAIMS_NOTES, passed=None)
-    print("\n".join(result.summary) + "\n")
-    for table in result.tables:
-        print(table.markdown() + "\n")
-    if args.record:
-        standalone.record(BENCHMARK, result)
+    standalone.finish(BENCHMARK, result, args.record)
     return 0
 
 

@@ -26,23 +26,22 @@ def test_the_delay_grows_with_the_prompt_and_stays_below_its_bound(a: int, b: in
     assert spf_delay_s(0, bound) == 0
 
 
-def drained(requests: list[QueuedRequest]) -> list[QueuedRequest]:
-    """The order a tenant's queue gives them (as the scheduler sets them under
-    shortest_prompt_first: the prompt is the size rank)."""
+def drained(sent: list[tuple[float, int]]) -> list[QueuedRequest]:
+    """Requests of (arrival, prompt) in the order a tenant's queue gives them (as the
+    scheduler sets them under shortest_prompt_first: the prompt is the size rank)."""
     queue = TenantQueue()
-    for seq, r in enumerate(requests):
-        r.seq, r.size_rank = seq, r.prompt_tokens
+    for seq, (t, p) in enumerate(sent):
+        r = make_request(arrival=t, prompt=p, id=f"r{seq}")
+        r.seq, r.size_rank = seq, p
         queue.push(r)
-    return [queue.pop() for _ in requests]
+    return [queue.pop() for _ in sent]
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(ARRIVALS, PROMPTS), min_size=1, max_size=40))
 def test_no_request_is_passed_by_one_arriving_the_bound_or_more_after_it(
         sent: list[tuple[float, int]]) -> None:
-    order = drained([make_request(arrival=t, prompt=p, id=f"r{k}")
-                     for k, (t, p) in enumerate(sent)])
-    for earlier, later in itertools.combinations(order, 2):
+    for earlier, later in itertools.combinations(drained(sent), 2):
         # `later` left the queue after `earlier`: it arrived no more than the bound after.
         assert earlier.arrival_s < later.arrival_s + SPF_MAX_DELAY_S
 
@@ -51,8 +50,7 @@ def test_no_request_is_passed_by_one_arriving_the_bound_or_more_after_it(
 @given(st.lists(st.tuples(ARRIVALS, PROMPTS), min_size=1, max_size=40))
 def test_a_shorter_prompt_sent_no_later_is_never_behind_a_longer_one(
         sent: list[tuple[float, int]]) -> None:
-    order = drained([make_request(arrival=t, prompt=p, id=f"r{k}")
-                     for k, (t, p) in enumerate(sent)])
+    order = drained(sent)
     position = {r.id: i for i, r in enumerate(order)}
     for a, b in itertools.permutations(order, 2):
         if a.arrival_s <= b.arrival_s and a.prompt_tokens < b.prompt_tokens:
