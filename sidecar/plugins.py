@@ -70,9 +70,11 @@ def _discover() -> None:
 
 
 def registered(kind: Kind) -> Mapping[str, Any]:
-    """Every registered part of ``kind``, by name, in the order their modules registered."""
+    """Every registered part of ``kind``, by name, in the names' order (whatever order the
+    modules were imported in)."""
     _discover()
-    return MappingProxyType(_registry[kind])
+    parts = _registry[kind]
+    return MappingProxyType({name: parts[name] for name in sorted(parts)})
 
 
 def plugin(kind: Kind, name: str) -> Any:
