@@ -300,8 +300,10 @@ class Tenant(_Model):
 
 
 class Endpoint(_Model):
-    """How requests to one served path are costed. Given ones are merged over the defaults of
-    the three served paths (`/v1/completions`, `/v1/chat/completions`, `/v1/embeddings`)."""
+    """How requests of one served kind are costed, keyed by its path (`/v1/completions`,
+    `/v1/chat/completions`, `/v1/embeddings`, `/pooling`, `/classify`, `/score`, `/rerank`;
+    a kind's other paths, such as `/v1/rerank`, name it too). Given ones are merged over the
+    defaults of every kind."""
 
     cost: CostModel = "tokens"
     """The DRR cost model: `tokens` (prompt + estimated output) or `requests` (1 each)."""
@@ -309,7 +311,7 @@ class Endpoint(_Model):
                                  json_schema_extra={"x-default": "2048; 1 with cost requests"})
     """Deficit added per DRR round, in the unit of `cost`."""
     initial_output_estimate: NonNegativeInt = Field(
-        default=256, json_schema_extra={"x-default": "256; 0 for /v1/embeddings"})
+        default=256, json_schema_extra={"x-default": "256; 0 for the pooling kinds"})
     """The output estimate before any output has been observed for a tenant on this
     endpoint (0 for an endpoint that generates nothing)."""
     tenant_limits: RateLimits = Field(default_factory=RateLimits)
@@ -690,7 +692,7 @@ class Config(_Model):
     tenants: dict[Name, Tenant] = Field(default_factory=dict)
     """Tenant name → tenant. Without tenants every request gets 401."""
     endpoints: dict[EndpointPath, Endpoint] = Field(
-        default_factory=default_endpoints, json_schema_extra={"x-default": "the three served"})
+        default_factory=default_endpoints, json_schema_extra={"x-default": "every served kind"})
     """Endpoint path → endpoint, merged over the defaults, so every served endpoint always
     has a cost model."""
     backends: list[Backend] = Field(min_length=1)
