@@ -475,6 +475,7 @@ class SchedulingCore:
         model: str | None = None,
         admitted: Admit | Reject | None = None,
         prefix: PromptPrefix | None = None,
+        allowed_backends: frozenset[str] | None = None,
     ) -> QueuedRequest | Reject:
         """Rate limit, early rejection, bounded queue, in that order; a request that passes
         all three is queued and returned. ``admitted``: the verdict of the limits several
@@ -483,13 +484,16 @@ class SchedulingCore:
         ``deadline_covers_output``: the deadline is for the whole answer
         (``deadline_covers_output``), so early rejection adds the time to decode it.
         ``session``: the client's session id (its ``x-session-id`` header), for the routes
-        that keep a session's turns together (``session_affinity``)."""
+        that keep a session's turns together (``session_affinity``). ``allowed_backends``:
+        the only backends it may go to (an endpoint picker's subset); it queues in the pool
+        of those that serve its model, as a model served by some backends does."""
         if tenant not in self.config.tenants:
             raise ValueError(f"unknown tenant {tenant!r} (authenticate first)")
         if tier not in self.config.tiers:
             raise ValueError(f"unknown tier {tier!r}")
         model = model or None  # "" is no model, as vLLM reads it (it serves its own)
         backends = self.catalog.backends_for(model)
+        backends = backends if allowed_backends is None else backends & allowed_backends
         if not backends:
             # Before any limit is charged: no backend could ever serve it. Not counted under
             # its name, which the client chose (a metric label per typo is unbounded).

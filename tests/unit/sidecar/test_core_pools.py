@@ -179,3 +179,16 @@ def test_an_empty_model_is_no_model_as_vllm_reads_it() -> None:
     req = arrive(core, model="")
     assert isinstance(req, QueuedRequest) and req.model == "qwen"
     assert [d.backend for d in core.dispatch_ready(0.0)] == ["b2"]
+
+
+def test_an_arrival_restricted_to_some_backends_queues_in_their_pool() -> None:
+    """An endpoint picker's subset (``allowed_backends``): the request goes only there, in
+    the pool of those backends; a subset serving nothing is the model's 404."""
+    core = SchedulingCore(make_config(), gate_limits=GateLimits(max_inflight=8))
+    for _ in range(3):
+        request = arrive(core, allowed_backends=frozenset({"b2"}))
+        assert isinstance(request, QueuedRequest)
+        assert core.pool_for(request.id) == {"b2"}
+    assert {d.backend for d in core.dispatch_ready(0.0)} == {"b2"}
+    refused = arrive(core, allowed_backends=frozenset({"elsewhere"}))
+    assert isinstance(refused, Reject) and refused.reason == MODEL_NOT_FOUND
