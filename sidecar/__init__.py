@@ -12,7 +12,8 @@ aiohttp shell, and ``upstream`` its one client to the backends.
 The surface (``__all__``) is what the application and the other parts use: the live sidecar
 (``Sidecar``, ``run_sidecar``), its configuration schema (``config``: ``Config``,
 ``load_config``, ``parse_config``, ``request_level_baseline``...) and the parts it names
-(``registered``), the core and a request's session as the simulator drives them, the
+(``registered``), the endpoint picker's pool and identity sources (``PoolRef``,
+``TrustedSources``), the core and a request's session as the simulator drives them, the
 stability and utilisation meter it feeds, and the engine shape and limits the ideal bound
 derives. Each name is read from its module on first use (``weighbridge.surface``), so
 importing a pure module loads no aiohttp.
@@ -37,7 +38,9 @@ if TYPE_CHECKING:
         request_level_baseline,
     )
     from weighbridge.sidecar.core import Dispatch, SchedulingCore
+    from weighbridge.sidecar.discovery import PoolRef
     from weighbridge.sidecar.epp import run_epp
+    from weighbridge.sidecar.identity import IdentitySource, TrustedSources
     from weighbridge.sidecar.plugins import registered
     from weighbridge.sidecar.prefix import PromptPrefix
     from weighbridge.sidecar.request import QueuedRequest
@@ -64,7 +67,9 @@ else:
         "config": ("EMBEDDINGS", "Config", "ConfigError", "ModelName", "load_config",
                    "parse_config", "request_level_baseline"),
         "core": ("Dispatch", "SchedulingCore"),
+        "discovery": ("PoolRef",),
         "epp": ("run_epp",),
+        "identity": ("IdentitySource", "TrustedSources"),
         "plugins": ("registered",),
         "prefix": ("PromptPrefix",),
         "request": ("QueuedRequest",),
@@ -82,8 +87,10 @@ __all__ = [
     "ConfigError",
     "Dispatch",
     "EngineShape",
+    "IdentitySource",
     "Ingress",
     "ModelName",
+    "PoolRef",
     "Prompt",
     "PromptPrefix",
     "QueuedRequest",
@@ -92,6 +99,7 @@ __all__ = [
     "SchedulingCore",
     "Sidecar",
     "StabilityMeter",
+    "TrustedSources",
     "Usage",
     "current_pools",
     "derive_limits",
