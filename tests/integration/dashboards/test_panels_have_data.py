@@ -49,7 +49,7 @@ tenants:
       output: {kind: uniform, low: 16, high: 40}
     programs: {calls: {kind: uniform, low: 1, high: 2}, tool_ms: 200, tool_output: 16}
     identity: [claude_code]
-    arrival: {kind: poisson, rate: 0.3}
+    arrival: {kind: poisson, rate: 1}
   - name: api-a
     api_key: sk-api-a-dash
     tier: standard
