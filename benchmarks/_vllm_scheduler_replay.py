@@ -222,10 +222,11 @@ def run_emulator(policy: str, requests: list[tuple[float, str, int, int, int]],
         for s in result.finished:
             finish[s.request_id] = step
         step, end = step + 1, result.end_s
-    return {"steps": step, "step_tokens": step_tokens, "preemptions": model.num_preemptions,
+    counters = model.counters
+    return {"steps": step, "step_tokens": step_tokens, "preemptions": counters.preemptions,
             "first_token_step": first, "finish_step": finish, "end_s": end,
             "cached_tokens": {s.request_id: s.num_cached_tokens for s in seqs},
-            "queries": model.prefix_cache_queries, "hits": model.prefix_cache_hits}
+            "queries": counters.prefix_cache_queries, "hits": counters.prefix_cache_hits}
 
 
 def compare(policy: str, prefix_caching: bool = False) -> dict[str, Any]:
