@@ -350,7 +350,6 @@ class _Exchange:
                       messages: AsyncIterator[ext_proc.ProcessingRequest]
                       ) -> AsyncIterator[ext_proc.ProcessingResponse]:
         """From the request headers to the held request's binding (or its refusal)."""
-        sidecar = self.sidecar
         if first.HasField("protocol_config"):
             self.response_body_mode = first.protocol_config.response_body_mode
             full_duplex = first.protocol_config.request_body_mode == _FULL_DUPLEX
@@ -366,6 +365,17 @@ class _Exchange:
         hint = subset_hint(first)
         if not full_duplex:
             yield _continue_headers("request_headers")  # buffered: the body follows
+        raw = await self._body(caller, first, messages)
+        if raw is None:
+            return  # Envoy closed the stream before the body ended: nothing was admitted
+        async for response in self._schedule(caller, path, headers, raw, hint, full_duplex):
+            yield response
+
+    async def _body(self, caller: Caller, first: ext_proc.ProcessingRequest,
+                    messages: AsyncIterator[ext_proc.ProcessingRequest]) -> bytes | None:
+        """The whole request body, bounded in size and time (the ingress's 413 and 408);
+        None: the stream closed before its end."""
+        sidecar = self.sidecar
         raw = bytearray()
         limit = sidecar.config.max_body_bytes
         ended = first.request_headers.end_of_stream
@@ -383,10 +393,8 @@ class _Exchange:
         except TimeoutError:
             raise sidecar.ingress.body_timeout(caller) from None
         except StopAsyncIteration:
-            return  # Envoy closed the stream before the body ended: nothing was admitted
-        async for response in self._schedule(caller, path, headers, bytes(raw), hint,
-                                             full_duplex):
-            yield response
+            return None
+        return bytes(raw)
 
     def _caller(self, headers: Mapping[str, str], first: ext_proc.ProcessingRequest
                 ) -> Caller:
