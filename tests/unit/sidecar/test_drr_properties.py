@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -47,6 +48,8 @@ class Model:
     served: list[int] = field(default_factory=list)  # flow served by each decision
     # per snapshot, each flow's weight-normalised forfeit (quanta lost to pass-overs)
     forfeited: list[list[float]] = field(default_factory=list)
+    # Called with each picked flow before it is charged (what a test checks at that moment).
+    on_pick: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.weights)
@@ -83,6 +86,8 @@ class Model:
             assert ineligible or not any(self.queues), (
                 "a backlogged flow exists but pick() found none")
             return None
+        if self.on_pick is not None:
+            self.on_pick(flow)
         i = int(flow)
         cost = self.queues[i].pop(0)
         self.drr.consume(flow, cost, backlogged=bool(self.queues[i]))
@@ -100,6 +105,22 @@ class Model:
             self.queues[i].pop()
             if not self.queues[i]:
                 self.drr.deactivate(str(i))
+
+    def apply(self, kind: str, i: int, value: float) -> int | None:
+        """One op of the strategies below; a decision's flow served (None: none, or not a
+        decision)."""
+        i %= len(self.weights)
+        if kind == "enq":
+            self.enqueue(i, value)
+        elif kind == "dec":
+            return self.decide()
+        elif kind == "cancel":
+            self.cancel(i)
+        elif kind == "skip":
+            return self.decide(ineligible=i)
+        else:
+            self.adjust(i, value)
+        return None
 
 
 OPS_PLAIN = st.one_of(
@@ -122,20 +143,9 @@ OPS_PASSED_OVER = st.one_of(OPS_PLAIN, PASS_OVER, PASS_OVER)
 def run(weights: list[float], ops: list[tuple[str, int, float]], model: Model | None = None,
         policy: str = "drr"):
     model = model or Model(weights, registered("fairness")[policy]())
-    n = len(weights)
     model.snapshot()
-    for kind, i, value in ops:
-        i %= n
-        if kind == "enq":
-            model.enqueue(i, value)
-        elif kind == "dec":
-            model.decide()
-        elif kind == "cancel":
-            model.cancel(i)
-        elif kind == "skip":
-            model.decide(ineligible=i)
-        else:
-            model.adjust(i, value)
+    for op in ops:
+        model.apply(*op)
         model.snapshot()
     return model
 
@@ -188,55 +198,49 @@ def check_sliding_bound(model: Model, adjusted: bool, forfeits: bool = False,
                         assert abs(diff) < bound, (i, j, a, b, diff, bound)
 
 
-@settings(max_examples=150, deadline=None)
-@given(
-    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
-    ops=st.lists(st.one_of(OPS_ADJUSTED, PASS_OVER), max_size=120),
-)
-@pytest.mark.parametrize("policy", FLOW_POLICIES)
-def test_every_policy_bounds_two_backlogged_flows_service(policy, weights, ops) -> None:
-    """Over any interval in which two flows are both backlogged, their weight-normalised
-    service, forfeits counted, differs by less than 2 + 2 max_k (C_k + 2 A_k) / w_k: one
-    quantum a round and a maximal request (with its adjustments) per flow. DRR keeps the
-    tighter bounds below."""
-    check_sliding_bound(run(weights, ops, policy=policy), adjusted=True, forfeits=True,
-                        generic=True)
+@dataclass(frozen=True)
+class Bound:
+    """One sliding-window bound on two backlogged flows' weight-normalised service: the ops
+    it holds under, and how it counts (``check_sliding_bound``'s flags)."""
+
+    ops: st.SearchStrategy[tuple[str, int, float]]
+    adjusted: bool
+    forfeits: bool = False
+    generic: bool = False
+
+
+# Over any interval in which two flows i and j are both backlogged, |dx_i - dx_j| stays below:
+BOUNDS = {
+    # every policy, forfeits counted: 2 + 2 max_k (C_k + 2 A_k) / w_k (one quantum a round
+    # and a maximal request, with its adjustments, per flow);
+    "generic": Bound(st.one_of(OPS_ADJUSTED, PASS_OVER), adjusted=True, forfeits=True,
+                     generic=True),
+    # DRR, classic: 2 + C_i/w_i + C_j/w_j (2Q + Max in tokens);
+    "drr": Bound(OPS_PLAIN, adjusted=False),
+    # DRR with adjustments (settlement, streamed charges) at arbitrary times: that plus
+    # 2A_i/w_i + 2A_j/w_j, A bounding a flow's |adjustments| within one backlog period;
+    "drr_adjusted": Bound(OPS_ADJUSTED, adjusted=True),
+    # DRR with pass-overs: a flow passed over (ineligible) while others are served is not
+    # compensated, so the classic bound holds once each flow's forfeited quanta are counted
+    # as service, |d(x_i + F_i/w_i) - d(x_j + F_j/w_j)|; this is what a fairness check adds
+    # to its margin (weighbridge_drr_quanta_forfeited).
+    "drr_passed_over": Bound(OPS_PASSED_OVER, adjusted=False, forfeits=True),
+}
+BOUND_CASES = [(policy, "generic") for policy in FLOW_POLICIES] + [
+    ("drr", "drr"), ("drr", "drr_adjusted"), ("drr", "drr_passed_over")]
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
-    ops=st.lists(OPS_PLAIN, max_size=120),
-)
-def test_sliding_window_bound_without_adjustments(weights, ops) -> None:
-    """Classic DRR: over any interval in which two flows are both backlogged,
-    |dx_i - dx_j| < 2 + C_i/w_i + C_j/w_j  (2Q + Max in tokens)."""
-    check_sliding_bound(run(weights, ops), adjusted=False)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
-    ops=st.lists(OPS_ADJUSTED, max_size=120),
-)
-def test_sliding_window_bound_with_settlement_and_live_charges(weights, ops) -> None:
-    """With adjustments (settlement, streamed charges) at arbitrary times the bound grows by
-    2A_i/w_i + 2A_j/w_j, A bounding a flow's |adjustments| within one backlog period."""
-    check_sliding_bound(run(weights, ops), adjusted=True)
-
-
-@settings(max_examples=300, deadline=None)
-@given(
-    weights=st.lists(WEIGHTS, min_size=2, max_size=4),
-    ops=st.lists(OPS_PASSED_OVER, max_size=120),
-)
-def test_sliding_window_bound_with_pass_overs_counts_the_forfeit(weights, ops) -> None:
-    """A flow passed over (ineligible) while others are served is not compensated; the
-    classic bound holds once each flow's forfeited quanta are counted as service:
-    |d(x_i + F_i/w_i) - d(x_j + F_j/w_j)| < 2 + C_i/w_i + C_j/w_j. This is what a fairness
-    check adds to its margin (weighbridge_drr_quanta_forfeited)."""
-    model = run(weights, ops)
-    check_sliding_bound(model, adjusted=False, forfeits=True)
+@given(weights=st.lists(WEIGHTS, min_size=2, max_size=4), data=st.data())
+@pytest.mark.parametrize(("policy", "bound"), BOUND_CASES)
+def test_two_backlogged_flows_service_stays_within_the_bound(policy, bound, weights,
+                                                             data) -> None:
+    """Every registered policy keeps the generic bound (``BOUNDS``); DRR keeps its own,
+    tighter ones."""
+    case = BOUNDS[bound]
+    ops = data.draw(st.lists(case.ops, max_size=120), label="ops")
+    check_sliding_bound(run(weights, ops, policy=policy), adjusted=case.adjusted,
+                        forfeits=case.forfeits, generic=case.generic)
 
 
 @settings(max_examples=300, deadline=None)
@@ -314,16 +318,11 @@ def test_no_backlogged_flow_starves(policy, weights, ops) -> None:
     waited = [0] * n
     c_min = 0.05  # COSTS' lower bound
     for kind, i, value in ops:
-        i %= n
-        if kind == "enq":
-            model.enqueue(i, value)
-        elif kind == "cancel":
-            model.cancel(i)
-            if not model.queues[i]:
-                waited[i] = 0
-        else:
-            before = [bool(q) for q in model.queues]
-            served = model.decide()
+        before = [bool(q) for q in model.queues]
+        served = model.apply(kind, i, value)
+        if kind == "cancel" and not model.queues[i % n]:
+            waited[i % n] = 0
+        elif kind == "dec":
             for k in range(n):
                 if k == served or not model.queues[k]:
                     waited[k] = 0
@@ -347,16 +346,10 @@ def test_pick_never_misses_work(policy, weights, ops) -> None:
     """Whatever the adjustments, a pick finds a flow exactly when one is backlogged."""
     model = Model(weights, registered("fairness")[policy]())
     for kind, i, value in ops:
-        i %= len(weights)
-        if kind == "enq":
-            model.enqueue(i, value)
-        elif kind == "cancel":
-            model.cancel(i)
-        elif kind == "adj":
-            model.adjust(i, value)
-        else:
-            backlogged = any(model.queues)
-            assert (model.decide() is None) == (not backlogged)
+        backlogged = any(model.queues)
+        served = model.apply(kind, i, value)
+        if kind == "dec":
+            assert (served is None) == (not backlogged)
 
 
 @settings(max_examples=200, deadline=None)
@@ -366,23 +359,16 @@ def test_pick_never_misses_work(policy, weights, ops) -> None:
 )
 def test_drr_credit_is_positive_when_picked_and_idle_flows_bank_none(weights, ops) -> None:
     model = Model(weights)
+
+    def picked(flow: str) -> None:
+        assert model.drr.credit(flow) > 0
+
+    model.on_pick = picked
     for kind, i, value in ops:
-        i %= len(weights)
-        if kind == "enq":
-            model.enqueue(i, value)
-        elif kind == "cancel":
-            model.cancel(i)
-        elif kind == "adj":
-            model.adjust(i, value)
-        else:
-            flow = model.drr.pick()
-            if flow is not None:
-                assert model.drr.credit(flow) > 0
-            assert (flow is None) == (not any(model.queues))
-            if flow is not None:
-                k = int(flow)
-                cost = model.queues[k].pop(0)
-                model.drr.consume(flow, cost, backlogged=bool(model.queues[k]))
+        backlogged = any(model.queues)
+        served = model.apply(kind, i, value)
+        if kind == "dec":
+            assert (served is None) == (not backlogged)
         assert model.drr.active_count == sum(1 for q in model.queues if q)
         for k, q in enumerate(model.queues):
             if not q:
