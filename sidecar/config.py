@@ -467,6 +467,57 @@ class Scheduler(_Model):
     """The EMA weight of each new output observation, in (0, 1]."""
 
 
+def _check_program_sources(value: Any) -> list[str]:
+    if not isinstance(value, list | tuple):
+        raise PydanticCustomError("program_sources", "a list of sources")
+    from weighbridge.sidecar.programs import ProgramSource
+
+    try:
+        parsed = [ProgramSource.parse(_expect_str(v)) for v in value]
+    except ValueError as e:
+        raise PydanticCustomError("program_sources", "{why}", {"why": str(e)}) from None
+    if len(set(parsed)) != len(parsed):
+        raise PydanticCustomError("program_sources", "a source is named twice")
+    return [str(s) for s in parsed]
+
+
+def _check_header_name(value: Any) -> str:
+    from weighbridge.sidecar.programs import ProgramSource
+
+    try:
+        return ProgramSource.parse(f"header:{_expect_str(value)}").name
+    except ValueError as e:
+        raise PydanticCustomError("header_name", "{why}", {"why": str(e)}) from None
+
+
+HeaderName = Annotated[str, PlainValidator(_check_header_name, json_schema_input_type=str)]
+ProgramSources = Annotated[list[str], PlainValidator(
+    _check_program_sources, json_schema_input_type=list[str])]
+
+
+class Programs(_Model):
+    """How a request names the agent program it is a call of (docs/sidecar.md, "Agent
+    programs"): what the `program_las` ordering counts service by and `session_affinity`
+    routes by. Never the tenant or the tier, which come from the key."""
+
+    sources: ProgramSources = Field(default_factory=lambda: [
+        "agentic_context", "header:x-claude-code-session-id", "header:session-id",
+        "header:x-session-affinity", "header:x-session-id"])
+    """Where the program is read, in order; the first present decides: `agentic_context`
+    (vllm-router's `vllm_xargs.agentic_context`, an object or its JSON string: `program_id`,
+    or `task_id`/`session_id` with `agent_id`; `root_program_id` or `parent_program_id`
+    makes a subagent one program with its family), `header:NAME` (the header names the
+    family), `body:FIELD` (a top-level field). Empty: no program is read."""
+    agent_headers: list[HeaderName] = Field(
+        default_factory=lambda: ["x-claude-code-agent-id", "thread-id"])
+    """Headers naming a subagent inside the family a `header:` source named (Claude Code's
+    agent id, Codex's thread id): its own context, which `session_affinity` keeps on one
+    backend, while ordering counts the family as one program."""
+    affinity_ttl_s: PositiveFloat = 600.0
+    """How long a program stays bound to the backend its last call went to
+    (`session_affinity`); after it, the next call is routed afresh."""
+
+
 class Routing(_Model):
     """A route by its parts: a picker choosing among the backends that may take a request,
     by the scorers' costs summed with their weights ("Pickers" and "Scorers" below)."""
@@ -706,6 +757,8 @@ class Config(_Model):
     no model limit."""
     scheduler: Scheduler = Field(default_factory=Scheduler)
     """The order of service."""
+    programs: Programs = Field(default_factory=Programs)
+    """How requests name their agent programs."""
     admission: Admission = Field(default_factory=Admission)
     """When a backend takes the next request."""
     routing: RouteField = "prefix_aware"

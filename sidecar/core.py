@@ -249,6 +249,7 @@ class SchedulingCore:
         self.fleet = Fleet()
         self.fleet.reconfigure(config.backends, self._new_gate, healthy=True)
         self.route = Route(config.routing)
+        self.route.session_ttl(config.programs.affinity_ttl_s)
         # The dispatch decision (sidecar.cycle): it counts the holds and routing choices.
         self._cycle = DispatchCycle(self.fleet, self.route, config.tenants)
         self.holds = self._cycle.holds
@@ -469,6 +470,7 @@ class SchedulingCore:
         sequences: int = 1,
         user: str | None = None,
         session: str | None = None,
+        program: str | None = None,
         priority: int = 0,
         deadline_s: float | None = None,
         deadline_covers_output: bool = False,
@@ -484,7 +486,9 @@ class SchedulingCore:
         ``deadline_covers_output``: the deadline is for the whole answer
         (``deadline_covers_output``), so early rejection adds the time to decode it.
         ``session``: the client's session id (its ``x-session-id`` header), for the routes
-        that keep a session's turns together (``session_affinity``). ``allowed_backends``:
+        that keep a session's turns together (``session_affinity``). ``program``: the
+        agent program family it is a call of (sidecar.programs), for ``program_las``.
+        ``allowed_backends``:
         the only backends it may go to (an endpoint picker's subset); it queues in the pool
         of those that serve its model, as a model served by some backends does."""
         if tenant not in self.config.tenants:
@@ -517,6 +521,7 @@ class SchedulingCore:
             arrival_s=now,
             user=user,
             session=session,
+            program=program,
             model=self.request_model(model),
             priority=priority,
             deadline_s=deadline_s,

@@ -29,8 +29,8 @@ its name.
 What needs a restart (:data:`RESTART_ONLY`): the fields whose state is built around them
 (the tiers' names and ranks, the scheduler, admission, routing, the endpoints' cost models,
 the model catalog's default), the listener's (``max_body_bytes``, ``client_timeout_ms``,
-``max_client_connections``), and ``telemetry``, ``state``, ``health_probe`` and
-``model_discovery``. A kept backend's definition is one too: remove it and add it under
+``max_client_connections``), and ``telemetry``, ``state``, ``programs``, ``health_probe``
+and ``model_discovery``. A kept backend's definition is one too: remove it and add it under
 another name, and the old one drains.
 
 Invariants (tests/unit/sidecar/test_reload.py): a config reloaded onto itself changes
@@ -57,7 +57,7 @@ __all__ = ["RESTART_ONLY", "ConfigCollector", "ConfigHolder", "ReadError", "Relo
 # Top-level fields a reload may not change (module doc).
 RESTART_ONLY = ("scheduler", "admission", "routing", "health_probe", "model_discovery",
                 "default_model", "max_body_bytes", "client_timeout_ms",
-                "max_client_connections", "telemetry", "state")
+                "max_client_connections", "telemetry", "state", "programs")
 _RESTART = "changing it needs a restart"
 # An endpoint's fields read at each request (the rest shape the scheduler's state).
 _ENDPOINT_LIVE = ("tenant_limits", "cached_prompt_token_weight")

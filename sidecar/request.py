@@ -63,8 +63,11 @@ class QueuedRequest:
     estimated_output_tokens: int  # every sequence's
     arrival_s: float
     user: str | None = None  # the caller's identity (its key): repeat demotion counts per caller
-    # The client's session (its x-session-id header): what session affinity routes by.
+    # The program the call continues (sidecar.programs: its x-session-id header, or the
+    # like): what session affinity routes by.
     session: str | None = None
+    # The agent program family it is a call of (sidecar.programs): what program_las orders by.
+    program: str | None = None
     model: str | None = None  # what per-model limits charge: the body's `model` or the default
     priority: int = 0  # the client's own ordering among its requests, lower first (as vLLM)
     deadline_s: float | None = None  # absolute, same clock as arrival_s
@@ -75,6 +78,7 @@ class QueuedRequest:
     seq: int = -1  # arrival order within the scheduler: the stable FIFO tie-break
     demotion: int = 0  # repeat demotion: the caller's other requests active at enqueue
     size_rank: int = 0  # shortest-prompt-first: the prompt's tokens (aged: spf_delay_s); else 0
+    order_delay_s: float = 0.0  # a stateful ordering's delay (program_las: its program's service)
     cost: int = 0  # DRR charge at dispatch, in the endpoint's unit (tokens or 1)
     charged: int = 0  # charged so far: cost plus streamed tokens beyond the estimate
     streamed_output_tokens: int = 0
@@ -119,7 +123,9 @@ class QueuedRequest:
     def order_key(self) -> tuple[int, float, float, float, int]:
         """A tenant's own dispatch order: priority, then deadline (none last), then arrival
         delayed by the prompt's size (with ``shortest_prompt_first``: ``spf_delay_s``, the
-        shorter prompt first among near arrivals; else no delay), then arrival."""
+        shorter prompt first among near arrivals; else no delay) or by its program's service
+        (``program_las``: ``order_delay_s``), then arrival."""
         deadline = math.inf if self.deadline_s is None else self.deadline_s
         return (self.effective_priority, deadline,
-                self.arrival_s + spf_delay_s(self.size_rank), self.arrival_s, self.seq)
+                self.arrival_s + spf_delay_s(self.size_rank) + self.order_delay_s,
+                self.arrival_s, self.seq)

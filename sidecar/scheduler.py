@@ -124,7 +124,14 @@ class Scheduler:
         except UnknownPlugin as e:
             raise ValueError(str(e)) from None
         self._fairness = fairness
-        self._rank = order.rank
+        # An ordering may keep state (program_las: each program's service), so it is one
+        # object per scheduler; ``delay_s`` and ``served`` are its optional hooks.
+        self._order = order()
+        self._rank = self._order.rank
+        self._delay: Callable[[QueuedRequest], float] | None = getattr(
+            self._order, "delay_s", None)
+        self._served: Callable[[QueuedRequest, int], None] | None = getattr(
+            self._order, "served", None)
         self._service = fairness.service
         self._selector = TierSelector(tiers, anti_starvation_weight)
         self._tiers = {name: _Tier(name, rank, fairness()) for name, rank in tiers.items()}
@@ -317,6 +324,8 @@ class Scheduler:
             request.demotion = tenant.users.get(request.user, 0)
         request.seq = next(self._seq)
         request.size_rank = self._rank(request)
+        if self._delay is not None:
+            request.order_delay_s = self._delay(request)
         request.cost = request_cost(
             self.endpoint(request.endpoint).cost,
             request.prompt_tokens,
@@ -478,6 +487,10 @@ class Scheduler:
             self._tiers[request.tier].flows.adjust(request.tenant, turns)
             self._book(request.tier, request.tenant, turns)
         request.charged = actual
+        if self._served is not None:
+            # What its engine computed: the prompt its cache was predicted not to hold.
+            self._served(request, max(0, prompt_tokens - request.predicted_cached_tokens)
+                         + output_tokens)
         del self._dispatched[request.id]
         tenant.inflight -= 1
         self._forget_user(tenant, request)

@@ -48,6 +48,7 @@ from weighbridge.sidecar.config import Config
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
 from weighbridge.sidecar.openapi import DEADLINE_MS
 from weighbridge.sidecar.prefix import PromptPrefix
+from weighbridge.sidecar.programs import ProgramError, ProgramId, ProgramIdentity, check_xargs
 from weighbridge.sidecar.prompt import PromptError, json_integer, prompt_tokens
 from weighbridge.sidecar.ratelimit import Admit
 from weighbridge.sidecar.rejection import MODEL_NOT_FOUND, Reject
@@ -188,6 +189,7 @@ class Arrival:
     max_tokens: int | None  # per sequence; None: bounded by the context alone
     sequences: int
     prefix: PromptPrefix | None
+    program: ProgramId | None = None  # the agent program it is a call of (sidecar.programs)
 
     @property
     def model(self) -> Any:
@@ -213,6 +215,19 @@ class Ingress:
     def __init__(self, config: Config, core: SchedulingCore) -> None:
         self.config = config
         self.core = core
+        # `programs` changes only with a restart (sidecar.reload).
+        self._programs = ProgramIdentity.of(config.programs.sources,
+                                            config.programs.agent_headers)
+
+    def _program(self, tenant: str, headers: Mapping[str, str], body: dict[str, Any]
+                 ) -> ProgramId | None:
+        """The program the request names (sidecar.programs), its ``vllm_xargs`` made one
+        vLLM takes; a 400 for a shape no harness sends."""
+        try:
+            check_xargs(body)
+            return self._programs.read(tenant, headers, body)
+        except ProgramError as e:
+            raise _bad_request(e.reason, str(e)) from None
 
     def authenticate(self, headers: Mapping[str, str], *, counted: bool = True) -> Caller:
         """The caller owning the bearer key, or a 401. ``counted``: the request is one the
@@ -279,6 +294,7 @@ class Ingress:
         _integers(kind, body)
         max_tokens = self._output_budget(kind, body)
         _fields(kind, body)
+        program = self._program(caller.tenant, headers, body)
         if prompt is None:
             prompt = _prompt(kind, body)
         try:
@@ -291,7 +307,7 @@ class Ingress:
         # A pooling request is one engine request per input, however many answers `n` asks.
         sequences = output_budget.sequences(body) if kind.generates else 1
         return Arrival(caller, kind, body, tier, deadline_ms, prompt.tokens, max_tokens,
-                       sequences, prompt.prefix)
+                       sequences, prompt.prefix, program)
 
     def _decode(self, raw: bytes) -> dict[str, Any]:
         if len(raw) > self.config.max_body_bytes:
@@ -358,7 +374,11 @@ class Ingress:
             deadline_s=self.core.deadline_for(arrival.tier, now, arrival.deadline_ms),
             deadline_covers_output=self.core.deadline_covers_output(arrival.tier,
                                                                     arrival.deadline_ms),
-            model=arrival.model, admitted=admitted, prefix=arrival.prefix)
+            model=arrival.model, admitted=admitted, prefix=arrival.prefix,
+            # The program never chooses the tenant or tier: it orders the tenant's own
+            # queue (program_las) and keeps its calls on one backend (session_affinity).
+            session=None if arrival.program is None else arrival.program.program,
+            program=None if arrival.program is None else arrival.program.family)
         if isinstance(result, Reject):
             raise rejection(result)
         return RequestSession(self.core, result, arrival,

@@ -78,7 +78,10 @@ class Fairness(Protocol):
 
 class Ordering(Protocol):
     """A tenant's own queue order after priority and deadline: ``rank`` (lower first), then
-    arrival."""
+    arrival. One object per scheduler: an ordering that keeps state (``program_las``) also
+    has ``delay_s(request)``, how much later than its arrival a request is ordered (set at
+    enqueue), and ``served(request, tokens)``, told the computed tokens of each request
+    that ends."""
 
     name: ClassVar[str]
 

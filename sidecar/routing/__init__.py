@@ -124,6 +124,13 @@ class Route:
             (s, w) for s, w in parts if s.affinity)
         self.scorers = tuple(s for s, _ in parts)
 
+    def session_ttl(self, ttl_s: float) -> None:
+        """How long a session stays bound to a backend, for the scorers that bind them
+        (``session_affinity``: ``programs.affinity_ttl_s``)."""
+        for scorer in self.scorers:
+            if hasattr(scorer, "ttl_s"):
+                scorer.ttl_s = ttl_s
+
     def pick(self, request: QueuedRequest, candidates: Sequence[Backend],
              fleet: Fleet) -> Backend:
         """The picker's choice among ``candidates`` by the summed load scorers."""

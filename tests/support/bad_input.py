@@ -51,6 +51,23 @@ BAD_BODIES: list[tuple[str, bytes, str]] = [
     ("stream_interval-float", b'{"prompt": [1], "stream": true, "stream_interval": 2.5}',
      "invalid_stream_interval"),
     ("user-number", b'{"prompt": [1], "user": 5}', "invalid_user"),
+    # vLLM types vllm_xargs as strings, numbers and flat lists of them (an object
+    # agentic_context is forwarded as its JSON string instead: sidecar.programs).
+    ("vllm_xargs-list", b'{"prompt": [1], "vllm_xargs": [1]}', "invalid_vllm_xargs"),
+    ("vllm_xargs-object-value", b'{"prompt": [1], "vllm_xargs": {"k": {"a": 1}}}',
+     "invalid_vllm_xargs"),
+    ("vllm_xargs-nested-list", b'{"prompt": [1], "vllm_xargs": {"k": [[1]]}}',
+     "invalid_vllm_xargs"),
+    ("vllm_xargs-null-value", b'{"prompt": [1], "vllm_xargs": {"k": null}}',
+     "invalid_vllm_xargs"),
+    ("agentic_context-not-json", b'{"prompt": [1], "vllm_xargs": {"agentic_context": "{"}}',
+     "invalid_agentic_context"),
+    ("agentic_context-program-object",
+     b'{"prompt": [1], "vllm_xargs": {"agentic_context": {"program_id": {"a": 1}}}}',
+     "invalid_agentic_context"),
+    ("agentic_context-program-too-long",
+     b'{"prompt": [1], "vllm_xargs": {"agentic_context": {"program_id": "' + b"p" * 300
+     + b'"}}}', "invalid_agentic_context"),
     ("model-number", b'{"prompt": [1], "model": 5}', "invalid_model"),
     ("prompt-missing", b'{"max_tokens": 4}', "invalid_prompt"),
     ("prompt-empty", b'{"prompt": ""}', "invalid_prompt"),

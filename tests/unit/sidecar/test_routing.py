@@ -100,3 +100,22 @@ def test_a_session_s_next_turn_goes_back_unless_another_is_far_less_loaded() -> 
     other = make_request(prompt=500, session="t")
     assert route.weigh(other, "b", {b.name: route.held(other, b) for b in fleet},
                        fleet) == ("b", "load")
+
+
+def test_a_session_binding_lasts_its_ttl_and_is_the_tenants_own() -> None:
+    """session_affinity binds (tenant, session) for ``ttl_s`` after its last dispatch: one
+    tenant's session id never steers another's, and an idle program is routed afresh."""
+    fleet = make_fleet("a", "b")
+    route = Route(Routing(picker="bounded_load",
+                          scorers={"least_tokens": 1.0, "session_affinity": 1.0}))
+    route.session_ttl(60.0)
+    first = make_request("t1", prompt=400, session="s", dispatched_s=0.0)
+    route.dispatched(first, fleet["a"], fleet)
+
+    def held_on_a(tenant: str, at: float) -> int:
+        call = make_request(tenant, prompt=500, session="s", dispatched_s=at)
+        return route.held(call, fleet["a"])[0]
+
+    assert held_on_a("t1", 60.0) == 500
+    assert held_on_a("t1", 60.5) == 0  # past its TTL
+    assert held_on_a("t2", 1.0) == 0  # another tenant's session of the same name
