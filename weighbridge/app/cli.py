@@ -481,9 +481,10 @@ def simulate(
     seed: Annotated[int, typer.Option(help="Seed of the clients (as the load generator's).")
                     ] = 0,
     policy: Annotated[list[str] | None, typer.Option(
-        help="Scheduling policy: drr, rr, fcfs, passthrough or baseline (the demo's "
-             "request-level baseline); repeat or comma-separate for a side-by-side run "
-             "(default: the stack's).")] = None,
+        help="Scheduling policy: a registered fairness policy (scheduler.policy in "
+             "docs/configuration.md: drr, vtc, ...) or baseline (the demo's request-level "
+             "baseline); repeat or comma-separate for a side-by-side run (default: the "
+             "stack's).")] = None,
     sweep: Annotated[str | None, typer.Option(
         help="KEY=V1,V2,...: vary one stack or sidecar value, e.g. "
              "admission.headroom_slots=0,2,4 or engines.count=2,3,4.")] = None,
