@@ -83,7 +83,7 @@ PROFILES: dict[str, StepTimeProfile] = {
     # flood regime of benchmarks/fidelity.py needs (~19k context tokens per step); t_api_token:
     # the front end's streaming work, which the 32-stream TTFT needs; t_api_contended: the API
     # server's wait for a core while the engine steps, which chat_sessions' TTFT needs. See
-    # docs/emulator.md.
+    # docs/decisions/0023.
     "cpu-tiny": StepTimeProfile(
         name="cpu-tiny",
         t_fixed=0.00253,
@@ -100,7 +100,7 @@ PROFILES: dict[str, StepTimeProfile] = {
         # Measured on the Intel Xeon 2-core host of 2026-12-06: a chat turn after its cached
         # history took 7.7 ms longer (median of 25, 16.7 -> 24.4 ms) when another turn had
         # started 60 ms before, of which the step model's own wait for the step in flight
-        # explains 1.6 ms (docs/emulator.md#cpu-tiny).
+        # explains 1.6 ms (docs/decisions/0023).
         t_api_contended=0.0061,
         kv_bytes_per_token=2048,  # the tiny Llama: 2 x 2 layers x 2 kv heads x 64 x float32
     ),
