@@ -48,8 +48,10 @@ def test_architecture_names_every_module() -> None:
                                                          "Every module"), re.MULTILINE)
     tree = set().union(*(modules(folder) for folder in FOLDERS))
     assert len(named) == len(set(named)), "a module is named twice"
-    assert sorted(tree - set(named)) == [], "modules the doc does not name"
-    assert sorted(set(named) - tree) == [], "modules the doc names that the tree lacks"
+    assert sorted(tree - set(named)) == [], (
+        "modules without a row in docs/architecture.md's \"Every module\": add one each")
+    assert sorted(set(named) - tree) == [], (
+        "rows of docs/architecture.md's \"Every module\" for modules the tree lacks")
 
 
 def test_the_picture_names_the_base_and_the_application() -> None:
