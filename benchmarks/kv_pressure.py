@@ -18,14 +18,16 @@ an unbounded answer with ``ignore_eos``); ``victim``, Poisson 4/s of 64 + 16 tok
 
 Arms: ``unimodal`` is the runner with every answer at the mix's mean (``max_tokens`` set):
 the same token volume with estimates that are right, the reference; ``bimodal`` is the
-runner above through the defaults; the others are ``bimodal`` with one lever each
-(docs/decisions/0018-kv-pressure-lever.md): a larger static KV reserve (configuration);
-the reserve from the spread (``ResidualFootprint``), priorities that aim vLLM's
-preemption at the over-share tenant's longest-running request (``EvictLongest``) and an
-abort and requeue of requests not yet started (``AbortRequeueSimulation``), these three
-candidates measured by substitution in virtual time (not in the product, so not live);
-and ``geometric``, answers ended by the engine's end of sequence at the mix's mean,
-where the defaults never preempt, to show what the reserve from the spread costs there.
+runner above through the defaults, which count each in-flight answer at its expected final
+length given what it has generated (the reserve from the spread, decision 0018); the others
+are ``bimodal`` with one change each (docs/decisions/0018-kv-pressure-lever.md): the
+footprint before that decision, prompt + max(generated, mean) (``MeanOnly``); a larger
+static KV reserve (configuration); priorities that aim vLLM's preemption at the over-share
+tenant's longest-running request (``EvictLongest``) and an abort and requeue of requests not
+yet started (``AbortRequeueSimulation``), these three measured by substitution in virtual
+time (not in the product, so not live); and ``geometric``, answers ended by the engine's end
+of sequence at the mix's mean, where the mean footprint never preempts, to show what the
+reserve from the spread costs there.
 
 Per arm, over the requests sent in the window: the victim's TTFT and end-to-end latency
 (p50/p90/p99), the engine's preemptions (``vllm:num_preemptions_total``; in virtual time
@@ -39,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
 import contextlib
 import json
 import math
@@ -70,11 +71,10 @@ from weighbridge.loadgen.lengths import Lengths
 from weighbridge.loadgen.scenario import PhaseSpan, Workload
 from weighbridge.loadgen.tenants import TenantSpec
 from weighbridge.records import RequestRecord
-from weighbridge.sidecar.config import parse_config
+from weighbridge.sidecar.config import Config, parse_config
 from weighbridge.sidecar.core import Dispatch, SchedulingCore
-from weighbridge.sidecar.kv import KvFootprint
+from weighbridge.sidecar.estimator import OutputEstimator
 from weighbridge.sidecar.prompt import BYTES_PER_TOKEN, CHAT_TOKENS_PER_MESSAGE
-from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.statistics import percentile
 
 ENGINE: dict[str, Any] = {"max_num_seqs": 32, "max_num_batched_tokens": 1024,
@@ -171,82 +171,21 @@ class PreemptionEngine(WindowEngine):
         return super().advance(end_s)
 
 
-class OutputHistory:
-    """The last ``HISTORY`` outputs of each tenant's ended requests, sorted, and what they
-    say a request that has generated ``g`` tokens will end at: the mean of those longer
-    than ``g`` (the mean residual life of the empirical distribution)."""
+class MeanOnly(OutputEstimator):
+    """The footprint before decision 0018, measured by substitution: no expected final
+    length, so KV-aware admission and routing count an in-flight answer at prompt +
+    max(generated, its tenant's mean output) as they did."""
 
-    HISTORY = 256
-
-    def __init__(self) -> None:
-        self._recent: dict[str, list[int]] = {}  # in arrival order
-        self._sorted: dict[str, list[int]] = {}
-        self._suffix: dict[str, list[int]] = {}  # sums of _sorted[i:]
-
-    def observe(self, tenant: str, tokens: int) -> None:
-        recent = self._recent.setdefault(tenant, [])
-        recent.append(tokens)
-        del recent[:-self.HISTORY]
-        ordered = sorted(recent)
-        suffix = [0] * (len(ordered) + 1)
-        for i in range(len(ordered) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + ordered[i]
-        self._sorted[tenant], self._suffix[tenant] = ordered, suffix
-
-    def final(self, tenant: str, generated: int) -> int | None:
-        """The expected final output of a request past ``generated`` tokens; None before
-        any observation."""
-        ordered = self._sorted.get(tenant)
-        if not ordered:
-            return None
-        i = bisect.bisect_right(ordered, generated)
-        if i == len(ordered):
-            return generated  # longer than anything seen: no better guess
-        return round(self._suffix[tenant][i] / (len(ordered) - i))
+    def final(self, tenant: str, endpoint: str, generated: int, max_tokens: int | None,
+              model: str | None = None) -> int | None:
+        del tenant, endpoint, generated, max_tokens, model
+        return None
 
 
-class ResidualFootprint(KvFootprint):
-    """Candidate lever 1 (reserve from the spread), measured by substitution: each
-    in-flight request counts at prompt + its expected *final* output given what it has
-    generated (``OutputHistory.final``, capped by its ``max_tokens``) instead of
-    max(generated, mean). A bimodal tenant's long answer counts at the long mode's size
-    once it has outgrown the short one, so KV-aware admission stops that tenant before the
-    engine runs out, not after."""
-
-    def __init__(self, block_size: int, requests: Callable[[str], QueuedRequest | None],
-                 history: OutputHistory) -> None:
-        super().__init__(block_size)
-        self._requests = requests
-        self._history = history
-        self._caps: dict[str, int | None] = {}
-
-    def _final(self, request_id: str, tenant: str, generated: int) -> int | None:
-        final = self._history.final(tenant, generated)
-        cap = self._caps.get(request_id)
-        return final if final is None or cap is None else min(final, cap)
-
-    def add(self, request_id: str, tenant: str, prompt_tokens: int,
-            expected_output_tokens: int, named_blocks: Sequence[int] = ()) -> None:
-        request = self._requests(request_id)
-        self._caps[request_id] = None if request is None else request.max_tokens
-        final = self._final(request_id, tenant, 0)
-        super().add(request_id, tenant, prompt_tokens,
-                    expected_output_tokens if final is None else final, named_blocks)
-
-    def on_tokens(self, request_id: str, tokens: int) -> None:
-        entry = self._entries.get(request_id)
-        if entry is not None and tokens > 0:
-            final = self._final(request_id, entry.tenant, entry.generated + tokens)
-            if final is not None and final > entry.expected_output:
-                entry.expected_output = final  # resized by the call below
-        super().on_tokens(request_id, tokens)
-
-    def remove(self, request_id: str) -> None:
-        entry = self._entries.get(request_id)
-        if entry is not None and entry.generated > 0:
-            self._history.observe(entry.tenant, entry.generated)
-        self._caps.pop(request_id, None)
-        super().remove(request_id)
+def mean_only(config: Config) -> MeanOnly:
+    """A ``MeanOnly`` estimator seeded as the core's own is."""
+    return MeanOnly({path: e.initial_output_estimate for path, e in config.endpoints.items()},
+                    config.scheduler.output_estimate_alpha)
 
 
 class EvictLongest:
@@ -307,28 +246,29 @@ class ArmSpec:
     outputs: Outputs = "bimodal"
     priority: bool = False  # the engine schedules by priority, the backend says so
     admission: Mapping[str, object] = field(default_factory=dict)
-    lever: str | None = None  # a candidate measured by substitution: residual, evict, abort
+    lever: str | None = None  # measured by substitution: mean (before 0018), evict, abort
     why: str = ""
 
 
 ARMS: dict[str, ArmSpec] = {a.name: a for a in (
     ArmSpec("unimodal", outputs="unimodal",
             why="every runner answer at the mix's mean, max_tokens set: estimates right"),
-    ArmSpec("bimodal", why="the defaults"),
+    ArmSpec("bimodal", why="the defaults: each answer counted at its expected final length"),
     ArmSpec("bimodal, priority engine", priority=True,
             why="vLLM --scheduling-policy priority, the backend's priority_scheduling on"),
     ArmSpec("bimodal, reserve x2", admission={"kv_reserve_blocks": 144}),
     ArmSpec("bimodal, reserve x4", admission={"kv_reserve_blocks": 286}),
     ArmSpec("bimodal, priority, reserve x4", priority=True, admission={"kv_reserve_blocks": 286}),
-    ArmSpec("bimodal, residual footprint", lever="residual"),
-    ArmSpec("bimodal, priority, residual footprint", priority=True, lever="residual"),
+    ArmSpec("bimodal, mean footprint", lever="mean",
+            why="before decision 0018: each answer counted at max(generated, mean)"),
+    ArmSpec("bimodal, priority, mean footprint", priority=True, lever="mean"),
     ArmSpec("bimodal, priority, evict longest", priority=True, lever="evict"),
     ArmSpec("bimodal, abort and requeue", lever="abort"),
     ArmSpec("bimodal, priority, abort and requeue", priority=True, lever="abort"),
     ArmSpec("geometric", outputs="geometric",
             why="answers end at the engine's EOS, a geometric draw of the mix's mean; no "
                 "max_tokens"),
-    ArmSpec("geometric, residual footprint", outputs="geometric", lever="residual"),
+    ArmSpec("geometric, mean footprint", outputs="geometric", lever="mean"),
 )}
 
 
@@ -422,11 +362,8 @@ def run_sim_arm(arm: ArmSpec, seed: int = 1, warmup_s: float = WARMUP_S,
     sim = kind(parse_config(config(arm)), [engine], clients, run_id="kv-pressure",
                scenario="kv-pressure", until_s=until)
     core = sim.core
-    if arm.lever == "residual":
-        history = OutputHistory()
-        for backend in core.fleet:
-            backend.kv = ResidualFootprint(backend.kv.block_size, core.scheduler.dispatched,
-                                           history)
+    if arm.lever == "mean":
+        core.estimator = mean_only(core.config)
     elif arm.lever == "evict":
         core.dispatch_ready = EvictLongest(core)  # type: ignore[method-assign]
     result = sim.run()
@@ -622,7 +559,7 @@ def summary(engine: str, results: Sequence[ArmFigures]) -> list[str]:
     by = {f.arm: f for f in results}
     lines = []
     for name in ("unimodal", "bimodal", "bimodal, priority engine",
-                 "bimodal, residual footprint", "bimodal, priority, residual footprint"):
+                 "bimodal, mean footprint", "bimodal, priority, mean footprint"):
         if (f := by.get(name)) is not None:
             lines.append(f"{engine}, {name}: {f.preemptions} preemptions, victim TTFT p99 "
                          f"{_ms(f.victim_ttft_s).split(' / ')[2]} ms, e2e p99 "

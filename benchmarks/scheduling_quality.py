@@ -31,7 +31,7 @@ from rich.progress import Progress
 
 from benchmarks import _results
 from benchmarks._core import BenchContext, Benchmark, BenchResult, Table
-from benchmarks.kv_pressure import OutputHistory, Unhinted
+from benchmarks.kv_pressure import Unhinted, mean_only
 from weighbridge.analysis.frame import load_run
 from weighbridge.analysis.headline import HeadlineFigures, headline_figures
 from weighbridge.analysis.summary import analyse, summary
@@ -61,9 +61,6 @@ from weighbridge.resources import DEPLOY_DIR, SCENARIOS_DIR
 from weighbridge.sidecar import request as request_module
 from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.estimator import OutputEstimator
-from weighbridge.sidecar.fleet import Backend
-from weighbridge.sidecar.plugins import register
-from weighbridge.sidecar.request import QueuedRequest, RequestState
 
 REPORT_WINDOW_S = 2.0
 FULL_STRETCH = 0.3  # phases of ~60 s become ~18 s: 15 runs in about 6 minutes
@@ -191,9 +188,7 @@ SPREAD_ENGINES = 4
 SPREAD_SCALES = (1.0, 2.0)
 SPREAD_WARMUP_S, SPREAD_UNTIL_S = 10.0, 40.0  # the scenario's load phase, after a warm-up
 SPREAD_ARMS = ("round_robin", "least_requests", "least_tokens", "prefix_aware",
-               "least_tokens, residual estimate", "least_tokens, exact output")
-# The candidate arm's route: least_tokens' picker over the candidate scorer.
-RESIDUAL_ROUTE = {"picker": "least_loaded", "scorers": {"residual_tokens": 1.0}}
+               "least_tokens, mean estimate", "least_tokens, exact output")
 
 
 def _outstanding(engine: SimEngine) -> int:
@@ -220,62 +215,22 @@ class LoadSampler(Simulation):
         super()._poll(now)
 
 
-@register("scorer", "residual_tokens")
-class ResidualTokens:
-    """A candidate, measured by substitution (registered here, not in the product): the
-    token work outstanding on a backend with each answer's outstanding output counted as
-    its tenant's expected final length given what it has generated
-    (``OutputHistory.final``, benchmarks/kv_pressure.py) less what it has generated, where
-    ``least_tokens`` counts its estimate less what streamed (0 once it outruns the
-    estimate)."""
-
-    affinity = False
-
-    def __init__(self) -> None:
-        self._history = OutputHistory()
-        self._held: dict[str, list[QueuedRequest]] = {}  # backend -> requests sent there
-
-    @staticmethod
-    def applies(request: QueuedRequest) -> bool:
-        del request
-        return True
-
-    def dispatched(self, request: QueuedRequest, backend: Backend) -> None:
-        self._held.setdefault(backend.name, []).append(request)
-
-    def _outstanding(self, request: QueuedRequest) -> int:
-        generated = request.streamed_output_tokens
-        final = self._history.final(request.tenant, generated)
-        if final is None:
-            final = request.estimated_output_tokens
-        if request.max_tokens is not None:
-            final = min(final, request.max_tokens * request.sequences)
-        prompt = request.computed_prompt_tokens if generated == 0 else 0
-        return prompt + max(0, final - generated)
-
-    def cost(self, request: QueuedRequest, backend: Backend) -> float:
-        del request
-        held = self._held.get(backend.name, [])
-        live = []
-        for r in held:
-            if r.state is RequestState.DISPATCHED and r.backend == backend.name:
-                live.append(r)
-            elif r.streamed_output_tokens > 0:  # ended (or requeued): its length is known
-                self._history.observe(r.tenant, r.streamed_output_tokens)
-        self._held[backend.name] = live
-        return sum(self._outstanding(r) for r in live)
-
-
 class ExactOutput(OutputEstimator):
     """A candidate, measured by substitution: a request's ``max_tokens`` is its expected
     output (exact for the load generator's ``ignore_eos`` requests): token-aware routing with
     the output known, the seed's output-length hint taken at its word."""
 
     def estimate(self, tenant: str, endpoint: str, max_tokens: int | None,
-                 sequences: int = 1) -> int:
+                 sequences: int = 1, model: str | None = None) -> int:
         if max_tokens is None:
-            return super().estimate(tenant, endpoint, max_tokens, sequences)
+            return super().estimate(tenant, endpoint, max_tokens, sequences, model)
         return sequences * max_tokens
+
+    def final(self, tenant: str, endpoint: str, generated: int, max_tokens: int | None,
+              model: str | None = None) -> int | None:
+        if max_tokens is None:
+            return super().final(tenant, endpoint, generated, max_tokens, model)
+        return max_tokens
 
 
 @dataclass(frozen=True)
@@ -293,8 +248,7 @@ class SpreadFigures:
 def spread_stack(routing: str) -> StackSpec:
     data = load_stack(DEPLOY_DIR / "stacks" / "bimodal.yaml").model_dump()
     data["engines"]["count"] = SPREAD_ENGINES
-    data["sidecar"]["routing"] = (RESIDUAL_ROUTE if routing.endswith("residual estimate")
-                                  else routing.split(",")[0])
+    data["sidecar"]["routing"] = routing.split(",")[0]
     # The standard tier without its 10 s end-to-end SLO: early rejection would turn essays
     # away where their output is known, and every arm must route the same requests.
     data["sidecar"]["tiers"] = {"standard": {"rank": 2}}
@@ -316,6 +270,8 @@ def run_spread(arm: str, scale: float) -> SpreadFigures:
             core.estimator = ExactOutput(
                 {path: e.initial_output_estimate for path, e in config.endpoints.items()},
                 config.scheduler.output_estimate_alpha)
+        elif arm.endswith("mean estimate"):
+            core.estimator = mean_only(config)
         records += sim.run().records
         samples += sim.samples
     ratios = sorted(max(s) / min(s) if min(s) > 0 else math.inf
@@ -498,10 +454,10 @@ SPF_SHORT, SPF_LONG = 64, 4096  # prompt tokens of the mixed tenant's two kinds
 # Requests/s: about 0.9 and 1.0 of what its share serves (8/s: closed loop, FIFO).
 SPF_RATES = (7.0, 8.0)
 SPF_ARMS: tuple[tuple[str, bool, float], ...] = (
-    ("off (default)", False, request_module.SPF_MAX_DELAY_S),
+    ("off", False, request_module.SPF_MAX_DELAY_S),
     ("on, no aging", True, 1e9),  # a delay bound no run reaches: strict shortest-first
     ("on, aging 8 s", True, 8.0),
-    ("on, aging 2 s", True, 2.0),
+    ("on, aging 2 s (default)", True, 2.0),
     ("on, aging 0.5 s", True, 0.5),
 )
 
@@ -591,6 +547,39 @@ class EstimateRecorder(Simulation):
         super()._finished(finished, now)
 
 
+class NoModelKey(OutputEstimator):
+    """The estimator before decision 0019 (d), measured by substitution: one key per
+    (tenant, endpoint), every model's answers in it."""
+
+    def estimate(self, tenant: str, endpoint: str, max_tokens: int | None,
+                 sequences: int = 1, model: str | None = None) -> int:
+        return super().estimate(tenant, endpoint, max_tokens, sequences)
+
+    def final(self, tenant: str, endpoint: str, generated: int, max_tokens: int | None,
+              model: str | None = None) -> int | None:
+        return super().final(tenant, endpoint, generated, max_tokens)
+
+    def observe(self, tenant: str, endpoint: str, output_tokens: int,
+                model: str | None = None) -> None:
+        super().observe(tenant, endpoint, output_tokens)
+
+
+class NoModelKeyRecorder(EstimateRecorder):
+    """``EstimateRecorder`` whose core estimates without the model key (``NoModelKey``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        config = self.core.config
+        self.core.estimator = NoModelKey(
+            {path: e.initial_output_estimate for path, e in config.endpoints.items()},
+            config.scheduler.output_estimate_alpha)
+
+
+MODEL_ARMS = (("(tenant, endpoint, model): the estimator's", False, EstimateRecorder),
+              ("(tenant, endpoint): before 0019 (d)", False, NoModelKeyRecorder),
+              ("a tenant per model", True, EstimateRecorder))
+
+
 def model_tenants(split: bool) -> list[TenantSpec]:
     """``app`` on both models (48 users each, 256-token prompts, no ``max_tokens``): one key,
     or with ``split`` a key per model (each its own sidecar tenant: the model key the
@@ -627,7 +616,7 @@ class PreemptionCounter(SimEngine):
 def model_table() -> tuple[Table, list[str]]:
     rows: list[tuple[str, ...]] = []
     lines: list[str] = []
-    for split in (False, True):
+    for label, split, recorder in MODEL_ARMS:
         records: list[RequestRecord] = []
         estimates: list[tuple[str, str, int, int]] = []
         preempted: dict[str, int] = {}
@@ -636,7 +625,7 @@ def model_table() -> tuple[Table, list[str]]:
                             models=list(MODEL_OUTPUTS), engine=MODEL_ENGINE,
                             clients=lambda base: Unhinted(
                                 base, lambda c: c.plan.tenant.startswith("app")),
-                            simulation=EstimateRecorder, engine_type=PreemptionCounter)
+                            simulation=recorder, engine_type=PreemptionCounter)
             assert isinstance(sim, EstimateRecorder)
             records += sim.records
             estimates += sim.estimates
@@ -648,14 +637,14 @@ def model_table() -> tuple[Table, list[str]]:
             mine = [e for e in estimates if e[0].startswith("app") and e[1] == model]
             chat = f"chat-{model[-1]}"
             if model == "model-b":
-                lines.append(f"(d) {'a key per model' if split else 'one key'}: model-b's "
+                lines.append(f"(d) {label}: model-b's "
                              f"{real}-token answers expected at "
                              f"{statistics.fmean(e[2] for e in mine):,.0f}, "
                              f"{preempted.get(model, 0) / len(CLAIM_SEEDS):.0f} preemptions "
                              f"a run, chat-b TTFT p99 "
                              f"{_ms_q(ttfts(in_window(records, chat)), 0.99)} ms")
             rows.append((
-                "a key per model (emulated)" if split else "one key (the estimator's)", model,
+                label, model,
                 f"{real}", f"{statistics.fmean(e[2] for e in mine):,.0f}" if mine else "—",
                 f"{statistics.fmean(abs(e[2] - e[3]) for e in mine):,.0f}" if mine else "—",
                 f"{preempted.get(model, 0) / len(CLAIM_SEEDS):.0f}",
@@ -687,18 +676,20 @@ CLAIMS_NOTES = [
     f"(a) deploy/stacks/bimodal.yaml on {SPREAD_ENGINES} h100-llama3-8b engines, the "
     "bimodal scenario at --scale 1 and 2; each engine's outstanding token work (prompt not "
     "yet computed + output not yet generated, of everything running or waiting there) read "
-    f"at every scrape from {SPREAD_WARMUP_S:g} s to {SPREAD_UNTIL_S:g} s. 'residual "
-    "estimate' and 'exact output' are candidates measured by substitution (not the "
-    "product): the router counting an answer's outstanding output as its tenant's expected "
-    "final length given what it generated, and the estimate taken from max_tokens.",
+    f"at every scrape from {SPREAD_WARMUP_S:g} s to {SPREAD_UNTIL_S:g} s. least_tokens "
+    "counts an answer's outstanding output as its expected final length given what it "
+    "generated, less that (decision 0018); 'mean estimate' (before it: the estimate less "
+    "what streamed, 0 once outrun) and 'exact output' (the estimate taken from max_tokens) "
+    "are measured by substitution.",
     "(b)-(d) one h100-llama3-8b engine per model, 32 sequences, step budget 2,048, "
     "priority scheduling; requests sent in "
     f"[{CLAIM_WARMUP_S:g}, {CLAIM_WARMUP_S + CLAIM_WINDOW_S:g}) s, the run "
     f"{CLAIM_TAIL_S:g} s longer; TTFT inf: unanswered by then.",
     "(c) the aging bound is spf_delay_s's max_delay_s (sidecar/request.py, "
-    "SPF_MAX_DELAY_S); 'no aging' sets it past any run. (d) 'a key per model' gives each "
-    "model's traffic a sidecar tenant of its own: on engines serving one model each, the "
-    "estimator's (tenant, endpoint) key is then a (tenant, endpoint, model) key.",
+    "SPF_MAX_DELAY_S); 'no aging' sets it past any run. (d) 'before 0019 (d)' is the "
+    "estimator without its model key, by substitution; 'a tenant per model' gives each "
+    "model's traffic a sidecar tenant of its own (the model key, emulated, as measured "
+    "before the estimator had one).",
 ]
 
 

@@ -447,10 +447,12 @@ class Scheduler(_Model):
     (deficit round robin over tenants, in tokens, weighted), or the baselines `rr` (one
     request a turn, unweighted), `fcfs` (one queue in arrival order, through the admission
     gate) and `passthrough` (no queue, no gate)."""
-    ordering: OrderingName = "fifo"
+    ordering: OrderingName = "shortest_prompt_first"
     """A tenant's own queue order after priority and deadline, by its registered name
-    ("Orderings" below); `shortest_prompt_first: true` takes that ordering whatever this
-    says."""
+    ("Orderings" below): by default the shorter prompt first among requests arriving within
+    2 s of each other, so a long prompt is passed only by requests that arrive less than
+    2 s after it (decision 0019 (c)); `fifo` for arrival order. `shortest_prompt_first:
+    true` takes that ordering whatever this says."""
     anti_starvation_weight: float | None = Field(default=None, gt=0, lt=1, allow_inf_nan=False)
     """In (0, 1): the fraction of dispatches a backlogged tier yields to the tiers below;
     none keeps tiers strict."""
@@ -460,11 +462,22 @@ class Scheduler(_Model):
     repeat_demotion: bool = False
     """An API key's 2nd, 3rd… concurrent request is ordered at priority +1, +2… (by key, not
     the body's `user`)."""
-    shortest_prompt_first: bool = False
-    """The `shortest_prompt_first` ordering: within a tenant, after priority and deadline,
-    shorter prompts first (`drr`, `rr`)."""
+    shortest_prompt_first: bool | None = None
+    """The older switch for `ordering`'s `shortest_prompt_first`: true takes it whatever
+    `ordering` says; false, where `ordering` is not given, takes `fifo`; unset, `ordering`
+    decides (`drr`, `rr`)."""
     output_estimate_alpha: float = Field(default=0.2, gt=0, le=1, allow_inf_nan=False)
     """The EMA weight of each new output observation, in (0, 1]."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _older_switch(cls, data: Any) -> Any:
+        """`shortest_prompt_first: false` alone still means arrival order, as it did when
+        `fifo` was the default ordering."""
+        if isinstance(data, dict) and data.get("shortest_prompt_first") is False \
+                and "ordering" not in data:
+            return {**data, "ordering": "fifo"}
+        return data
 
 
 def _check_program_sources(value: Any) -> list[str]:

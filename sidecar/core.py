@@ -81,7 +81,7 @@ from weighbridge.sidecar.admission import (
 from weighbridge.sidecar.catalog import ModelCatalog
 from weighbridge.sidecar.cycle import DispatchCycle, Pool, light_tenants, share_slots
 from weighbridge.sidecar.estimator import OutputEstimator
-from weighbridge.sidecar.fleet import Fleet
+from weighbridge.sidecar.fleet import Backend, Fleet
 from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
 from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
 from weighbridge.sidecar.prefix import PromptPrefix
@@ -516,8 +516,8 @@ class SchedulingCore:
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
             sequences=sequences,
-            estimated_output_tokens=self.estimator.estimate(tenant, endpoint, max_tokens,
-                                                            sequences),
+            estimated_output_tokens=self.estimator.estimate(
+                tenant, endpoint, max_tokens, sequences, self.request_model(model)),
             arrival_s=now,
             user=user,
             session=session,
@@ -638,15 +638,20 @@ class SchedulingCore:
             if self._record.sharing and index.retained_blocks:
                 self._record.sent_prefixes.append((backend, index.block_size,
                                                    request.prefix.blocks(index.block_size)))
+        # Its expected output as the KV footprint and the routing load count it: what the
+        # tenant's recent answers ended at (decision 0018), the estimate before any is seen.
+        expected = self._final_output(request, 0)
+        if expected is None:
+            expected = request.estimated_output_tokens
         # The routing load counts what the engine computes: the cached prompt is free.
         self.fleet.dispatched(
             request.id, record, request.prompt_tokens - request.predicted_cached_tokens,
-            request.estimated_output_tokens
+            expected
         )
         self.route.dispatched(request, record, self.fleet)
         self.ledger.dispatch(request.id)
-        record.kv.add(request.id, request.tenant, request.prompt_tokens,
-                      request.estimated_output_tokens, record.shared_blocks(request))
+        record.kv.add(request.id, request.tenant, request.prompt_tokens, expected,
+                      record.shared_blocks(request))
         self._reported[request.id] = 0
         # Pacing counts what the engine prefills: a cached prompt costs it nothing.
         if request.computed_prompt_tokens > 0:
@@ -697,10 +702,9 @@ class SchedulingCore:
             return
         pool = self._pool_of[request.id]
         pool.scheduler.on_tokens_streamed(request, tokens)
-        self.fleet.streamed(request.id, tokens)
         assert request.backend is not None
         record = self.fleet[request.backend]
-        record.kv.on_tokens(request.id, tokens)
+        self._grown(request, record, tokens)
         served = max(0, tokens)
         if request.id not in self._prefilled:
             self._prefilled.add(request.id)  # the first token says the prompt was served
@@ -728,11 +732,33 @@ class SchedulingCore:
             return
         pool = self._pool_of[request.id]
         pool.scheduler.charge_streamed(request)
-        self.fleet.streamed(request.id, tokens)
         assert request.backend is not None
-        self.fleet[request.backend].kv.on_tokens(request.id, tokens)
+        self._grown(request, self.fleet[request.backend], tokens)
         self._reported[request.id] += tokens
         self._observe_served(pool, tokens, request.unfolded_s)
+
+    def _grown(self, request: QueuedRequest, record: Backend, tokens: int) -> None:
+        """``tokens`` more of its output streamed (``streamed_output_tokens`` counts them):
+        the routing load and the KV footprint count it at its expected final length now."""
+        fleet = self.fleet
+        fleet.streamed(request.id, tokens)
+        if tokens <= 0:
+            record.kv.on_tokens(request.id, tokens)
+            return
+        generated = request.streamed_output_tokens
+        final = self._final_output(request, generated)
+        if final is not None:
+            fleet.expect(request.id, final - generated)
+        record.kv.on_tokens(request.id, tokens, final)
+
+    def _final_output(self, request: QueuedRequest, generated: int) -> int | None:
+        """Every sequence's expected final output once the request has generated
+        ``generated`` tokens over all of them (``OutputEstimator.final``, per sequence);
+        None before its tenant's answers on its endpoint and model are seen."""
+        n = max(1, request.sequences)
+        per_sequence = self.estimator.final(request.tenant, request.endpoint, generated // n,
+                                            request.max_tokens, request.model)
+        return None if per_sequence is None else max(generated, per_sequence * n)
 
     @_entry
     def on_completed(
@@ -769,7 +795,7 @@ class SchedulingCore:
                   cached_tokens or 0)
         # The estimate is per sequence: a request of n answers reports all n's tokens.
         self.estimator.observe(request.tenant, request.endpoint,
-                               round(output_tokens / request.sequences))
+                               round(output_tokens / request.sequences), request.model)
 
     @_entry
     def on_failed(
@@ -890,11 +916,14 @@ class SchedulingCore:
     # ------------------------------------------------------------------ admin
 
     def estimated_tokens(self, tenant: str, endpoint: str, prompt_tokens: int,
-                         max_tokens: int | None, sequences: int = 1) -> int:
+                         max_tokens: int | None, sequences: int = 1,
+                         model: str | None = None) -> int:
         """A request's expected tokens (prompt + estimated output): what ``arrive`` charges
         the rate limits, what a shared limiter must take for it, and what the stability
-        ratio counts as offered load."""
-        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens, sequences)
+        ratio counts as offered load. ``model``: the body's (``request_model`` resolves
+        none to the default, as ``arrive`` does)."""
+        return prompt_tokens + self.estimator.estimate(tenant, endpoint, max_tokens, sequences,
+                                                       self.request_model(model or None))
 
     @_entry
     def stats(self, now: float) -> CoreStats:

@@ -249,6 +249,16 @@ class Fleet:
         ticket.prompt_left = 0
         ticket.output_left -= produced
 
+    def expect(self, request_id: str, output_left: int) -> None:
+        """The request's remaining output is now expected at ``output_left`` tokens (its
+        expected final length less what it streamed: decision 0018), up or down."""
+        ticket = self._tickets.get(request_id)
+        if ticket is None:
+            return
+        left = max(0, output_left)
+        ticket.backend.outstanding_tokens += left - ticket.output_left
+        ticket.output_left = left
+
     def finished(self, request_id: str) -> None:
         ticket = self._tickets.pop(request_id, None)
         if ticket is None:

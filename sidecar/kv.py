@@ -6,9 +6,13 @@ any other tenant's request that waits there (on a KV-tight engine a flood the en
 not hold pushed the victim's first token from 50 ms to seconds, whatever the slot headroom:
 docs/sidecar.md, "Admission defaults: learned from each engine"). Admission therefore counts
 each in-flight request at the size it will reach: prompt + max(tokens generated so far,
-expected output), in blocks of the engine's ``block_size``. Keeping that sum under the cache
-means the engine never has to preempt for our load; keeping an over-share tenant's part
-under a lower watermark leaves room for the others (``weighbridge.sidecar.core.SchedulingCore``).
+expected output), in blocks of the engine's ``block_size``, the expected output being raised
+as the answer grows to what its tenant's recent answers that long ended at
+(``OutputEstimator.final``: decision 0018), so a long answer of a bimodal tenant is counted
+at its long mode's size once it outgrows the short one, before the engine runs out. Keeping
+that sum under the cache means the engine never has to preempt for our load; keeping an
+over-share tenant's part under a lower watermark leaves room for the others
+(``weighbridge.sidecar.core.SchedulingCore``).
 
 A prompt's full blocks that the engine caches by prefix are one block however many requests
 hold them: vLLM shares a cached block between the sequences whose prompts begin alike (a
@@ -92,13 +96,18 @@ class KvFootprint:
             tenant_holders[(tenant, block)] += 1
         self._resize(entry)
 
-    def on_tokens(self, request_id: str, tokens: int) -> None:
+    def on_tokens(self, request_id: str, tokens: int,
+                  expected_final: int | None = None) -> None:
         """``tokens`` more output tokens of the request came back (its footprint grows once
-        they pass the expected output)."""
+        they pass the expected output). ``expected_final``: the output it is now expected to
+        end at, given what it has generated (``OutputEstimator.final``); it raises the
+        expected output, never lowers it."""
         entry = self._entries.get(request_id)
         if entry is None or tokens <= 0:
             return
         entry.generated += tokens
+        if expected_final is not None and expected_final > entry.expected_output:
+            entry.expected_output = expected_final
         self._resize(entry)
 
     def remove(self, request_id: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from weighbridge.sidecar.core import ReplicaRecord
-from weighbridge.sidecar.estimator import OutputEstimator
+from weighbridge.sidecar.estimator import Observation, OutputEstimator
 from weighbridge.sidecar.ratelimit import (
     BucketSettings,
     BucketSpec,
@@ -170,13 +170,22 @@ class Replica:
         """The smoothing every replica folds observations with, in the same order."""
         return self._core.estimator.alpha
 
-    def take_observations(self) -> list[tuple[str, str, int]]:
-        """(tenant, endpoint, output tokens) of every request ended since the last call."""
+    def take_observations(self) -> list[Observation]:
+        """(tenant, endpoint, model, output tokens) of every request completed since the last
+        call (model "" for a request naming none where there is no default)."""
         return self._core.estimator.take_observations()
 
-    def adopt_estimate(self, tenant: str, endpoint: str, ema: float) -> None:
-        """The output estimate the replicas agree on for (tenant, endpoint)."""
-        self._core.estimator.adopt(tenant, endpoint, ema)
+    def adopt_estimate(self, tenant: str, endpoint: str, ema: float,
+                       model: str | None = None) -> None:
+        """The output estimate the replicas agree on for (tenant, endpoint, model)."""
+        self._core.estimator.adopt(tenant, endpoint, ema, model)
+
+    def learn_outputs(self, observations: Sequence[Observation]) -> None:
+        """Other replicas' completed outputs, into this one's history of recent outputs
+        (what an answer's expected final length is read from: decision 0018)."""
+        estimator = self._core.estimator
+        for tenant, endpoint, model, tokens in observations:
+            estimator.learn(tenant, endpoint, model, tokens)
 
     # ------------------------------------------------------------------ prompts
 

@@ -167,7 +167,7 @@ class Scheduler:
             policy=config.scheduler.policy,
             anti_starvation_weight=config.scheduler.anti_starvation_weight,
             repeat_demotion=config.scheduler.repeat_demotion,
-            shortest_prompt_first=config.scheduler.shortest_prompt_first,
+            shortest_prompt_first=config.scheduler.shortest_prompt_first is True,
             ordering=config.scheduler.ordering,
             charge_streamed_tokens=config.scheduler.charge_streamed_tokens,
         )

@@ -69,6 +69,7 @@ from redis.exceptions import RedisError
 
 from weighbridge.redaction import redact_url
 from weighbridge.sidecar.config import SharedState as SharedStateConfig
+from weighbridge.sidecar.estimator import Observation
 from weighbridge.sidecar.ratelimit import (
     Admit,
     BucketSpec,
@@ -324,7 +325,7 @@ class _Outgoing:
     """What one sync tells the others, taken from the replica."""
 
     booked: dict[tuple[str, str, str], float]  # service per (pool, tier, tenant)
-    observations: list[tuple[str, str, int]]  # (tenant, endpoint, output tokens)
+    observations: list[Observation]  # (tenant, endpoint, model, output tokens)
     sent: list[tuple[str, int, tuple[int, ...]]]  # prompts sent: (backend, block size, blocks)
     sent_tokens: dict[str, int]  # prompt tokens sent per backend
 
@@ -649,14 +650,17 @@ class SharedState:
         await self._load(keys=self._load_keys(), args=self._load_args(), client=pipe)
         if out.observations:
             args: list[str | float] = [self.replica.estimate_alpha]
-            for tenant, endpoint, tokens in out.observations:
-                args += [_field(tenant, endpoint), tokens]
+            for tenant, endpoint, model, tokens in out.observations:
+                args += [_field(tenant, endpoint, model), tokens]
             # Queued on the pipeline (a script call on a pipeline only queues).
             await self._estimates(keys=[self._estimates_key], args=args, client=pipe)
-        if out.sent or out.sent_tokens:
+        if out.sent or out.sent_tokens or out.observations:
+            # The outputs ride with the prompts: every replica's history of recent outputs
+            # (decision 0018) holds everyone's.
             pipe.xadd(self._prefixes_key, {"r": self.replica_id,
                                            "d": orjson.dumps(out.sent).decode(),
-                                           "t": orjson.dumps(out.sent_tokens).decode()},
+                                           "t": orjson.dumps(out.sent_tokens).decode(),
+                                           "o": orjson.dumps(out.observations).decode()},
                       maxlen=PREFIX_STREAM_LEN, approximate=True)
         start = self._prefixes_read
         pipe.xrange(self._prefixes_key, min=start if start == "-" else f"({start}",
@@ -680,9 +684,9 @@ class SharedState:
         if out.observations:
             shared = results.pop(0)
             for i in range(0, len(shared), 2):
-                tenant, endpoint = _unfield(shared[i])
-                replica.adopt_estimate(tenant, endpoint, float(shared[i + 1]))
-        if out.sent or out.sent_tokens:
+                tenant, endpoint, model = _unfield(shared[i])
+                replica.adopt_estimate(tenant, endpoint, float(shared[i + 1]), model)
+        if out.sent or out.sent_tokens or out.observations:
             results.pop(0)  # the new entry's id
             self.prefixes_sent += len(out.sent)
         self._learn_prefixes(results.pop(0))
@@ -702,6 +706,10 @@ class SharedState:
                 now = self.clock()
                 for backend, n in tokens.items():
                     self.replica.learn_sent_tokens(backend, int(n), now)
+                # An entry of an older replica has no outputs: its answers go unseen here.
+                self.replica.learn_outputs([
+                    (str(t), str(e), str(m), int(n))
+                    for t, e, m, n in orjson.loads(fields.get("o", "[]"))])
             except (KeyError, ValueError, TypeError, AttributeError):
                 continue  # not an entry of ours (another version): nothing to learn
             self.prefixes_learned += len(sent)

@@ -12,7 +12,9 @@ that does not choose among tenants (``per_tenant`` False) is served as one FIFO 
 tier and tenant, and its tiers' flow structures stay empty.
 
 An **ordering** (``Ordering``) ranks a tenant's own requests after their priority and
-deadline, before their arrival (``QueuedRequest.order_key``).
+deadline by a size that delays their arrival, aged (``sidecar.request.spf_delay_s``: never
+2 s or more), or by a delay of its own (``delay_s``), then by arrival
+(``QueuedRequest.order_key``).
 
 Each policy or ordering is one module here with one ``@register`` line;
 tests/unit/sidecar/test_fairness_conformance.py runs over every one registered.
@@ -77,7 +79,9 @@ class Fairness(Protocol):
 
 
 class Ordering(Protocol):
-    """A tenant's own queue order after priority and deadline: ``rank`` (lower first), then
+    """A tenant's own queue order after priority and deadline: ``rank``, a size in tokens,
+    orders the request as if it arrived ``spf_delay_s(rank)`` later (0: no delay; the delay
+    stays under 2 s, so a larger rank waits a bounded time behind later arrivals), then
     arrival. One object per scheduler: an ordering that keeps state (``program_las``) also
     has ``delay_s(request)``, how much later than its arrival a request is ordered (set at
     enqueue), and ``served(request, tokens)``, told the computed tokens of each request

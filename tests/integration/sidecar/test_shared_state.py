@@ -293,3 +293,20 @@ async def test_a_calendar_month_in_redis_waits_for_the_first(server: RedisServer
         # round trips between Redis's clock and this read of it).
         assert rejected.retry_after_s == pytest.approx(
             calendar_period(now, "month")[1] - now, abs=1.0)
+
+
+async def test_replicas_share_their_outputs_per_model(server: RedisServer) -> None:
+    """Decision 0018: every replica's history of recent outputs holds everyone's answers, so
+    an answer's expected final length is read from all of a tenant's traffic; the shared
+    estimate is keyed by (tenant, endpoint, model), as the estimator is."""
+    async with two_replicas(server) as (one, two):
+        request = await send(one, max_tokens=None)
+        assert isinstance(request, QueuedRequest)
+        (dispatch,) = one.core.dispatch_ready(0.0)
+        one.core.on_completed(dispatch.request, 100, 700, 0.0)
+        await one._sync()  # its output: the shared estimate, and the stream the others read
+        await two._sync()
+    assert one.core.estimator.expected("a", CHAT) == 700.0
+    assert two.core.estimator.final("a", CHAT, 0, None) == 700  # learned from one
+    assert two.core.estimator.final("a", CHAT, 0, None, "another-model") is None
+    assert two.core.estimator.expected("a", CHAT) == 100.0  # its EMA: its own, or adopted

@@ -590,21 +590,28 @@ def test_streamed_tokens_folded_late_give_the_decisions_of_folding_each_chunk(po
     queues: list[list[QueuedRequest]] = [[], []]
 
     first_token: set[str] = set()  # requests that streamed (their prefill is done)
+    # Per request in flight, token by token: its expected output as the KV footprint counts
+    # it, and its output left as the router does (decision 0018: from its expected final
+    # length given what it generated, once its tenant's answers are seen; else the estimate).
+    expected: dict[str, int] = {}
+    left: dict[str, int] = {}
+
+    def final(r: QueuedRequest, generated: int) -> int | None:
+        return eager.estimator.final(r.tenant, r.endpoint, generated, r.max_tokens, r.model)
 
     def state(core: SchedulingCore, inflight: list[QueuedRequest]) -> tuple[Any, ...]:
         """The views, checked against what token-by-token accounting gives: a backend's
         outstanding tokens are its requests' prompts until their first token plus their
-        output left of the estimate; its KV footprint their prompts plus the larger of
-        estimate and output, in blocks of 16; under drr a request has been charged its
-        dispatch cost or its prompt and output so far, whichever is more (VTC)."""
+        output left; its KV footprint their prompts plus the larger of expected output and
+        output, in blocks of 16; under drr a request has been charged its dispatch cost or
+        its prompt and output so far, whichever is more (VTC)."""
         core.fold_streamed()  # the views are plain reads: folded by an entry first
         for backend in ("b1", "b2"):
             mine = [r for r in inflight if r.backend == backend]
             assert core.fleet[backend].outstanding_tokens == sum(
-                (0 if r.id in first_token else r.prompt_tokens)
-                + max(0, r.estimated_output_tokens - r.streamed_output_tokens) for r in mine)
+                (0 if r.id in first_token else r.prompt_tokens) + left[r.id] for r in mine)
             assert core.fleet[backend].kv.blocks() == sum(
-                -(-(r.prompt_tokens + max(r.estimated_output_tokens, r.streamed_output_tokens))
+                -(-(r.prompt_tokens + max(expected[r.id], r.streamed_output_tokens))
                   // 16) for r in mine)
         if policy == "drr":  # read after the fold above
             for r in inflight:
@@ -621,12 +628,24 @@ def test_streamed_tokens_folded_late_give_the_decisions_of_folding_each_chunk(po
             elif kind == "stream" and inflight:
                 core.on_tokens_streamed(inflight[0], value, now)
                 first_token.add(inflight[0].id)
+                if core is eager and value > 0:
+                    r = inflight[0]
+                    g = r.streamed_output_tokens
+                    f = final(r, g)
+                    left[r.id] = max(0, left[r.id] - value if f is None else f - g)
+                    expected[r.id] = expected[r.id] if f is None else max(expected[r.id], f)
             elif kind in ("complete", "gone") and inflight:
                 req = inflight.pop(value % len(inflight))
                 (core.on_completed if kind == "complete" else core.on_client_gone)(
                     req, req.prompt_tokens, req.streamed_output_tokens, now)
             elif kind == "tick":
                 now += value / 1000 / 2  # both cores: half each, same total
+            if core is eager and kind == "dispatch":
+                for r in inflight:
+                    if r.id not in expected:
+                        f = final(r, 0)
+                        expected[r.id] = left[r.id] = (r.estimated_output_tokens if f is None
+                                                       else f)
         if kind != "tick":
             assert [r.id for r in flights[0]] == [r.id for r in flights[1]]
             assert [r.id for r in queues[0]] == [r.id for r in queues[1]]

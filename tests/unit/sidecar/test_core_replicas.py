@@ -58,7 +58,7 @@ def test_local_load_and_booked_turns_are_what_others_need() -> None:
     core.on_completed(first.request, 400, 300, 0.0)  # 200 more than estimated
     assert replica.take_booked() == {(POOL, "standard", "a"): 0.2}
     assert replica.take_booked() == {}
-    assert core.estimator.take_observations() == [("a", "/v1/chat/completions", 300)]
+    assert core.estimator.take_observations() == [("a", "/v1/chat/completions", "", 300)]
 
 
 def test_service_elsewhere_is_charged_to_the_tenant_s_credit_here() -> None:

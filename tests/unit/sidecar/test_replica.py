@@ -65,9 +65,11 @@ def test_every_call_of_the_wrapper_stays_inside_the_interface() -> None:
                                      (POOL, "standard", "b"): 0.5}
     core.on_completed(request, 400, 300, 0.0)
     assert replica.take_charges() == [(request, 200)]  # 700 against the 500 taken
-    assert replica.take_observations() == [("a", CHAT, 300)]
+    assert replica.take_observations() == [("a", CHAT, "", 300)]  # no model named
     replica.adopt_estimate("a", CHAT, 250.0)
     assert core.estimated_tokens("a", CHAT, 400, None) == 650
+    replica.learn_outputs([("a", CHAT, "", 1000)])  # another replica's answer: the history
+    assert core.estimator.final("a", CHAT, 300, None) == 1000
     assert replica.estimate_alpha == core.config.scheduler.output_estimate_alpha
     replica.charge_foreign(POOL, "standard", "b", 1.0)
     replica.set_foreign_load({(POOL, "b"): (2, True)})

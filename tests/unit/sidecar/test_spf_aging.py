@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.sidecar.builders import make_request
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.queues import TenantQueue
 from weighbridge.sidecar.request import SPF_MAX_DELAY_S, QueuedRequest, spf_delay_s
 from weighbridge.sidecar.scheduler import Scheduler, TenantSpec
@@ -81,3 +82,22 @@ def test_without_shortest_prompt_first_the_order_is_arrival() -> None:
     s.enqueue(make_request(arrival=0, prompt=5000, id="long"), 0)
     s.enqueue(make_request(arrival=0.001, prompt=5, id="short"), 0.001)
     assert [s.next(1).id, s.next(1).id] == ["long", "short"]  # type: ignore[union-attr]
+
+
+def _first_of(scheduler: dict[str, object]) -> list[str]:
+    config = parse_config({"tenants": {"a": {"tier": "standard", "api_keys": ["plain:k"]}},
+                           "backends": [{"url": "http://127.0.0.1:1"}],
+                           "scheduler": scheduler})
+    s = Scheduler.from_config(config)
+    s.enqueue(make_request(arrival=0, prompt=5000, id="long"), 0)
+    s.enqueue(make_request(arrival=0.001, prompt=5, id="short"), 0.001)
+    return [s.next(1).id, s.next(1).id]  # type: ignore[union-attr]
+
+
+def test_shortest_prompt_first_with_aging_is_the_configurations_default() -> None:
+    """Decision 0019 (c): on by default; the older switch set false, or `ordering: fifo`,
+    keeps arrival order; set true, it wins over `ordering`."""
+    assert _first_of({}) == ["short", "long"]
+    assert _first_of({"shortest_prompt_first": False}) == ["long", "short"]
+    assert _first_of({"ordering": "fifo"}) == ["long", "short"]
+    assert _first_of({"ordering": "fifo", "shortest_prompt_first": True}) == ["short", "long"]
