@@ -24,6 +24,15 @@ as it takes to be positive again. Credits are floats in whatever unit the caller
 ``Scheduler`` uses *turns* (cost / endpoint quantum) so endpoints with different cost models
 share one ring, and gives each tenant ``weight`` turns per round.
 
+Turn size, apart from the quantum
+---------------------------------
+The quantum is what a flow may spend a round: its share. How much of it one visit spends is
+the *turn* (``consume(..., turn=)``): a flow still in credit that has spent a turn's worth
+in this visit goes to the tail of the *same* round, keeping its credit, and the flows keyed
+for that round are visited before it again. So a streaming endpoint can rotate one request
+a tenant while a batch endpoint serves a batch, with every share and price unchanged: a
+same-round requeue moves neither round nor credit, and the bound below is untouched.
+
 Settlement and live charging
 ----------------------------
 ``adjust(flow, delta)`` moves credit at any time: ``+`` for a real count above what was
@@ -88,6 +97,7 @@ class _Flow:
     version: int = 0  # a heap entry is live only while its version matches
     active: bool = False
     forfeited: float = 0.0  # credit not granted for rounds it was passed over (ineligible)
+    visit: float = 0.0  # spent in the current visit, against the turn
 
 
 # (round, position, version, flow): positions are unique, so names are never compared.
@@ -164,6 +174,7 @@ class DeficitRoundRobin:
             raise ValueError(f"flow {flow!r} is not active")
         self._forfeit(f, f.round)  # a pass-over it leaves during is lost all the same
         f.active = False
+        f.visit = 0.0
         f.version += 1  # its heap entry is now dead
         self._active -= 1
         f.credit = min(f.credit, 0.0)  # drop surplus, keep debt (module doc)
@@ -180,6 +191,7 @@ class DeficitRoundRobin:
     def _requeue(self, f: _Flow, flow: str, base_round: int) -> None:
         """Send a flow whose credit is <= 0 to the tail, credited for as many rounds after
         ``base_round`` as it needs to be positive again."""
+        f.visit = 0.0
         rounds = math.floor(-f.credit / f.quantum) + 1
         f.credit += rounds * f.quantum
         while f.credit <= 0:  # float rounding in the division above
@@ -225,22 +237,37 @@ class DeficitRoundRobin:
             heapq.heappush(heap, entry)
         return chosen
 
-    def consume(self, flow: str, cost: float, backlogged: bool) -> None:
+    def consume(self, flow: str, cost: float, backlogged: bool,
+                turn: float = math.inf) -> None:
         """Charge the request just served from ``flow`` (the one ``pick`` returned);
-        ``backlogged`` says whether the flow still has queued requests."""
+        ``backlogged`` says whether the flow still has queued requests; ``turn``: what one
+        visit may spend before the next flow's (module doc, "Turn size")."""
         if not cost > 0:
             raise ValueError(f"cost must be positive, got {cost}")
         f = self._flows[flow]
         if not f.active:
             raise ValueError(f"flow {flow!r} is not active")
         f.credit -= cost
+        f.visit += cost
         if not backlogged:
             self.deactivate(flow)
         elif f.credit <= 0:
-            # End of its turn. Base on the current round, not the flow's own: a flow that
-            # was passed over (ineligible) is not compensated for the rounds it missed.
+            # End of its round's credit. Base on the current round, not the flow's own: a
+            # flow that was passed over (ineligible) is not compensated for the rounds it
+            # missed.
             self._forfeit(f, f.round)
             self._requeue(f, flow, max(f.round, self._round))
+            self._maybe_compact()
+        elif f.visit >= turn:
+            # A turn spent with credit left: the tail of the round it is served in, its
+            # credit kept for its next visit.
+            self._forfeit(f, f.round)
+            f.round = max(f.round, self._round)
+            f.visit = 0.0
+            f.position = self._next_position
+            self._next_position += 1
+            f.version += 1
+            heapq.heappush(self._heap, (f.round, f.position, f.version, flow))
             self._maybe_compact()
 
     def adjust(self, flow: str, delta: float) -> None:

@@ -29,10 +29,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from weighbridge.endpoints import EndpointKind
 from weighbridge.sidecar.fairness import Fairness, Ordering
 from weighbridge.sidecar.plugins import UnknownPlugin, plugin
 from weighbridge.sidecar.queues import QueueLimits, TenantQueue
@@ -42,6 +44,7 @@ from weighbridge.sidecar.tiers import TierSelector
 
 if TYPE_CHECKING:
     from weighbridge.sidecar.config import Config
+    from weighbridge.sidecar.config import Endpoint as ConfigEndpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +57,23 @@ class TenantSpec:
 @dataclass(frozen=True, slots=True)
 class EndpointSpec:
     cost: CostModel = "tokens"
-    quantum: int = 2048  # endpoint units (tokens, or requests) per turn
+    quantum: int = 2048  # endpoint units (tokens, or requests) per round: share and price
+    # What one visit of the ring spends before the next tenant's (sidecar.drr, "Turn size");
+    # None: the whole round's credit.
+    turn: int | None = None
 
 
 _DEFAULT_ENDPOINT = EndpointSpec()
+
+
+def endpoint_turn(path: str, endpoint: ConfigEndpoint) -> int:
+    """An endpoint's DRR turn (``Endpoint.turn``): as configured, else one request on the
+    generating kinds (1 unit: any request's cost ends the visit) and a quantum on the
+    others."""
+    if endpoint.turn is not None:
+        return endpoint.turn
+    kind = EndpointKind.of_path(path)
+    return 1 if kind is not None and kind.generates else endpoint.quantum
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +173,7 @@ class Scheduler:
     def from_config(cls, config: Config) -> Scheduler:
         tenants = cls.tenant_specs(config)
         endpoints = {
-            path: EndpointSpec(cost=e.cost, quantum=e.quantum)
+            path: EndpointSpec(cost=e.cost, quantum=e.quantum, turn=endpoint_turn(path, e))
             for path, e in config.endpoints.items()
         }
         return cls(
@@ -402,7 +418,10 @@ class Scheduler:
             del self._queued_index[request.id]
             self._account_removed(tenant, tier, request, queue)
             turns = self._turns(request, request.cost)
-            tier.flows.consume(flow, turns, backlogged=bool(queue))
+            spec = self.endpoint(request.endpoint)
+            tier.flows.consume(flow, turns, backlogged=bool(queue),
+                               turn=(math.inf if spec.turn is None
+                                     else self._service(spec.turn, spec.quantum)))
             self._book(request.tier, flow, turns)
             return request
         return None

@@ -22,6 +22,7 @@ tests/unit/sidecar/test_fairness_conformance.py runs over every one registered.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -36,7 +37,8 @@ class Fairness(Protocol):
     ``sidecar.drr.DeficitRoundRobin``): flows are added with their weight, activated when
     their queue fills and deactivated when it empties; ``pick`` names the flow to serve
     (passing over those ``eligible`` refuses, which are not compensated for what they could
-    not use: that is ``forfeited``), ``consume`` charges what it was served, ``adjust``
+    not use: that is ``forfeited``), ``consume`` charges what it was served (and ends the
+flow's visit once it has spent ``turn``: the endpoint's turn, apart from its share), ``adjust``
     settles a charge later (positive: more; negative: a refund). Amounts are in the
     policy's unit (``service``)."""
 
@@ -67,7 +69,8 @@ class Fairness(Protocol):
 
     def pick(self, eligible: Callable[[str], bool] | None = None) -> str | None: ...
 
-    def consume(self, flow: str, cost: float, backlogged: bool) -> None: ...
+    def consume(self, flow: str, cost: float, backlogged: bool,
+                turn: float = math.inf) -> None: ...
 
     def adjust(self, flow: str, delta: float) -> None: ...
 

@@ -132,7 +132,9 @@ class VirtualTokenCounter:
             self._push(self._flows[name], name)
         return chosen
 
-    def consume(self, flow: str, cost: float, backlogged: bool) -> None:
+    def consume(self, flow: str, cost: float, backlogged: bool,
+                turn: float = math.inf) -> None:
+        del turn  # the least-served flow is chosen at every decision: a turn of one request
         if not cost > 0:
             raise ValueError(f"cost must be positive, got {cost}")
         f = self._flows[flow]

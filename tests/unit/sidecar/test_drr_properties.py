@@ -50,6 +50,7 @@ class Model:
     forfeited: list[list[float]] = field(default_factory=list)
     # Called with each picked flow before it is charged (what a test checks at that moment).
     on_pick: Callable[[str], None] | None = None
+    turn: float = math.inf  # what a visit may spend (sidecar.drr, "Turn size")
 
     def __post_init__(self) -> None:
         n = len(self.weights)
@@ -90,7 +91,7 @@ class Model:
             self.on_pick(flow)
         i = int(flow)
         cost = self.queues[i].pop(0)
-        self.drr.consume(flow, cost, backlogged=bool(self.queues[i]))
+        self.drr.consume(flow, cost, backlogged=bool(self.queues[i]), turn=self.turn)
         self.booked[i] += cost
         self.served.append(i)
         return i
@@ -138,11 +139,14 @@ OPS_ADJUSTED = st.one_of(OPS_PLAIN, ADJUST)
 # A decision with some flows ineligible (admission passing them over): a bit mask of flows.
 PASS_OVER = st.tuples(st.just("skip"), st.integers(1, 14), st.just(0.0))
 OPS_PASSED_OVER = st.one_of(OPS_PLAIN, PASS_OVER, PASS_OVER)
+# A visit's turn, apart from the quantum: the whole round's credit, one request (any cost
+# spends it), or half a quantum. Shares and bounds are the same for every one.
+TURNS = [math.inf, 1e-9, 0.5]
 
 
 def run(weights: list[float], ops: list[tuple[str, int, float]], model: Model | None = None,
-        policy: str = "drr"):
-    model = model or Model(weights, registered("fairness")[policy]())
+        policy: str = "drr", turn: float = math.inf):
+    model = model or Model(weights, registered("fairness")[policy](), turn=turn)
     model.snapshot()
     for op in ops:
         model.apply(*op)
@@ -233,13 +237,14 @@ BOUND_CASES = [(policy, "generic") for policy in FLOW_POLICIES] + [
 @settings(max_examples=300, deadline=None)
 @given(weights=st.lists(WEIGHTS, min_size=2, max_size=4), data=st.data())
 @pytest.mark.parametrize(("policy", "bound"), BOUND_CASES)
-def test_two_backlogged_flows_service_stays_within_the_bound(policy, bound, weights,
+@pytest.mark.parametrize("turn", TURNS)
+def test_two_backlogged_flows_service_stays_within_the_bound(policy, bound, turn, weights,
                                                              data) -> None:
     """Every registered policy keeps the generic bound (``BOUNDS``); DRR keeps its own,
-    tighter ones."""
+    tighter ones, whatever a visit's turn."""
     case = BOUNDS[bound]
     ops = data.draw(st.lists(case.ops, max_size=120), label="ops")
-    check_sliding_bound(run(weights, ops, policy=policy), adjusted=case.adjusted,
+    check_sliding_bound(run(weights, ops, policy=policy, turn=turn), adjusted=case.adjusted,
                         forfeits=case.forfeits, generic=case.generic)
 
 
@@ -282,11 +287,13 @@ def test_a_flow_passed_over_forfeits_the_rounds_others_were_served() -> None:
     first=st.lists(COSTS, min_size=4, max_size=4),
     ops=st.lists(OPS_PLAIN, max_size=120),
 )
-def test_common_start_bound_is_one_quantum_plus_one_request(weights, first, ops) -> None:
+@pytest.mark.parametrize("turn", TURNS)
+def test_common_start_bound_is_one_quantum_plus_one_request(turn, weights, first,
+                                                            ops) -> None:
     """Flows that become backlogged together (same round, no debt) stay within
     one quantum plus one weight-normalised maximal request of each other for as long as
     both stay backlogged: |dx_i - dx_j| < 1 + max(C_i/w_i, C_j/w_j) (Q + C/w in tokens)."""
-    model = Model(weights)
+    model = Model(weights, turn=turn)
     for i in range(len(weights)):
         model.enqueue(i, first[i])
     run(weights, ops, model)
@@ -308,12 +315,13 @@ def test_common_start_bound_is_one_quantum_plus_one_request(weights, first, ops)
     ops=st.lists(OPS_PLAIN, max_size=150),
 )
 @pytest.mark.parametrize("policy", FLOW_POLICIES)
-def test_no_backlogged_flow_starves(policy, weights, ops) -> None:
+@pytest.mark.parametrize("turn", TURNS)
+def test_no_backlogged_flow_starves(policy, turn, weights, ops) -> None:
     """A backlogged flow is served within (floor(C/w) + 2) * sum_j ceil(w_j/c_min)
     decisions, C/w the widest maximal request of any flow: it is at most floor(C/w) + 1
     rounds (DRR; VTC: that much weight-normalised service) ahead, and in each every other
     flow serves at most ceil(w_j / c_min) requests."""
-    model = Model(weights, registered("fairness")[policy]())
+    model = Model(weights, registered("fairness")[policy](), turn=turn)
     n = len(weights)
     waited = [0] * n
     c_min = 0.05  # COSTS' lower bound
@@ -389,3 +397,19 @@ def test_common_start_bound_is_nearly_attained() -> None:
         assert model.decide() == 0
     lead = model.booked[0] - model.booked[1]
     assert 1 + 3.0 - 0.1 < lead < 1 + 3.0
+
+
+def test_a_turn_of_one_request_rotates_tenants_with_shares_unchanged() -> None:
+    """Two flows of weight 1 and 2, requests of an eighth of a quantum: with the whole round
+    a visit, each serves its round's credit in a run (8, then 16); with a turn of one request
+    they alternate, and over whole rounds each is served its weight's share all the same."""
+    for turn, runs in ((math.inf, [8, 16]), (1e-9, [1, 1])):
+        model = Model([1.0, 2.0], turn=turn)
+        for _ in range(300):
+            model.enqueue(0, 0.125)
+            model.enqueue(1, 0.125)
+        for _ in range(144):  # 6 whole rounds of 8 + 16 requests
+            model.decide()
+        lengths = [len(list(g)) for _, g in itertools.groupby(model.served)]
+        assert lengths[:2] == runs
+        assert model.booked == [6.0, 12.0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.sidecar.builders import make_request
+from weighbridge.sidecar.config import parse_config
 from weighbridge.sidecar.queues import QueueLimits
 from weighbridge.sidecar.rejection import QUEUE_FULL
 from weighbridge.sidecar.request import RequestState
@@ -352,3 +354,31 @@ def test_from_config_maps_the_schema() -> None:
     assert s.policy == "rr"
     assert s.enqueue(make_request("acme", "interactive"), 0) is None
     assert s.enqueue(make_request("acme", "interactive"), 0).reason == QUEUE_FULL
+
+
+def _visits(endpoint: str, endpoints: dict[str, object] | None = None) -> list[int]:
+    """Runs of one tenant in the dispatch order of two backlogged tenants sending 120-token
+    requests to ``endpoint``, through the configuration's defaults."""
+    config = parse_config({
+        "tenants": {t: {"tier": "standard", "api_keys": [f"plain:k{t}"]} for t in "ab"},
+        "backends": [{"url": "http://127.0.0.1:1"}],
+        **({"endpoints": endpoints} if endpoints else {})})
+    s = Scheduler.from_config(config)
+    for k in range(40):
+        for t in "ab":
+            s.enqueue(make_request(t, endpoint=endpoint, prompt=100, output=20,
+                                   id=f"{t}{k}"), 0.0)
+    order = [r.tenant for r in iter(lambda: s.next(0.0), None)]  # type: ignore[union-attr]
+    return [len(list(run)) for _, run in itertools.groupby(order)]
+
+
+def test_the_turn_follows_the_endpoints_batching_and_leaves_the_share() -> None:
+    """Point 5 of issue 41: by default a visit is one request on a generating endpoint (two
+    backlogged tenants alternate), a quantum on a pooling one (~17 requests of 120 tokens);
+    a configured turn sets it; each tenant gets the same service whatever the turn."""
+    chat = _visits("/v1/chat/completions")
+    assert chat == [1] * 80
+    embeddings = _visits("/v1/embeddings")
+    assert max(embeddings) == -(-2048 // 120) and sum(embeddings) == 80
+    assert max(_visits("/v1/chat/completions",
+                       {"/v1/chat/completions": {"turn": 2048}})) == -(-2048 // 120)
