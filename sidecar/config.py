@@ -478,6 +478,11 @@ class Scheduler(_Model):
     decides (`drr`, `rr`)."""
     output_estimate_alpha: float = Field(default=0.2, gt=0, le=1, allow_inf_nan=False)
     """The EMA weight of each new output observation, in (0, 1]."""
+    service_cost: bool = False
+    """Charge a token at what it costs the engine (`drr`): its (endpoint, model,
+    prompt-length band)'s engine seconds per computed token over the mean's, learned from
+    each completed request's share of its engine's time (decision 0026). Off: every token
+    costs 1."""
 
     @model_validator(mode="before")
     @classmethod

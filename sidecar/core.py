@@ -95,6 +95,7 @@ from weighbridge.sidecar.rejection import (
 from weighbridge.sidecar.request import QueuedRequest, RequestState
 from weighbridge.sidecar.routing import Route
 from weighbridge.sidecar.scheduler import Scheduler
+from weighbridge.sidecar.service_cost import ServiceCost
 from weighbridge.sidecar.shape import EngineShape
 from weighbridge.sidecar.stability import current_pools, learned_step_s, step_budget
 from weighbridge.vllm_metrics import BackendSample
@@ -240,6 +241,8 @@ class SchedulingCore:
             {path: e.initial_output_estimate for path, e in config.endpoints.items()},
             config.scheduler.output_estimate_alpha,
         )
+        # Engine seconds per token by key, to charge by (opt-in: scheduler.service_cost).
+        self.service_cost = ServiceCost() if config.scheduler.service_cost else None
         self.limit_table = _limit_table(config)
         # This process's own buckets: every limit when it runs alone; its share of them
         # (sidecar.replica) while the limits replicas share cannot be reached.
@@ -526,6 +529,8 @@ class SchedulingCore:
             priority=priority,
             deadline_s=deadline_s,
             prefix=prefix,
+            cost_factor=(1.0 if self.service_cost is None else self.service_cost.factor(
+                endpoint, self.request_model(model), prompt_tokens)),
         )
         if admitted is None:
             admitted = self.rate_limiter.admit(tenant, endpoint, request.estimated_tokens, now,
@@ -628,6 +633,7 @@ class SchedulingCore:
         request.backend = backend
         record = self.fleet[backend]
         record.gate.on_dispatched(now)
+        request.inflight_at_dispatch = record.inflight
         index = record.prefix
         # What the engine's prefix-cache lookups will count of it (sidecar.prefix.CacheShare):
         # each of its n answers is an engine request.
@@ -790,6 +796,15 @@ class SchedulingCore:
             # The engine's prompt count teaches the index its bytes per token for text.
             record.prefix.settle(request.prefix, request.predicted_cached_tokens, cached_tokens,
                                  prompt_tokens)
+        if self.service_cost is not None and record is not None \
+                and request.dispatched_s is not None:
+            # Its share of the engine's time while it ran: our requests there at its
+            # dispatch and now, itself included, share it.
+            sharing = (request.inflight_at_dispatch + record.inflight) / 2
+            self.service_cost.observe(
+                request.endpoint, request.model, prompt_tokens,
+                prompt_tokens - min(cached_tokens or 0, prompt_tokens) + output_tokens,
+                (now - request.dispatched_s) / max(1.0, sharing))
         # Unreported, nothing is known cached: the whole prompt is charged.
         self._end(request, Outcome.COMPLETED, prompt_tokens, output_tokens, now,
                   cached_tokens or 0)

@@ -98,6 +98,10 @@ class QueuedRequest:
     # Admitted by the limits every replica shares (sidecar.shared), which then get its
     # refund or settlement; False: by this process's own limiter.
     shared_limits: bool = False
+    # What one of its tokens is charged in DRR (``scheduler.service_cost``: its key's engine
+    # seconds per token over the mean's, fixed at arrival so every charge and refund agrees).
+    cost_factor: float = 1.0
+    inflight_at_dispatch: int = 0  # our requests on its backend once it was dispatched
 
     @property
     def estimated_tokens(self) -> int:

@@ -628,8 +628,10 @@ class Scheduler:
         return tenant
 
     def _turns(self, request: QueuedRequest, amount: float) -> float:
-        """A cost in the policy's unit of service (DRR's turns of the endpoint's quantum)."""
-        return self._service(amount, self.endpoint(request.endpoint).quantum)
+        """A cost in the policy's unit of service (DRR's turns of the endpoint's quantum), at
+        the request's service-cost factor (1 unless ``scheduler.service_cost``)."""
+        return self._service(amount * request.cost_factor,
+                             self.endpoint(request.endpoint).quantum)
 
     def _insert(self, tenant: _Tenant, request: QueuedRequest) -> None:
         tier = self._tiers[request.tier]
