@@ -155,6 +155,9 @@ class ReplicaRecord:
     # Prompt tokens (times answers) sent to each backend, while ``sharing``: the others'
     # part of the engine's prefix-cache lookups (sidecar.prefix.CacheShare).
     sent_tokens: Counter[str] = field(default_factory=Counter)
+    # (tenant, session, backend) of every request naming a session, while ``sharing``: the
+    # others' session_affinity binds it too.
+    sent_sessions: list[tuple[str, str, str]] = field(default_factory=list)
     # Replicas are told of service, estimates and prompts (``record_for_replicas``).
     sharing: bool = False
 
@@ -415,6 +418,12 @@ class SchedulingCore:
         if record is not None and record.prefix.block_size == block_size:
             record.prefix.sent_blocks(blocks)
 
+    def learn_session(self, tenant: str, session: str, backend: str, now: float) -> None:
+        """Another replica sent ``tenant``'s ``session`` to ``backend``, told at ``now``:
+        session affinity binds it here too (an unknown backend: nothing)."""
+        if backend in self.fleet:
+            self.route.learn_session(tenant, session, backend, now)
+
     def learn_sent_tokens(self, backend: str, tokens: int, now: float) -> None:
         """Other replicas sent ``backend`` prompts of ``tokens`` tokens (times answers), told
         at ``now``: part of the engine's prefix-cache lookups, as this replica's prompts are
@@ -655,6 +664,8 @@ class SchedulingCore:
             expected
         )
         self.route.dispatched(request, record, self.fleet)
+        if self._record.sharing and request.session is not None:
+            self._record.sent_sessions.append((request.tenant, request.session, backend))
         self.ledger.dispatch(request.id)
         record.kv.add(request.id, request.tenant, request.prompt_tokens, expected,
                       record.shared_blocks(request))

@@ -63,6 +63,8 @@ class ReplicatedCore(Protocol):
 
     def learn_sent_tokens(self, backend: str, tokens: int, now: float) -> None: ...
 
+    def learn_session(self, tenant: str, session: str, backend: str, now: float) -> None: ...
+
 
 def pool_id(backends: frozenset[str]) -> str:
     """A pool's name in what replicas exchange: its backends, sorted."""
@@ -208,6 +210,17 @@ class Replica:
         taken = {backend: n for backend, n in record.sent_tokens.items() if n}
         record.sent_tokens.clear()
         return taken
+
+    def take_sent_sessions(self) -> list[tuple[str, str, str]]:
+        """(tenant, session, backend) of every request naming a session this replica sent
+        since the last call."""
+        record = self._record
+        taken, record.sent_sessions = record.sent_sessions, []
+        return taken
+
+    def learn_session(self, tenant: str, session: str, backend: str, now: float) -> None:
+        """Another replica sent ``tenant``'s ``session`` to ``backend``, told at ``now``."""
+        self._core.learn_session(tenant, session, backend, now)
 
     def learn_sent_tokens(self, backend: str, tokens: int, now: float) -> None:
         """Another replica sent ``backend`` prompts of ``tokens`` tokens, told at ``now``: the

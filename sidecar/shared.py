@@ -27,7 +27,10 @@ What is shared, and how
   in every process) to one stream, and reads the entries the others appended since its last
   read: each replica's prefix index learns the others' dispatches as its own, so a
   conversation's next turn goes to the engine holding its history whichever replica takes
-  it (``prefix_aware``). The stream keeps the last ``PREFIX_STREAM_LEN`` entries; a replica
+  it (``prefix_aware``). An entry also carries the (tenant, session, backend) of every
+  request that named a session (field ``s``): each replica's ``session_affinity`` binds
+  the others' programs as its own, so a program's calls stay on one backend whichever
+  replica takes them. The stream keeps the last ``PREFIX_STREAM_LEN`` entries; a replica
   starting reads those. An entry also says how many prompt tokens its replica sent each
   backend (field ``t``, every prompt's, prefix or not): each replica compares the fleet's
   prompts, not only its own, with an engine's prefix-cache lookups (``sidecar.prefix``'s
@@ -328,6 +331,7 @@ class _Outgoing:
     observations: list[Observation]  # (tenant, endpoint, model, output tokens)
     sent: list[tuple[str, int, tuple[int, ...]]]  # prompts sent: (backend, block size, blocks)
     sent_tokens: dict[str, int]  # prompt tokens sent per backend
+    sessions: list[tuple[str, str, str]]  # (tenant, session, backend) of requests sent
 
 
 class SharedState:
@@ -366,6 +370,8 @@ class SharedState:
         self._prefixes_read = "-"  # the last stream entry read ("-": none yet, read all)
         self.prefixes_sent = 0  # prompts this replica told the others of
         self.prefixes_learned = 0  # prompts the others told this one of
+        self.sessions_sent = 0  # requests naming a session this replica told the others of
+        self.sessions_learned = 0  # those the others told this one of
         self._pending: list[_Pending] = []
         # Each bucket's level as Redis last answered it, what an outage falls back to.
         self.levels: dict[tuple[ScopeKey, str], StoredLevel] = {}
@@ -630,7 +636,8 @@ class SharedState:
         # Prompts sent while down are lost: only cache hits elsewhere, and the others then
         # see this replica's prompts as unseen clients'.
         return _Outgoing(replica.take_booked(), replica.take_observations(),
-                         replica.take_sent_prefixes(), replica.take_sent_tokens())
+                         replica.take_sent_prefixes(), replica.take_sent_tokens(),
+                         replica.take_sent_sessions())
 
     async def _queue_sync(self, pipe: Any, out: _Outgoing, pending: list[_Pending],
                           owed: list[tuple[BucketSpec, float]],
@@ -654,13 +661,15 @@ class SharedState:
                 args += [_field(tenant, endpoint, model), tokens]
             # Queued on the pipeline (a script call on a pipeline only queues).
             await self._estimates(keys=[self._estimates_key], args=args, client=pipe)
-        if out.sent or out.sent_tokens or out.observations:
-            # The outputs ride with the prompts: every replica's history of recent outputs
-            # (decision 0018) holds everyone's.
+        if out.sent or out.sent_tokens or out.observations or out.sessions:
+            # The outputs and the sessions bound ride with the prompts: every replica's
+            # history of recent outputs (decision 0018) holds everyone's, and each replica's
+            # session_affinity binds the others' programs.
             pipe.xadd(self._prefixes_key, {"r": self.replica_id,
                                            "d": orjson.dumps(out.sent).decode(),
                                            "t": orjson.dumps(out.sent_tokens).decode(),
-                                           "o": orjson.dumps(out.observations).decode()},
+                                           "o": orjson.dumps(out.observations).decode(),
+                                           "s": orjson.dumps(out.sessions).decode()},
                       maxlen=PREFIX_STREAM_LEN, approximate=True)
         start = self._prefixes_read
         pipe.xrange(self._prefixes_key, min=start if start == "-" else f"({start}",
@@ -686,9 +695,10 @@ class SharedState:
             for i in range(0, len(shared), 2):
                 tenant, endpoint, model = _unfield(shared[i])
                 replica.adopt_estimate(tenant, endpoint, float(shared[i + 1]), model)
-        if out.sent or out.sent_tokens or out.observations:
+        if out.sent or out.sent_tokens or out.observations or out.sessions:
             results.pop(0)  # the new entry's id
             self.prefixes_sent += len(out.sent)
+            self.sessions_sent += len(out.sessions)
         self._learn_prefixes(results.pop(0))
 
     def _learn_prefixes(self, entries: list[tuple[str, dict[str, str]]]) -> None:
@@ -710,6 +720,12 @@ class SharedState:
                 self.replica.learn_outputs([
                     (str(t), str(e), str(m), int(n))
                     for t, e, m, n in orjson.loads(fields.get("o", "[]"))])
+                # Bound when told: the replicas' clocks never meet, and the binding is at
+                # most one sync old.
+                sessions = orjson.loads(fields.get("s", "[]"))
+                for tenant, session, backend in sessions:
+                    self.replica.learn_session(str(tenant), str(session), str(backend), now)
+                self.sessions_learned += len(sessions)
             except (KeyError, ValueError, TypeError, AttributeError):
                 continue  # not an entry of ours (another version): nothing to learn
             self.prefixes_learned += len(sent)
@@ -753,7 +769,8 @@ class SharedState:
                 "replicas": self.replicas, "pending_charges": len(self._pending),
                 "owed_buckets": len(self._owed), "levels_read": len(self.levels),
                 "dropped_charges": self.dropped_charges, "errors": self.errors,
-                "prefixes_sent": self.prefixes_sent, "prefixes_learned": self.prefixes_learned}
+                "prefixes_sent": self.prefixes_sent, "prefixes_learned": self.prefixes_learned,
+                "sessions_sent": self.sessions_sent, "sessions_learned": self.sessions_learned}
 
 
 

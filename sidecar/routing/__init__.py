@@ -131,6 +131,14 @@ class Route:
             if hasattr(scorer, "ttl_s"):
                 scorer.ttl_s = ttl_s
 
+    def learn_session(self, tenant: str, session: str, backend: str, at: float) -> None:
+        """Another replica sent ``tenant``'s ``session`` to ``backend`` (told at ``at``),
+        for the scorers that bind sessions."""
+        for scorer in self.scorers:
+            learn = getattr(scorer, "learn", None)
+            if learn is not None:
+                learn(tenant, session, backend, at)
+
     def pick(self, request: QueuedRequest, candidates: Sequence[Backend],
              fleet: Fleet) -> Backend:
         """The picker's choice among ``candidates`` by the summed load scorers."""

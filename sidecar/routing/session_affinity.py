@@ -26,8 +26,9 @@ class SessionAffinity:
     as the ``x-session-id`` header or vllm-router's agentic context): a program's next call
     carries its context, which that engine's prefix cache holds, so the calls go back to it
     unless another has less load by more than the context's weight (the picker's bounded
-    load rule). A binding lasts ``programs.affinity_ttl_s`` after its last dispatch. It
-    needs no readable prompt
+    load rule). A binding lasts ``programs.affinity_ttl_s`` after its last dispatch, and
+    replicas sharing state through Redis learn each other's within a sync. It needs no
+    readable prompt
     (``prefix_affinity`` predicts the cache where the sidecar can read the prompt). The most
     recent ``SESSIONS`` sessions are remembered."""
 
@@ -37,8 +38,6 @@ class SessionAffinity:
         # (tenant, session) -> (backend, when last dispatched there), oldest first.
         self._last: OrderedDict[Key, tuple[str, float]] = OrderedDict()
         self.ttl_s = TTL_S
-        self.shared = False  # keep what to tell other replicas (sidecar.shared)
-        self._told: list[tuple[str, str, str, float]] = []
 
     @staticmethod
     def applies(request: QueuedRequest) -> bool:
@@ -63,10 +62,6 @@ class SessionAffinity:
             return
         now = request.dispatched_s if request.dispatched_s is not None else request.arrival_s
         self.learn(request.tenant, session, backend.name, now)
-        if self.shared:
-            self._told.append((request.tenant, session, backend.name, now))
-            if len(self._told) > SESSIONS:  # the store is away: keep the latest
-                del self._told[: len(self._told) - SESSIONS]
 
     def learn(self, tenant: str, session: str, backend: str, at: float) -> None:
         """``tenant``'s ``session`` went to ``backend`` at ``at`` (here, or at another
@@ -79,8 +74,3 @@ class SessionAffinity:
         self._last.move_to_end(key)
         if len(self._last) > SESSIONS:
             self._last.popitem(last=False)
-
-    def take_told(self) -> list[tuple[str, str, str, float]]:
-        """The bindings made here since the last call: (tenant, session, backend, when)."""
-        told, self._told = self._told, []
-        return told

@@ -48,7 +48,7 @@ class OnlyTheInterface:
 def test_the_interface_is_small() -> None:
     assert interface() == {"limit_table", "rate_limiter", "estimator", "request_model",
                            "record_for_replicas", "pools", "learn_sent_prefix",
-                           "learn_sent_tokens"}
+                           "learn_sent_tokens", "learn_session"}
 
 
 def test_every_call_of_the_wrapper_stays_inside_the_interface() -> None:
