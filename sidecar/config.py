@@ -314,12 +314,14 @@ class Endpoint(_Model):
     tenant's endpoints share one ring, charged in quanta). How tenants interleave is
     `turn`."""
     turn: PositiveInt | None = None
-    """What one visit of the DRR ring may spend of a tenant's credit on this endpoint, in
-    the unit of `cost`, before the next backlogged tenant's visit: the tenant keeps the rest
-    of its round's credit and is visited again in the same round, so its share and the
-    price stay `quantum`'s. Unset: one request on the generating kinds (a request is one
-    sequence the engine batches with others: about one request a tenant in turn, as seed
-    001 rotates streaming endpoints), `quantum` on the pooling kinds (a batch of inputs)."""
+    """What one visit of the DRR ring may spend of a tenant's credit on this endpoint per
+    unit of its weight, in the unit of `cost`, before the next backlogged tenant's visit:
+    the tenant keeps the rest of its round's credit and is visited again in the same round,
+    so its share and the price stay `quantum`'s, and tenants interleave in the ratio of
+    their weights. Unset: one request per unit of weight on the generating kinds (a request
+    is one sequence the engine batches with others: about one request a tenant in turn, as
+    seed 001 rotates streaming endpoints), `quantum` on the pooling kinds (a batch of
+    inputs)."""
     initial_output_estimate: NonNegativeInt = Field(
         default=256, json_schema_extra={"x-default": "256; 0 for the pooling kinds"})
     """The output estimate before any output has been observed for a tenant on this

@@ -32,6 +32,10 @@ in this visit goes to the tail of the *same* round, keeping its credit, and the 
 for that round are visited before it again. So a streaming endpoint can rotate one request
 a tenant while a batch endpoint serves a batch, with every share and price unchanged: a
 same-round requeue moves neither round nor credit, and the bound below is untouched.
+``Scheduler`` passes the tenant's weight times the endpoint's turn, so tenants interleave
+in the ratio of their weights within a round: a backlog of a few requests (a closed loop's)
+is then served at its share before it empties, instead of at one request a visit until the
+lighter flows' credit runs out.
 
 Settlement and live charging
 ----------------------------

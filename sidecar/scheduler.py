@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -58,22 +57,21 @@ class TenantSpec:
 class EndpointSpec:
     cost: CostModel = "tokens"
     quantum: int = 2048  # endpoint units (tokens, or requests) per round: share and price
-    # What one visit of the ring spends before the next tenant's (sidecar.drr, "Turn size");
-    # None: the whole round's credit.
+    # What one visit of the ring spends, per unit of weight, before the next tenant's
+    # (sidecar.drr, "Turn size"); None: one request.
     turn: int | None = None
 
 
 _DEFAULT_ENDPOINT = EndpointSpec()
 
 
-def endpoint_turn(path: str, endpoint: ConfigEndpoint) -> int:
-    """An endpoint's DRR turn (``Endpoint.turn``): as configured, else one request on the
-    generating kinds (1 unit: any request's cost ends the visit) and a quantum on the
-    others."""
+def endpoint_turn(path: str, endpoint: ConfigEndpoint) -> int | None:
+    """An endpoint's DRR turn per unit of weight (``Endpoint.turn``): as configured, else
+    one request on the generating kinds (None) and a quantum on the others."""
     if endpoint.turn is not None:
         return endpoint.turn
     kind = EndpointKind.of_path(path)
-    return 1 if kind is not None and kind.generates else endpoint.quantum
+    return None if kind is not None and kind.generates else endpoint.quantum
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,9 +417,13 @@ class Scheduler:
             self._account_removed(tenant, tier, request, queue)
             turns = self._turns(request, request.cost)
             spec = self.endpoint(request.endpoint)
+            # A visit spends the tenant's weight in turns, so that within a round tenants
+            # interleave in the ratio of their weights: a visit of one request whatever the
+            # weight let a backlog of few requests (a closed loop's) empty at the round's
+            # heavy end, forfeit the rest, and shares fall to 1:1 (decision 0025).
+            per_weight = turns if spec.turn is None else self._service(spec.turn, spec.quantum)
             tier.flows.consume(flow, turns, backlogged=bool(queue),
-                               turn=(math.inf if spec.turn is None
-                                     else self._service(spec.turn, spec.quantum)))
+                               turn=tenant.weight * per_weight)
             self._book(request.tier, flow, turns)
             return request
         return None

@@ -356,11 +356,13 @@ def test_from_config_maps_the_schema() -> None:
     assert s.enqueue(make_request("acme", "interactive"), 0).reason == QUEUE_FULL
 
 
-def _visits(endpoint: str, endpoints: dict[str, object] | None = None) -> list[int]:
+def _visits(endpoint: str, endpoints: dict[str, object] | None = None,
+            weights: dict[str, float] | None = None) -> list[int]:
     """Runs of one tenant in the dispatch order of two backlogged tenants sending 120-token
     requests to ``endpoint``, through the configuration's defaults."""
     config = parse_config({
-        "tenants": {t: {"tier": "standard", "api_keys": [f"plain:k{t}"]} for t in "ab"},
+        "tenants": {t: {"tier": "standard", "api_keys": [f"plain:k{t}"],
+                        "weight": (weights or {}).get(t, 1)} for t in "ab"},
         "backends": [{"url": "http://127.0.0.1:1"}],
         **({"endpoints": endpoints} if endpoints else {})})
     s = Scheduler.from_config(config)
@@ -382,3 +384,12 @@ def test_the_turn_follows_the_endpoints_batching_and_leaves_the_share() -> None:
     assert max(embeddings) == -(-2048 // 120) and sum(embeddings) == 80
     assert max(_visits("/v1/chat/completions",
                        {"/v1/chat/completions": {"turn": 2048}})) == -(-2048 // 120)
+
+
+def test_a_visit_is_the_tenants_weight_in_turns() -> None:
+    """Within a round tenants interleave in the ratio of their weights (decision 0025): a
+    tenant of weight 4 makes four dispatches a visit to another's one, so a backlog of a few
+    requests (a closed loop's) is served 4:1 before it can empty, not 1:1 until the lighter
+    tenant's credit runs out."""
+    visits = _visits("/v1/chat/completions", weights={"a": 4, "b": 1})
+    assert visits[:16] == [4, 1] * 8
