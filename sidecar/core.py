@@ -49,7 +49,7 @@ Streamed tokens
 ---------------
 ``on_tokens_streamed`` comes once per chunk relayed, so it is the core's hottest call. After a
 request's first token it only counts (``streamed_output_tokens`` is always current) and
-notes the request; the tokens are *folded* into the DRR charge, the router's outstanding
+notes the request; the tokens are *folded* into the DRR charge, the route's outstanding
 tokens, the KV footprint and the throughput meter (at the time the last of them passed) by
 the next public entry: every method marked ``@_entry`` folds before its body runs, and every
 other public method reads nothing a fold changes (tests/unit/sidecar/test_core_entries.py
@@ -734,7 +734,7 @@ class SchedulingCore:
 
     def _fold_streamed(self) -> None:
         """Fold every in-flight request's unfolded output into the scheduler's charge, the
-        router's outstanding tokens, the KV footprint and the throughput meter (at the time
+        route's outstanding tokens, the KV footprint and the throughput meter (at the time
         its last token passed): what ``on_tokens_streamed`` would have done token by token."""
         unfolded = self._unfolded
         if not unfolded:
