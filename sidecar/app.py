@@ -555,7 +555,7 @@ class Sidecar:
         request_id = self.request_id()
         # Offered load counts every request that reaches the checks, admitted or not: an
         # overload that bounded queues turn away is still an overload.
-        offered = self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences)
+        offered = self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences, model)
         self.metrics.offer(tenant, tier, offered,
                            self.core.catalog.backends_for(self.core.request_model(model)))
         trace.identify(tenant=tenant, tier=tier, model=model, max_tokens=max_tokens,
@@ -565,14 +565,10 @@ class Sidecar:
         if self.shared is not None and self.core.serves(model):
             # The limits every replica shares: one round trip (None while Redis is out of
             # reach: this replica's share of the limits decides, in the core).
-            admitted = await self.shared.admit(
-                tenant, endpoint, tier, model,
-                self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences))
+            admitted = await self.shared.admit(tenant, endpoint, tier, model, offered)
         try:
             # The arrival is stamped after the checks that wait (Redis, the quota file).
-            async with self.quota_admission(
-                    tenant, endpoint, tier, model,
-                    self.core.estimated_tokens(tenant, endpoint, prompt, max_tokens, sequences)):
+            async with self.quota_admission(tenant, endpoint, tier, model, offered):
                 session = ingress.arrive(arrival, request_id, self.clock(), admitted)
         except ApiError as e:
             trace.admission(checks_ns, time.time_ns(), e.reason, offered)

@@ -330,7 +330,7 @@ class Simulation:
             # Offered load counts every request that reaches the checks, as the shell does.
             self.stability.offer(
                 core.estimated_tokens(caller.tenant, arrival.endpoint, arrival.prompt_tokens,
-                                      arrival.max_tokens, arrival.sequences),
+                                      arrival.max_tokens, arrival.sequences, arrival.model),
                 core.catalog.backends_for(core.request_model(arrival.model)))
             session = ingress.arrive(arrival, plan.request_id, now)
         except ApiError as e:
