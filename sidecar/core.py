@@ -998,4 +998,6 @@ class SchedulingCore:
             "backends": {b.name: b.snapshot(now) for b in self.fleet},
             "throughput_tokens_per_s": sum(rates) if rates else None,
             "ledger": self.ledger.snapshot(),
+            # scheduler.service_cost's factor per (endpoint, model, band); None: off.
+            "service_cost": None if self.service_cost is None else self.service_cost.snapshot(),
         }

@@ -64,4 +64,6 @@ def test_the_charge_follows_the_factor_fixed_at_arrival() -> None:
     core.on_first_token(second, 2.1)
     core.on_completed(second, 100, 300, 3.0)  # 200 more than estimated: settled at it too
     assert sum(replica.take_booked().values()) == 200 * second.cost_factor / 1000
+    factors = core.snapshot(3.0)["service_cost"]  # /admin/state shows each key's factor
+    assert factors[f"{CHAT} - 0"] > 1 > factors[f"{CHAT} - 2"]
     assert SchedulingCore(make_config()).service_cost is None  # off by default
