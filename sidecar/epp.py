@@ -33,9 +33,8 @@ import math
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 import grpc
@@ -278,37 +277,6 @@ def _streamed_body(phase: str, body: bytes, end: bool) -> ext_proc.ProcessingRes
 # -- one request ----------------------------------------------------------------------------
 
 
-class _Subset:
-    """The core's model catalog seen through a subset hint: each model's backends, only
-    those the hint allows."""
-
-    def __init__(self, catalog: Any, allowed: frozenset[str]) -> None:
-        self._catalog, self._allowed = catalog, allowed
-
-    def backends_for(self, model: str | None) -> frozenset[str]:
-        return frozenset(self._catalog.backends_for(model) & self._allowed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._catalog, name)
-
-
-@contextlib.contextmanager
-def _narrowed(core: Any, allowed: frozenset[str] | None) -> Iterator[None]:
-    """The core's arrival with a request's backends narrowed to ``allowed``: it queues in
-    the pool of those backends, as a model served by some backends does (sidecar.catalog),
-    and is dispatched to one of them. The core takes no allowed set of its own, so its
-    catalog is narrowed for this one synchronous call."""
-    if allowed is None:
-        yield
-        return
-    catalog = core.catalog
-    core.catalog = _Subset(catalog, allowed)
-    try:
-        yield
-    finally:
-        core.catalog = catalog
-
-
 def _no_endpoint(detail: str) -> ApiError:
     return ApiError(503, "no_eligible_endpoint", f"no eligible endpoint: {detail}",
                     "server_error")
@@ -455,9 +423,8 @@ class _Exchange:
         # The day and month levels are in the quota file before the admission, as the
         # sidecar's own front does.
         async with sidecar.quota_admission(tenant, endpoint, tier, model, estimate):
-            with _narrowed(core, allowed):
-                session = ingress.arrive(arrival, sidecar.request_id(), sidecar.clock(),
-                                         admitted)
+            session = ingress.arrive(arrival, sidecar.request_id(), sidecar.clock(),
+                                     admitted, allowed)
         self.session = session
         req = session.request
         sidecar.metrics.in_system.enter(req.tenant, req.tier, req.arrival_s)

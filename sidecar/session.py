@@ -357,10 +357,12 @@ class Ingress:
         return budget
 
     def arrive(self, arrival: Arrival, request_id: str, now: float,
-               admitted: Admit | Reject | None = None) -> RequestSession:
+               admitted: Admit | Reject | None = None,
+               allowed_backends: frozenset[str] | None = None) -> RequestSession:
         """The core's checks (rate limits, early rejection, the bounded queue): the queued
         request's session, or the rejection's answer. ``admitted``: the verdict of the
-        limits several replicas share (``SchedulingCore.arrive``)."""
+        limits several replicas share; ``allowed_backends``: an endpoint picker's subset
+        (both as ``SchedulingCore.arrive`` takes them)."""
         caller = arrival.caller
         self._configured(caller)
         result = self.core.arrive(
@@ -375,6 +377,7 @@ class Ingress:
             deadline_covers_output=self.core.deadline_covers_output(arrival.tier,
                                                                     arrival.deadline_ms),
             model=arrival.model, admitted=admitted, prefix=arrival.prefix,
+            allowed_backends=allowed_backends,
             # The program never chooses the tenant or tier: it orders the tenant's own
             # queue (program_las) and keeps its calls on one backend (session_affinity).
             session=None if arrival.program is None else arrival.program.program,
