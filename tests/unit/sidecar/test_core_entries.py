@@ -16,13 +16,13 @@ from weighbridge.sidecar.request import QueuedRequest
 
 # Public methods that read and change nothing a fold changes (the schedulers' charges, the
 # router's outstanding tokens, the KV footprints, the meters): the configuration, the model
-# catalog, the ledger's count of early rejections, the prefix indexes, the output estimate;
-# and the two calls that defer, and the loop over ``next_dispatch`` (an entry).
+# catalog, the ledger's count of early rejections, the prefix indexes, the output estimate,
+# the route's session bindings; and the two calls that defer, and the loop over ``next_dispatch`` (an entry).
 NOT_ENTRIES = {
     "on_first_token", "on_tokens_streamed", "dispatch_ready", "deadline_for",
     "deadline_covers_output", "rejected_on_arrival", "has_backend", "serves", "pool_for",
     "on_backend_models", "request_model", "learn_sent_prefix", "learn_sent_tokens",
-    "poll_period_s", "estimated_tokens",
+    "poll_period_s", "estimated_tokens", "learn_session",
 }
 
 
