@@ -260,6 +260,19 @@ class Tier(_Model):
             return {**data, "vllm_priority": TIER_PRIORITY_STEP * (data["rank"] - 1)}
         return data
 
+    def deadline(self, now: float, requested_ms: float | None = None) -> float | None:
+        """The absolute deadline of a request in this tier: the client's relative one if
+        given, else the TTFT SLO, else the end-to-end SLO, else none."""
+        if requested_ms is not None:
+            return now + requested_ms / 1000
+        slo = self.ttft_slo_ms if self.ttft_slo_ms is not None else self.e2e_slo_ms
+        return None if slo is None else now + slo / 1000
+
+    def deadline_covers_output(self, requested_ms: float | None = None) -> bool:
+        """Whether ``deadline``'s deadline is for the whole answer (the end-to-end SLO), not
+        for its first token (a client's deadline or a TTFT SLO)."""
+        return requested_ms is None and self.ttft_slo_ms is None and self.e2e_slo_ms is not None
+
 
 def default_tiers() -> dict[str, Tier]:
     return {name: Tier(rank=t.rank, vllm_priority=t.vllm_priority, ttft_slo_ms=t.ttft_slo_ms,

@@ -14,13 +14,14 @@ Ingress, per authenticated request::
 
     result = core.arrive(request_id=..., tenant=..., tier=..., endpoint=..., now=...,
                          prompt_tokens=..., max_tokens=..., user=..., priority=...,
-                         deadline_s=core.deadline_for(tier, now, header_ms),
-                         deadline_covers_output=core.deadline_covers_output(tier, header_ms))
+                         deadline_s=config.tiers[tier].deadline(now, header_ms),
+                         deadline_covers_output=config.tiers[tier].deadline_covers_output(
+                             header_ms))
     if isinstance(result, Reject): respond 429/503 with result.reason / retry_after_s
     else: wait for the request's dispatch (keep `result`, the QueuedRequest)
 
   Requests turned away before they have a tenant (401, 400, 413) are counted with
-  ``core.rejected_on_arrival(reason, tenant, tier)``.
+  ``core.ledger.rejected_on_arrival(tenant, tier, reason)``.
 
 Egress: after *any* event that can free capacity or add work (an arrival, a completion,
 failure or cancellation, a metrics scrape or a failed scrape, a backend turning healthy) and
@@ -67,7 +68,7 @@ limits and the estimator, ``pools()``, ``record_for_replicas()`` and ``learn_sen
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -83,7 +84,7 @@ from weighbridge.sidecar.cycle import DispatchCycle, Pool, light_tenants, share_
 from weighbridge.sidecar.estimator import OutputEstimator
 from weighbridge.sidecar.fleet import Backend, Fleet
 from weighbridge.sidecar.ledger import Ledger, Outcome, Tally
-from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
+from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor, decode_s
 from weighbridge.sidecar.prefix import PromptPrefix
 from weighbridge.sidecar.ratelimit import Admit, LimitTable, TenantRateLimiter, limited_tokens
 from weighbridge.sidecar.rejection import (
@@ -435,39 +436,6 @@ class SchedulingCore:
 
     # ------------------------------------------------------------------ ingress
 
-    def deadline_for(
-        self, tier: str, now: float, requested_ms: float | None = None
-    ) -> float | None:
-        """The absolute deadline of a request: the client's relative one if given, else the
-        tier's TTFT SLO, else its end-to-end SLO, else none."""
-        if requested_ms is not None:
-            return now + requested_ms / 1000
-        t = self.config.tiers[tier]
-        slo = t.ttft_slo_ms if t.ttft_slo_ms is not None else t.e2e_slo_ms
-        return None if slo is None else now + slo / 1000
-
-    def deadline_covers_output(self, tier: str, requested_ms: float | None = None) -> bool:
-        """Whether ``deadline_for``'s deadline is for the whole answer (the tier's end-to-end
-        SLO), not for its first token (a client's deadline or a TTFT SLO)."""
-        t = self.config.tiers[tier]
-        return requested_ms is None and t.ttft_slo_ms is None and t.e2e_slo_ms is not None
-
-    def _decode_s(self, request: QueuedRequest, backends: Iterable[str]) -> float:
-        """Seconds to decode the request's expected output after its first token: per
-        sequence at the median speed its pool's engines give one now; 0 while none is known
-        (a fresh sidecar serves before it judges)."""
-        fleet = self.fleet
-        speeds = sorted(speed for name in backends
-                        if (speed := fleet[name].gate.decode_tokens_per_s_per_seq))
-        if not speeds:
-            return 0.0
-        per_sequence = request.estimated_output_tokens / max(1, request.sequences)
-        return per_sequence / speeds[len(speeds) // 2]
-
-    def rejected_on_arrival(self, reason: str, tenant: str = "", tier: str = "") -> None:
-        """Count an arrival rejected before admission (unauthorized, bad input)."""
-        self.ledger.rejected_on_arrival(tenant, tier, reason)
-
     @_entry
     def arrive(
         self,
@@ -556,7 +524,9 @@ class SchedulingCore:
             request.predicted_cached_tokens = max(
                 self.fleet[name].predicted_cached(request) for name in backends)
         scheduler = pool.scheduler
-        service_s = self._decode_s(request, backends) if deadline_covers_output else 0.0
+        service_s = (decode_s(request, (self.fleet[name].gate.decode_tokens_per_s_per_seq
+                                        for name in backends))
+                     if deadline_covers_output else 0.0)
         if scheduler.holds_requests and pool.predictor.deadline_unmeetable(request, now,
                                                                            service_s):
             wait = pool.predictor.predicted_wait_s(request)

@@ -29,6 +29,8 @@ otherwise drag the estimate to zero and reject the next burst wholesale.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.scheduler import BacklogView, Scheduler
 
@@ -122,3 +124,14 @@ class WaitPredictor:
             return True  # already too late, whatever the backlog
         wait = self.predicted_wait_s(request)
         return wait is not None and now + wait + service_s > request.deadline_s
+
+
+def decode_s(request: QueuedRequest, speeds: Iterable[float | None]) -> float:
+    """Seconds to decode the request's expected output after its first token: per sequence
+    at the median of ``speeds`` (each engine's tokens/s for one sequence now; None: not
+    known); 0 while none is known (a fresh sidecar serves before it judges)."""
+    known = sorted(speed for speed in speeds if speed)
+    if not known:
+        return 0.0
+    per_sequence = request.estimated_output_tokens / max(1, request.sequences)
+    return per_sequence / known[len(known) // 2]

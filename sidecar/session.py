@@ -254,13 +254,13 @@ class Ingress:
 
     def _unauthorized(self, counted: bool) -> ApiError:
         if counted:  # before it has a tenant
-            self.core.rejected_on_arrival("unauthorized")
+            self.core.ledger.rejected_on_arrival("", "", "unauthorized")
         return ApiError(401, "unauthorized", "missing or invalid API key",
                         "authentication_error")
 
     def refused(self, caller: Caller, error: ApiError) -> ApiError:
         """``error``, counted as ``caller``'s rejection on arrival."""
-        self.core.rejected_on_arrival(error.reason, caller.tenant, caller.tier)
+        self.core.ledger.rejected_on_arrival(caller.tenant, caller.tier, error.reason)
         return error
 
     def body_timeout(self, caller: Caller) -> ApiError:
@@ -365,6 +365,7 @@ class Ingress:
         (both as ``SchedulingCore.arrive`` takes them)."""
         caller = arrival.caller
         self._configured(caller)
+        tier = self.config.tiers[arrival.tier]
         result = self.core.arrive(
             request_id=request_id, tenant=caller.tenant, tier=arrival.tier,
             endpoint=arrival.endpoint.value, prompt_tokens=arrival.prompt_tokens,
@@ -373,9 +374,8 @@ class Ingress:
             # can vary per request to escape it.
             user=caller.identity,
             priority=arrival.body.get("priority") or 0,
-            deadline_s=self.core.deadline_for(arrival.tier, now, arrival.deadline_ms),
-            deadline_covers_output=self.core.deadline_covers_output(arrival.tier,
-                                                                    arrival.deadline_ms),
+            deadline_s=tier.deadline(now, arrival.deadline_ms),
+            deadline_covers_output=tier.deadline_covers_output(arrival.deadline_ms),
             model=arrival.model, admitted=admitted, prefix=arrival.prefix,
             allowed_backends=allowed_backends,
             # The program never chooses the tenant or tier: it orders the tenant's own

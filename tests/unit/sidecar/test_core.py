@@ -149,9 +149,10 @@ def test_deadline_unmeetable_is_decided_at_arrival() -> None:
 
 def test_an_end_to_end_deadline_counts_the_time_to_decode_the_answer() -> None:
     core = SchedulingCore(make_config())
-    assert core.deadline_covers_output("standard")  # e2e_slo_ms, no TTFT SLO
-    assert not core.deadline_covers_output("interactive")  # its TTFT SLO
-    assert not core.deadline_covers_output("standard", requested_ms=500)  # the client's
+    tiers = core.config.tiers
+    assert tiers["standard"].deadline_covers_output()  # e2e_slo_ms, no TTFT SLO
+    assert not tiers["interactive"].deadline_covers_output()  # its TTFT SLO
+    assert not tiers["standard"].deadline_covers_output(requested_ms=500)  # the client's
     for _ in range(5):
         arrive(core, "a", prompt_tokens=100)
     core.meter.observe(0, 0.0, True)
@@ -359,17 +360,17 @@ def test_passthrough_ignores_the_gate_and_fcfs_uses_headroom_as_capacity() -> No
 
 def test_deadline_for_prefers_the_clients_then_the_tiers_slo() -> None:
     core = SchedulingCore(make_config())
-    assert core.deadline_for("interactive", 10.0) == pytest.approx(10.5)
-    assert core.deadline_for("standard", 10.0) == pytest.approx(20.0)
-    assert core.deadline_for("batch", 10.0) is None
-    assert core.deadline_for("batch", 10.0, requested_ms=250) == pytest.approx(10.25)
+    assert core.config.tiers["interactive"].deadline(10.0) == pytest.approx(10.5)
+    assert core.config.tiers["standard"].deadline(10.0) == pytest.approx(20.0)
+    assert core.config.tiers["batch"].deadline(10.0) is None
+    assert core.config.tiers["batch"].deadline(10.0, requested_ms=250) == pytest.approx(10.25)
 
 
 def test_unknown_tenant_is_refused_before_counting() -> None:
     core = SchedulingCore(make_config())
     with pytest.raises(ValueError):
         arrive(core, "nobody", tier="standard")
-    core.rejected_on_arrival("unauthorized")
+    core.ledger.rejected_on_arrival("", "", "unauthorized")
     assert core.ledger.total().rejected["unauthorized"] == 1
     balanced(core)
 
