@@ -6,10 +6,12 @@ one benchmark leaves the others' sections (and any hand-written text outside the
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import re
 import shlex
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,3 +93,21 @@ class StandaloneRun:
             print(table.markdown() + "\n")
         if record:
             self.record(bench, result)
+
+
+def standalone_main(module: str, bench: Benchmark,
+                    run_all: Callable[[Callable[[str], None]], BenchResult],
+                    description: str, argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.<module> [--record]`` for a benchmark with no options of its
+    own: runs it with its progress on stderr, prints the result, and with ``--record``
+    writes its section of RESULTS.md."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{module}",
+                                     description=description)
+    parser.add_argument("--record", action="store_true",
+                        help="write the result into benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    standalone = StandaloneRun(["python", "-m", f"benchmarks.{module}", *argv])
+    result = run_all(lambda line: print(line, file=sys.stderr, flush=True))
+    standalone.finish(bench, result, args.record)
+    return 0

@@ -23,7 +23,6 @@ their served tokens, the light tenant's TTFT p50 / p99 and every tenant's output
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -141,16 +140,8 @@ BENCHMARK = Benchmark("drr_turns", "DRR turn size apart from price: how tenants 
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.drr_turns",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--record", action="store_true",
-                        help="write the result into benchmarks/RESULTS.md")
-    args = parser.parse_args(argv)
-    standalone = _results.StandaloneRun(["python", "-m", "benchmarks.drr_turns", *argv])
-    result = run_all(lambda line: print(line, file=sys.stderr, flush=True))
-    standalone.finish(BENCHMARK, result, args.record)
-    return 0
+    return _results.standalone_main("drr_turns", BENCHMARK, run_all, __doc__.splitlines()[0],
+                                    argv)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ tokens, and the engine's total tokens per second (computed prompt + output).
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import Counter
 from typing import Any
@@ -152,16 +151,8 @@ BENCHMARK = Benchmark("service_cost", "service-normalised DRR cost: fairness in 
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.service_cost",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--record", action="store_true",
-                        help="write the result into benchmarks/RESULTS.md")
-    args = parser.parse_args(argv)
-    standalone = _results.StandaloneRun(["python", "-m", "benchmarks.service_cost", *argv])
-    result = run_all(lambda line: print(line, file=sys.stderr, flush=True))
-    standalone.finish(BENCHMARK, result, args.record)
-    return 0
+    return _results.standalone_main("service_cost", BENCHMARK, run_all, __doc__.splitlines()[0],
+                                    argv)
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.support.ledger import admin_state
 from tests.support.metrics import scrape
 from tests.support.redis import RedisServer
+from tests.support.replicas import at_home, play_rounds
 from tests.support.stack import ADMIN_KEY, auth, start_emulator, start_sidecar, tenant
 from tests.support.wait import wait_for
 from weighbridge.headers import BACKEND
@@ -95,19 +95,11 @@ def warm_up(fleet: Fleet) -> None:
         assert len(seen) == ENGINES, (r, seen)
 
 
-def learned_everything(fleet: Fleet) -> bool:
-    """Every replica has learned every prompt the others sent (the stream read to its end)."""
-    states = [admin_state(url)["state"] for url in fleet.urls]
-    sent = [s["prefixes_sent"] for s in states]
-    return all(s["prefixes_learned"] == sum(sent) - sent[r] for r, s in enumerate(states))
-
-
 def test_replicas_send_a_conversation_s_turns_to_its_first_backend(fleet: Fleet) -> None:
     warm_up(fleet)
     rng = random.Random(30)
     prompts = [[rng.randrange(100, 30_000) for _ in range(FIRST_PROMPT)]
                for _ in range(CONVERSATIONS)]
-    served: dict[tuple[int, int], str] = {}
     replica = [rng.randrange(REPLICAS) for _ in range(CONVERSATIONS)]
 
     async def round_(turn: int) -> dict[int, str]:
@@ -124,20 +116,13 @@ def test_replicas_send_a_conversation_s_turns_to_its_first_backend(fleet: Fleet)
                                               for c in order))
         return dict(zip(order, backends, strict=True))
 
-    for turn in range(TURNS):
-        # Each turn waits for the replicas to have heard of the previous one: what a
-        # client's think time gives them (chat_sessions: at least 0.2 s; a sync is 50 ms).
-        wait_for(lambda: learned_everything(fleet) or None, 10,
-                 what="every replica learned the others' prompts")
-        for c, backend in asyncio.run(round_(turn)).items():
-            served[(c, turn)] = backend
-            # The answer and a new message: the next turn resends the whole history.
-            prompts[c] = prompts[c] + [rng.randrange(100, 30_000) for _ in range(TURN_GROWTH)]
+    def grow(c: int) -> None:
+        prompts[c] = prompts[c] + [rng.randrange(100, 30_000) for _ in range(TURN_GROWTH)]
 
-    later = [(c, t) for c in range(CONVERSATIONS) for t in range(1, TURNS)]
-    home = sum(served[(c, t)] == served[(c, 0)] for c, t in later)
-    print(f"\nturns at their conversation's first backend: {home} of {len(later)}")
-    assert home >= AFFINITY * len(later), (home, len(later), served)
+    served = play_rounds(fleet.urls, TURNS, round_, grow, "prefixes_sent", "prefixes_learned")
+    home, later = at_home(served, CONVERSATIONS, TURNS)
+    print(f"\nturns at their conversation's first backend: {home} of {later}")
+    assert home >= AFFINITY * later, (home, later, served)
     # The bounded-load rule, per round: a replica chooses no backend whose load passes
     # LOAD_BOUND x the mean over the backends plus the request's own prompt. In request
     # counts (every turn of a round is of one size) and summed over the replicas, each

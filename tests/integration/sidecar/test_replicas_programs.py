@@ -10,18 +10,16 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import httpx
 import pytest
 
-from tests.support.ledger import admin_state
 from tests.support.metrics import scrape
 from tests.support.redis import RedisServer
+from tests.support.replicas import at_home, play_rounds
 from tests.support.stack import ADMIN_KEY, auth, start_emulator, start_sidecar, tenant
 from tests.support.wait import wait_for
 from weighbridge.headers import BACKEND
-from weighbridge.launch import ServerProcess
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -33,17 +31,8 @@ AFFINITY = 0.95
 CONCURRENT = 2  # calls in flight at once, over the replicas
 
 
-@dataclass
-class Fleet:
-    replicas: list[ServerProcess]
-
-    @property
-    def urls(self) -> list[str]:
-        return [r.url for r in self.replicas]
-
-
 @pytest.fixture(scope="module")
-def fleet(processes: contextlib.ExitStack) -> Iterator[Fleet]:
+def fleet(processes: contextlib.ExitStack) -> Iterator[list[str]]:
     redis_server = processes.enter_context(RedisServer())
     engines = [start_emulator(processes, max_num_seqs=16, num_kv_blocks=2048)
                for _ in range(ENGINES)]
@@ -57,10 +46,10 @@ def fleet(processes: contextlib.ExitStack) -> Iterator[Fleet]:
         "state": {"backend": "redis", "url": redis_server.url, "timeout_ms": 200,
                   "sync_ms": 50, "heartbeat_ms": 200},
     }
-    fleet = Fleet([start_sidecar(processes, config) for _ in range(REPLICAS)])
+    urls = [start_sidecar(processes, config).url for _ in range(REPLICAS)]
     wait_for(lambda: all(scrape(u).value("weighbridge_shared_state_replicas") == REPLICAS
-                         for u in fleet.urls) or None, 10, what="3 replicas registered")
-    yield fleet
+                         for u in urls) or None, 10, what="3 replicas registered")
+    yield urls
 
 
 async def send(client: httpx.AsyncClient, url: str, program: int, prompt: list[int]) -> str:
@@ -71,19 +60,11 @@ async def send(client: httpx.AsyncClient, url: str, program: int, prompt: list[i
     return response.headers[BACKEND]
 
 
-def learned_everything(fleet: Fleet) -> bool:
-    """Every replica has learned every call the others sent (the stream read to its end)."""
-    states = [admin_state(url)["state"] for url in fleet.urls]
-    sent = [s["sessions_sent"] for s in states]
-    return all(s["sessions_learned"] == sum(sent) - sent[r] for r, s in enumerate(states))
-
-
-def test_replicas_keep_a_programs_calls_on_its_first_backend(fleet: Fleet) -> None:
+def test_replicas_keep_a_programs_calls_on_its_first_backend(fleet: list[str]) -> None:
     rng = random.Random(40)
     prompts = [[rng.randrange(100, 30_000) for _ in range(FIRST_PROMPT)]
                for _ in range(PROGRAMS)]
     replica = [rng.randrange(REPLICAS) for _ in range(PROGRAMS)]
-    served: dict[tuple[int, int], str] = {}
 
     async def round_(call: int) -> dict[int, str]:
         # Each call goes to another replica than the program's previous call, and the
@@ -101,24 +82,20 @@ def test_replicas_keep_a_programs_calls_on_its_first_backend(fleet: Fleet) -> No
 
         async def one(client: httpx.AsyncClient, p: int) -> str:
             async with gate:
-                return await send(client, fleet.urls[replica[p]], p, prompts[p])
+                return await send(client, fleet[replica[p]], p, prompts[p])
 
         async with httpx.AsyncClient(timeout=30) as client:
             backends = await asyncio.gather(*(one(client, p) for p in order))
         return dict(zip(order, backends, strict=True))
 
-    for call in range(CALLS):
-        # A tool run between calls gives the replicas a sync (50 ms) to hear of the last.
-        wait_for(lambda: learned_everything(fleet) or None, 10,
-                 what="every replica learned the others' calls")
-        for p, backend in asyncio.run(round_(call)).items():
-            served[(p, call)] = backend
-            prompts[p] = prompts[p] + [rng.randrange(100, 30_000) for _ in range(CALL_GROWTH)]
+    def grow(p: int) -> None:
+        prompts[p] = prompts[p] + [rng.randrange(100, 30_000) for _ in range(CALL_GROWTH)]
 
-    later = [(p, c) for p in range(PROGRAMS) for c in range(1, CALLS)]
-    home = sum(served[(p, c)] == served[(p, 0)] for p, c in later)
-    print(f"\ncalls at their program's first backend: {home} of {len(later)}")
-    assert home >= AFFINITY * len(later), (home, len(later), served)
+    # A tool run between calls gives the replicas a sync (50 ms) to hear of the last.
+    served = play_rounds(fleet, CALLS, round_, grow, "sessions_sent", "sessions_learned")
+    home, later = at_home(served, PROGRAMS, CALLS)
+    print(f"\ncalls at their program's first backend: {home} of {later}")
+    assert home >= AFFINITY * later, (home, later, served)
     # Affinity did not gather them on one engine (two calls at a time spread the first
     # calls over two engines at least: least_tokens sends the second to another).
     assert len({served[(p, 0)] for p in range(PROGRAMS)}) >= CONCURRENT
