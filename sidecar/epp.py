@@ -414,7 +414,7 @@ class _Exchange:
         core = sidecar.core
         tenant, tier, model = caller.tenant, arrival.tier, arrival.model
         estimate = core.estimated_tokens(tenant, endpoint, arrival.prompt_tokens,
-                                         arrival.max_tokens, arrival.sequences)
+                                         arrival.max_tokens, arrival.sequences, model)
         sidecar.metrics.offer(tenant, tier, estimate,
                               core.catalog.backends_for(core.request_model(model)))
         admitted = None
