@@ -420,7 +420,7 @@ class Scheduler:
             # A visit spends the tenant's weight in turns, so that within a round tenants
             # interleave in the ratio of their weights: a visit of one request whatever the
             # weight let a backlog of few requests (a closed loop's) empty at the round's
-            # heavy end, forfeit the rest, and shares fall to 1:1 (decision 0025).
+            # heavy end and forfeit the rest, below its weight (decision 0025).
             per_weight = turns if spec.turn is None else self._service(spec.turn, spec.quantum)
             tier.flows.consume(flow, turns, backlogged=bool(queue),
                                turn=tenant.weight * per_weight)
