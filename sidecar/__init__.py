@@ -13,7 +13,8 @@ The surface (``__all__``) is what the application and the other parts use: the l
 (``Sidecar``, ``run_sidecar``), its configuration schema (``config``: ``Config``,
 ``load_config``, ``parse_config``, ``request_level_baseline``...) and the parts it names
 (``registered``), the endpoint picker's pool and identity sources (``PoolRef``,
-``TrustedSources``), the core and a request's session as the simulator drives them, the
+``TrustedSources``), the core and a request's session as the simulator drives them (and
+the core as one replica among several, ``Replica``), the
 stability and utilisation meter it feeds, and the engine shape and limits the ideal bound
 derives. Each name is read from its module on first use (``weighbridge.surface``), so
 importing a pure module loads no aiohttp.
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from weighbridge.sidecar.identity import IdentitySource, TrustedSources
     from weighbridge.sidecar.plugins import registered
     from weighbridge.sidecar.prefix import PromptPrefix
+    from weighbridge.sidecar.replica import SERVICE_SYNC_S, Replica
     from weighbridge.sidecar.request import QueuedRequest
     from weighbridge.sidecar.session import (
         ApiError,
@@ -72,6 +74,7 @@ else:
         "identity": ("IdentitySource", "TrustedSources"),
         "plugins": ("registered",),
         "prefix": ("PromptPrefix",),
+        "replica": ("SERVICE_SYNC_S", "Replica"),
         "request": ("QueuedRequest",),
         "session": ("ApiError", "Caller", "Ingress", "Prompt", "RelayOutcome", "RequestSession",
                     "Usage"),
@@ -81,6 +84,7 @@ else:
 
 __all__ = [
     "EMBEDDINGS",
+    "SERVICE_SYNC_S",
     "ApiError",
     "Caller",
     "Config",
@@ -95,6 +99,7 @@ __all__ = [
     "PromptPrefix",
     "QueuedRequest",
     "RelayOutcome",
+    "Replica",
     "RequestSession",
     "SchedulingCore",
     "Sidecar",

@@ -30,7 +30,10 @@ from weighbridge.sidecar.ratelimit import (
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.scheduler import Scheduler
 
-__all__ = ["Replica", "ReplicaPool", "ReplicatedCore", "pool_id"]
+__all__ = ["SERVICE_SYNC_S", "Replica", "ReplicaPool", "ReplicatedCore", "pool_id"]
+
+# How often service, estimates and settlements are exchanged (load: every sync_ms).
+SERVICE_SYNC_S = 0.03
 
 # (pool, tenant) -> (requests in flight, backlogged): one replica's load, or the others' summed.
 Load = dict[tuple[str, str], tuple[int, bool]]

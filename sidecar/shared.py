@@ -81,7 +81,7 @@ from weighbridge.sidecar.ratelimit import (
     calendar_period,
 )
 from weighbridge.sidecar.rejection import RATE_LIMITED, Reject
-from weighbridge.sidecar.replica import Replica, ReplicatedCore
+from weighbridge.sidecar.replica import SERVICE_SYNC_S, Replica, ReplicatedCore
 from weighbridge.sidecar.request import QueuedRequest
 
 __all__ = ["MAX_PENDING_CHARGES", "PREFIX_STREAM_LEN", "SharedState", "SharedStateCollector",
@@ -92,8 +92,6 @@ log = logging.getLogger("weighbridge.sidecar")
 # Settlements kept for Redis while it is down; beyond, the oldest are dropped (counted).
 MAX_PENDING_CHARGES = 100_000
 HEARTBEATS_TO_EXPIRE = 3
-# How often service, estimates and settlements are exchanged (load: every sync_ms).
-SERVICE_SYNC_S = 0.03
 # Entries of the stream of prompts sent (one per replica per sync that sent any) Redis keeps:
 # at 30 ms a sync, a minute of three busy replicas; an index is a prediction, so what a
 # replica long behind misses only costs it cache hits.

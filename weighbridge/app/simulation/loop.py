@@ -30,7 +30,11 @@ shell would:
   beside the backlog (``UtilisationSample``), what /metrics would show at that instant;
 * a client's ``timeout_s`` or the run's end cut a request off: a queued one leaves the queue
   (``core.cancel``), one in flight is aborted at its engine and ended with what streamed
-  (``core.on_client_gone``), both through the request's session as live.
+  (``core.on_client_gone``), both through the request's session as live;
+* with ``replicas`` above one, each replica is a core of its own, the requests go to them in
+  turn (a front's round robin), each scrapes the engines on its own (spread over a poll
+  period), and every ``state.sync_ms`` they exchange their load and service as through
+  Redis (``weighbridge.app.simulation.exchange``); the stability meter is the first one's.
 
 Coasting: while nothing is queued, a run of plain decode steps (every running sequence
 decodes, none finishes, nothing waits) changes nothing but its engine and the chunk times of
@@ -48,6 +52,7 @@ import bisect
 import heapq
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +61,7 @@ import orjson
 
 from weighbridge.app.simulation.clients import ClientRequest, Clients
 from weighbridge.app.simulation.engines import SimEngine, output_token_id
+from weighbridge.app.simulation.exchange import ReplicaExchange
 from weighbridge.emulator.api import EmbeddingRequest, GenerationRequest, embeddings_response
 from weighbridge.emulator.engine import Sequence
 from weighbridge.emulator.intake import ApiRequest
@@ -63,6 +69,7 @@ from weighbridge.loadgen.bodies import message_token_ids, prompt_fields, request
 from weighbridge.loadgen.measure import StreamMeter
 from weighbridge.loadgen.plan import RequestPlan
 from weighbridge.records import RequestRecord
+from weighbridge.sidecar import Replica
 from weighbridge.sidecar.config import EMBEDDINGS, Config
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.prefix import PromptPrefix
@@ -86,7 +93,7 @@ from weighbridge.sidecar.stability import (
 __all__ = ["Simulation", "SimulationResult", "UtilisationSample", "engine_request", "prompt_ids"]
 
 # Event kinds; at equal times events run in the order they were scheduled.
-_ARRIVE, _ENTER, _STEP, _POLL, _TIMEOUT = range(5)
+_ARRIVE, _ENTER, _STEP, _POLL, _TIMEOUT, _SYNC = range(6)
 
 
 def prompt_ids(plan: RequestPlan) -> tuple[int, ...] | None:
@@ -133,6 +140,7 @@ class _Flight:
     client: ClientRequest
     meter: StreamMeter
     session: RequestSession
+    core: SchedulingCore  # the replica that took it
     # The session's request: told of its tokens directly on the loop's hot path (the call
     # RequestSession.streamed makes).
     request: QueuedRequest
@@ -182,22 +190,33 @@ class SimulationResult:
 class Simulation:
     def __init__(self, config: Config, engines: list[SimEngine], clients: Clients, *,
                  run_id: str, scenario: str, until_s: float, drain: bool = False,
-                 coast: bool = True, utilisation_every_s: float | None = None) -> None:
+                 coast: bool = True, utilisation_every_s: float | None = None,
+                 replicas: int = 1) -> None:
         """``drain``: end as soon as every request has ended (a trace replay), not at
         ``until_s`` (a scenario runs to its end, as a live run does). ``coast``: take runs
         of plain decode steps at once (``_step_end``); False: every step is an event of its
         own, the reference the coasting is tested against. ``utilisation_every_s``: record
         rho and the backlog this often, at a poll (``SimulationResult.utilisation``);
-        None: never."""
+        None: never. ``replicas``: sidecar replicas in front of the engines, each its own
+        core, sharing their state as through Redis (``ReplicaExchange``), every request
+        sent to the next one in turn (a front's round robin)."""
         names = [b.name for b in config.backends]
         if names != [e.name for e in engines]:
             raise ValueError(f"engines {[e.name for e in engines]} do not match the config's "
                              f"backends {names}")
         if not math.isfinite(until_s):
             raise ValueError("a simulation needs a finite end (--duration)")
+        if replicas < 1:
+            raise ValueError("replicas must be at least 1")
         self.config = config
-        self.core = SchedulingCore(config)
-        self.ingress = Ingress(config, self.core)
+        self.cores = [SchedulingCore(config) for _ in range(replicas)]
+        self.core = self.cores[0]
+        self.ingresses = [Ingress(config, core) for core in self.cores]
+        self.ingress = self.ingresses[0]
+        self._next_replica = 0  # who takes the next request
+        # The others' load and service, exchanged every sync_ms (None: one replica).
+        self.exchange = None if replicas == 1 else ReplicaExchange(
+            [Replica(core) for core in self.cores], config.state.sync_ms / 1000)
         self._callers: dict[str, Caller] = {}  # Authorization header -> its caller
         self._scheduler = self.core.scheduler
         self.engines = engines
@@ -246,7 +265,11 @@ class Simulation:
                           key=lambda c: (c.plan.scheduled_s, c.plan.request_id))
         times = [c.plan.scheduled_s for c in arrivals]
         k, n = 0, len(arrivals)
-        self._push(0.0, _POLL, None)
+        # Each replica scrapes on its own; the first at 0, the others spread over a period.
+        for i in range(len(self.cores)):
+            self._push(i * self.poll_s / len(self.cores), _POLL, i)
+        if self.exchange is not None:
+            self._push(self.exchange.sync_s, _SYNC, None)
         heap, steps = self._heap, self._steps
         pop = heapq.heappop
         step_end, arrive = self._step_end, self._arrive
@@ -280,7 +303,9 @@ class Simulation:
                 if kind == _ARRIVE:
                     arrive(obj, t)
                 elif kind == _POLL:
-                    self._poll(t)
+                    self._poll(t, obj)
+                elif kind == _SYNC:
+                    self._sync(t)
                 elif kind == _ENTER:
                     self._enter(obj, t)
                 else:
@@ -295,13 +320,17 @@ class Simulation:
         self._events = events
         self._end_run(until)
         self.until_s = until
-        holds = {f"{backend or '-'}/{reason}": n
-                 for (backend, reason), n in sorted(self.core.holds.items())}
+        held: Counter[tuple[str, str]] = Counter()
+        for core in self.cores:
+            held.update(core.holds)
+        holds = {f"{backend or '-'}/{reason}": n for (backend, reason), n in sorted(held.items())}
+        ledgers = [core.ledger.snapshot() for core in self.cores]
         return SimulationResult(
             records=self.records, end_s=until,
             engine_steps=sum(e.steps for e in self.engines), events=self._events,
             wall_s=time.perf_counter() - started, holds=holds,
-            ledger=self.core.ledger.snapshot(), utilisation=self._utilisation)
+            ledger=ledgers[0] if len(ledgers) == 1 else {"replicas": ledgers},
+            utilisation=self._utilisation)
 
     # ------------------------------------------------------------------ clients
 
@@ -309,7 +338,9 @@ class Simulation:
         plan = client.plan
         meter = StreamMeter(plan, self.run_id, self.scenario)
         meter.sent(now)
-        ingress = self.ingress
+        replica = self._next_replica
+        self._next_replica = (replica + 1) % len(self.cores)
+        ingress = self.ingresses[replica]
         headers = {k.lower(): v for k, v in client.headers.items()}
         if client.api_key is not None:
             headers.setdefault("authorization", f"Bearer {client.api_key}")
@@ -326,7 +357,7 @@ class Simulation:
                     caller, plan.endpoint, headers, dict(fields),
                     Prompt(plan.prompt_tokens, None if ids is None else PromptPrefix(ids)))
             self._flush()
-            core = self.core
+            core = ingress.core
             # Offered load counts every request that reaches the checks, as the shell does.
             self.stability.offer(
                 core.estimated_tokens(caller.tenant, arrival.endpoint, arrival.prompt_tokens,
@@ -336,8 +367,8 @@ class Simulation:
         except ApiError as e:
             self._answer(client, meter, now, e)
             return
-        flight = _Flight(client, meter, session, session.request, stream=session.stream,
-                         ids=ids, fields=fields)
+        flight = _Flight(client, meter, session, core, session.request,
+                         stream=session.stream, ids=ids, fields=fields)
         self._flights[plan.request_id] = flight
         deadline = now + client.timeout_s
         if deadline < self.until_s:
@@ -405,7 +436,7 @@ class Simulation:
 
     def _dispatch(self, now: float) -> None:
         kicked: list[SimEngine] = []
-        for d in self.core.dispatch_ready(now):
+        for d in (d for core in self.cores for d in core.dispatch_ready(now)):
             flight = self._flights[d.request.id]
             engine = self._by_name[d.backend]
             client = flight.client
@@ -470,23 +501,38 @@ class Simulation:
         self._order += 1
         heapq.heappush(self._steps, (t, self._order, engine))
 
-    def _poll(self, now: float) -> None:
-        core = self.core
+    def _poll(self, now: float, replica: int) -> None:
+        """``replica``'s scrape of every engine (the stability meter is the first one's)."""
+        core = self.cores[replica]
         self._flush()  # the gates count first tokens against each scrape
         stability = self.stability
         for engine in self.engines:
             sample = engine.sample(now)
             core.on_backend_metrics(engine.name, sample)
-            generated = sample.generation_tokens_total or 0.0  # the engine's: always there
-            stability.observe_backend(engine.name, now, sample.prompt_tokens_total + generated,
-                                      generated, sample.running)
-        stability.sample(now)
-        if self._watch_every is not None and now >= self._next_watch:
-            self._next_watch = now + self._watch_every
-            self._watch_utilisation(now)
+            if replica == 0:
+                generated = sample.generation_tokens_total or 0.0  # the engine's: always there
+                stability.observe_backend(engine.name, now,
+                                          sample.prompt_tokens_total + generated,
+                                          generated, sample.running)
+        if replica == 0:
+            stability.sample(now)
+            if self._watch_every is not None and now >= self._next_watch:
+                self._next_watch = now + self._watch_every
+                self._watch_utilisation(now)
         self._dispatch(now)
-        self.poll_s = core.poll_period_s()  # learned step times may change it
-        self._push(now + self.poll_s, _POLL, None)
+        poll_s = core.poll_period_s()  # learned step times may change it
+        if replica == 0:
+            self.poll_s = poll_s
+        self._push(now + poll_s, _POLL, replica)
+
+    def _sync(self, now: float) -> None:
+        """The replicas' exchange (load, and service every SERVICE_SYNC_S), then a dispatch
+        pass, as a replica's shell runs one after adopting the others' load."""
+        assert self.exchange is not None
+        self._flush()  # the load each publishes counts what streamed so far
+        self.exchange.tick()
+        self._dispatch(now)
+        self._push(now + self.exchange.sync_s, _SYNC, None)
 
     def _watch_utilisation(self, now: float) -> None:
         """Read what /metrics would (not through ``core.stats``: an entry of the core folds
@@ -501,7 +547,7 @@ class Simulation:
                  if (step := stability.step_s(name, now, None, budget)) is not None}
         self._utilisation.append(UtilisationSample(
             now, reading.backends, reading.pools, steps,
-            sum(tally.queued for tally in core.ledger.tallies().values()),
+            sum(tally.queued for c in self.cores for tally in c.ledger.tallies().values()),
             sum(engine.model.num_waiting for engine in self.engines)))
 
     # ------------------------------------------------------------------ engines -> clients
@@ -510,7 +556,7 @@ class Simulation:
         n = len(flight.times) - flight.reported
         if n and flight.stream:
             flight.reported += n
-            self.core.on_tokens_streamed(flight.request, n, flight.times[-1])
+            flight.core.on_tokens_streamed(flight.request, n, flight.times[-1])
 
     def _flush(self) -> None:
         """Tell the core of every token streamed so far.
@@ -533,11 +579,18 @@ class Simulation:
             if not flight.ended and len(flight.times) > flight.reported:
                 self._flush_one(flight)
 
+    def _queued(self) -> bool:
+        """Whether any replica has requests queued (tokens are then reported step by
+        step, and nothing coasts)."""
+        if len(self.cores) == 1:
+            return bool(self._scheduler.queued_requests)
+        return any(core.scheduler.queued_requests for core in self.cores)
+
     def _step_end(self, engine: SimEngine, now: float, order: int, horizon: float) -> int:
         """A step of ``engine`` (its event's order number ``order``) ends at ``now``; no
         event but the engines' steps comes before ``horizon``. Returns how many more steps
         were taken with it (each counts as an event)."""
-        if self._coast and not self._scheduler.queued_requests:
+        if self._coast and not self._queued():
             more = self._coast_steps(engine, now, order, horizon)
             if more is not None:
                 return more
@@ -545,16 +598,15 @@ class Simulation:
         if following is not None:
             self._push_step(following, engine)
         flights = self._flights
-        if self._scheduler.queued_requests:
+        if self._queued():
             self._flush()
-            streamed = self.core.on_tokens_streamed
             for seq in result.emitted:
                 flight = flights.get(seq.request_id)
                 if flight is not None:
                     flight.times.append(now)
                     if flight.stream:
                         flight.reported += 1
-                        streamed(flight.request, 1, now)
+                        flight.core.on_tokens_streamed(flight.request, 1, now)
         elif result.emitted:
             held = self._held
             for seq in result.emitted:
