@@ -638,7 +638,7 @@ class SchedulingCore:
             self._record.sent_sessions.append((request.tenant, request.session, backend))
         self.ledger.dispatch(request.id)
         record.kv.add(request.id, request.tenant, request.prompt_tokens, expected,
-                      record.shared_blocks(request))
+                      record.shared_blocks(request), request.sequences)
         self._reported[request.id] = 0
         # Pacing counts what the engine prefills: a cached prompt costs it nothing.
         if request.computed_prompt_tokens > 0:

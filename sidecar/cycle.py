@@ -39,6 +39,7 @@ from weighbridge.sidecar.eligibility import (
     TenantRule,
     cache_pays_prefill,
     eligible,
+    kv_fit,
     refine,
 )
 from weighbridge.sidecar.predictor import ThroughputMeter, WaitPredictor
@@ -244,8 +245,10 @@ class DispatchCycle:
         in on at least one of the backends ``names``, and those of them its tenant may use.
         A tenant rule judges the tenant on one backend, so a tenant held on one is still
         eligible on another: choosing the backend before the request would leave an open
-        backend idle while another backend's rule held the one tenant with work."""
-        verdicts = self._verdicts(pool, names, rules, standings, slots, fair, now)
+        backend idle while another backend's rule held the one tenant with work. At a KV
+        watermark a held tenant's request that fits there may go (``kv_fit``)."""
+        fits: dict[str, Callable[[QueuedRequest], bool]] = {}
+        verdicts = self._verdicts(pool, names, rules, standings, slots, fair, now, fits)
         # Where each tenant the scheduler asks about may go, judged before its choice
         # counts the chosen request in flight (which the share rules read).
         where: dict[str, frozenset[str]] = {}
@@ -258,17 +261,26 @@ class DispatchCycle:
                     if allowed is None or allowed(tenant))
             return found
 
-        request = pool.scheduler.next(now, lambda tenant: bool(backends_for(tenant)))
+        passes = None
+        if fits:
+            def passes(request: QueuedRequest) -> bool:
+                return any(fit(request) for fit in fits.values())
+
+        request = pool.scheduler.next(now, lambda tenant: bool(backends_for(tenant)), passes)
         if request is None:
             return None
-        return request, backends_for(request.tenant)
+        allowed = backends_for(request.tenant)
+        if not allowed:
+            allowed = frozenset(name for name, fit in fits.items() if fit(request))
+        return request, allowed
 
     def _verdicts(self, pool: Pool, names: list[str], rules: tuple[TenantRule, ...],
                   standings: dict[str, Standing], slots: int,
                   fair: Callable[[str], bool] | None, now: float,
+                  fits: dict[str, Callable[[QueuedRequest], bool]] | None = None,
                   ) -> dict[str, Callable[[str], bool] | None]:
         """Each of the backends ``names``: which tenants ``rules`` let in there (None:
-        anyone)."""
+        anyone); and into ``fits``, those at their KV watermark's ``kv_fit``."""
         light: frozenset[str] | None = None
         verdicts: dict[str, Callable[[str], bool] | None] = {}
         for name in names:
@@ -280,10 +292,13 @@ class DispatchCycle:
             if light is None and (standing.kv_tight or reason == "prefill_backlog"
                                   or (reason == "headroom" and not limits.headroom_always)):
                 light = frozenset(light_tenants(pool, now))
-            verdicts[name] = eligible(rules, Pass(
+            p = Pass(
                 standing, pool.scheduler, slots, record.kv,
                 limits.max_prefill_tokens_inflight, record.prefilling,
-                light or frozenset(), limits.headroom_always, limits.kv_watermark or 0, fair))
+                light or frozenset(), limits.headroom_always, limits.kv_watermark or 0, fair)
+            verdicts[name] = eligible(rules, p)
+            if fits is not None and (fit := kv_fit(rules, p)):
+                fits[name] = fit
         return verdicts
 
     def _pick(self, request: QueuedRequest, allowed: frozenset[str]) -> str:

@@ -25,6 +25,7 @@ from typing import Protocol
 from weighbridge.sidecar.admission import AdmissionGate, GateVerdict
 from weighbridge.sidecar.kv import KvFootprint
 from weighbridge.sidecar.plugins import register
+from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.scheduler import Scheduler
 
 Eligible = Callable[[str], bool]  # tenant -> may it dispatch to this backend now
@@ -221,6 +222,31 @@ class KvReserve:
         return lambda tenant: (
             (tenant in light or scheduler.tenant_queued(tenant)[0] <= 1)
             and kv.tenant_blocks(tenant) < scheduler.share_fraction(tenant) * watermark)
+
+
+def kv_fit(rules: tuple[TenantRule, ...], p: Pass) -> Callable[[QueuedRequest], bool] | None:
+    """At the KV watermark, a request of a tenant KvReserve holds back goes anyway if every
+    other rule lets its tenant in and its ``max_tokens`` keeps it under the watermark for its
+    whole life (``KvFootprint.peak_with``): the watermark's sum counts every answer at its
+    final size at once, so a tenant's short requests waited behind its own long answers
+    there, though they end before those grow (decision 0018, "The held head"). Only a
+    request's own bound counts, not its expected output: an answer of a bimodal tenant
+    expected at the mix's mean runs to its long mode a fifth of the time (admitted on its
+    mean, kv_pressure's runner made the engine preempt 48 times a minute). None: the backend
+    is not at its watermark."""
+    if not p.standing.kv_tight:
+        return None
+    others = eligible(tuple(r for r in rules if not isinstance(r, KvReserve)), p)
+    kv, watermark = p.kv, p.kv_watermark
+
+    def fits(request: QueuedRequest) -> bool:
+        bound = request.max_tokens
+        return (bound is not None
+                and (others is None or others(request.tenant))
+                and kv.peak_with(request.prompt_tokens, bound * request.sequences,
+                                 request.sequences) <= watermark)
+
+    return fits
 
 
 OPEN_RULES: tuple[TenantRule, ...] = (Pacing(), GlobalShare())

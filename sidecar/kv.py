@@ -21,6 +21,13 @@ blocks (the chained hashes of ``sidecar.prefix``, where they are the engine's bl
 named block counts once per backend, while any request holding it is in flight (per tenant:
 once per tenant holding it).
 
+That sum is what the watermark is judged on: it assumes every answer is at its final size at
+once. A short request beside long ones is judged on less (``peak_with``): the most our requests
+would hold at once during its own expected lifetime, every request decoding one token a step
+per sequence and ending at its expected final output, so a classification that ends long
+before the essays beside it reach their final size fits where they are held (decision 0018,
+"The held head").
+
 Invariants (tests/unit/sidecar/test_kv.py): ``blocks()`` is the number of distinct named
 blocks held plus, over in-flight requests, ceil(footprint tokens / block_size) less the
 request's named blocks, and per tenant likewise; a request's footprint never shrinks while it
@@ -29,8 +36,9 @@ is in flight; removing every request leaves zero.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 
@@ -42,6 +50,7 @@ class _Entry:
     generated: int = 0
     blocks: int = 0  # of its own: beyond its named ones
     named: tuple[int, ...] = ()  # its prompt's full blocks, by hash, counted once a backend
+    sequences: int = 1  # tokens it generates a step while it decodes
 
     @property
     def tokens(self) -> int:
@@ -58,6 +67,7 @@ class KvFootprint:
         self._tenant_blocks: Counter[str] = Counter()
         self._holders: Counter[int] = Counter()  # named block -> in-flight requests holding it
         self._tenant_holders: Counter[tuple[str, int]] = Counter()
+        self._curve: _Curve | None = None  # the lifetimes, sorted; None: changed since
 
     @property
     def block_size(self) -> int:
@@ -75,16 +85,21 @@ class KvFootprint:
             self._release(entry)
             entry.named = ()
             self._resize(entry)
+        self._curve = None
 
     def add(self, request_id: str, tenant: str, prompt_tokens: int,
-            expected_output_tokens: int, named_blocks: Sequence[int] = ()) -> None:
+            expected_output_tokens: int, named_blocks: Sequence[int] = (),
+            sequences: int = 1) -> None:
         """``named_blocks``: the hashes of the prompt's full blocks at this block size, where
-        the engine shares them between requests (its prefix cache); at most the prompt's."""
+        the engine shares them between requests (its prefix cache); at most the prompt's.
+        ``expected_output_tokens`` is over all ``sequences``."""
         if request_id in self._entries:
             raise ValueError(f"request {request_id!r} is already counted")
         prompt = max(0, prompt_tokens)
         entry = _Entry(tenant, prompt, max(0, expected_output_tokens),
-                       named=tuple(named_blocks[:prompt // self._block]))
+                       named=tuple(named_blocks[:prompt // self._block]),
+                       sequences=max(1, sequences))
+        self._curve = None
         self._entries[request_id] = entry
         holders, tenant_holders = self._holders, self._tenant_holders
         for block in entry.named:
@@ -106,6 +121,7 @@ class KvFootprint:
         if entry is None or tokens <= 0:
             return
         entry.generated += tokens
+        self._curve = None
         if expected_final is not None and expected_final > entry.expected_output:
             entry.expected_output = expected_final
         self._resize(entry)
@@ -114,6 +130,7 @@ class KvFootprint:
         entry = self._entries.pop(request_id, None)
         if entry is None:
             return
+        self._curve = None
         self._release(entry)
         self._blocks -= entry.blocks
         self._untenant(entry.tenant, entry.blocks)
@@ -151,6 +168,22 @@ class KvFootprint:
         """What a request of that size would hold at its largest."""
         return -(-(max(0, prompt_tokens) + max(0, expected_output_tokens)) // self._block)
 
+    def peak_with(self, prompt_tokens: int, expected_output_tokens: int,
+                  sequences: int = 1) -> int:
+        """The most blocks our in-flight requests and a new one of that size would hold at
+        once while the new one runs: every request decodes ``sequences`` tokens a step from
+        what it holds now and ends at its expected final output (its own blocks, rounded up
+        as a sum: at most one block more per request than the engine's rounding), the named
+        blocks held throughout. An upper bound on what the engine would need if the
+        estimates hold and nothing else is admitted; ``blocks()`` bounds it from above."""
+        curve = self._curve
+        if curve is None:
+            curve = self._curve = _Curve(self._entries.values(), len(self._holders))
+        n = max(1, sequences)
+        prompt = max(0, prompt_tokens)
+        steps = -(-max(0, expected_output_tokens) // n)
+        return curve.peak_with(prompt, steps, n, self._block)
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -161,3 +194,47 @@ class KvFootprint:
             entry.blocks = blocks
             self._blocks += delta
             self._tenant_blocks[entry.tenant] += delta
+
+
+class _Curve:
+    """The in-flight requests' lifetimes from now, by steps to go, longest first, with
+    prefix sums: the footprint ``s`` steps on is that of the requests with at least ``s`` to
+    go, so its maxima over an interval fall where a request ends or the interval does."""
+
+    __slots__ = ("_named", "_neg_steps", "_now", "_own_named", "_rate")
+
+    def __init__(self, entries: Iterable[_Entry], named: int) -> None:
+        rows = sorted(
+            ((max(e.generated, e.expected_output) - e.generated) // e.sequences,
+             e.prompt + e.generated, e.sequences, len(e.named))
+            for e in entries
+        )
+        rows.reverse()
+        self._named = named
+        self._neg_steps = [-r[0] for r in rows]  # ascending, for bisect
+        self._now: list[int] = [0]  # tokens held now by the first k rows
+        self._rate: list[int] = [0]  # tokens a step they add
+        self._own_named: list[int] = [0]  # their named blocks (counted in ``_named``)
+        for _, tokens, rate, own_named in rows:
+            self._now.append(self._now[-1] + tokens)
+            self._rate.append(self._rate[-1] + rate)
+            self._own_named.append(self._own_named[-1] + own_named)
+
+    def _at(self, alive: int, step: int, block: int) -> int:
+        if not alive:
+            return self._named
+        tokens = self._now[alive] + self._rate[alive] * step
+        return self._named + -(-tokens // block) + alive - 1 - self._own_named[alive]
+
+    def peak_with(self, prompt: int, steps: int, rate: int, block: int) -> int:
+        neg = self._neg_steps
+        # Rows with at least ``steps`` to go are alive through the new request's whole life.
+        last = bisect.bisect_right(neg, -steps)
+        peak = self._at(last, steps, block) + -(-(prompt + rate * steps) // block)
+        # The others end within it: each is at its largest at its last step.
+        for alive in range(last + 1, len(neg) + 1):
+            step = -neg[alive - 1]
+            value = self._at(alive, step, block) + -(-(prompt + rate * step) // block)
+            if value > peak:
+                peak = value
+        return peak

@@ -77,6 +77,15 @@ class TenantQueue:
             heapq.heapify(self._heap)
         return request
 
+    def first(self, count: int) -> list[QueuedRequest]:
+        """Up to ``count`` of the next requests in dispatch order, looked for in the heap's
+        top ``count`` levels, where they all are unless cancelled ones sit among them
+        (O(2^count))."""
+        self._drop_dead()
+        live = self._live
+        top = (e for e in self._heap[:(1 << count) - 1] if live.get(e[1].id) is e[1])
+        return [request for _, request in heapq.nsmallest(count, top)]
+
     def ordered(self, limit: int | None = None) -> list[QueuedRequest]:
         """The queued requests in dispatch order (for /admin/state; O(n log n))."""
         requests = sorted(self._live.values(), key=QueuedRequest.order_key)

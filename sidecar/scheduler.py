@@ -46,6 +46,11 @@ if TYPE_CHECKING:
     from weighbridge.sidecar.config import Endpoint as ConfigEndpoint
 
 
+# How deep into a held tenant's order ``Scheduler.next`` looks for a request that may pass
+# its head: a bounded scan (the heap's top levels) on every dispatch pass that holds it.
+PASS_SCAN = 4
+
+
 @dataclass(frozen=True, slots=True)
 class TenantSpec:
     tier: str  # the tenant's own (highest) tier; its requests may ask for lower ones
@@ -374,17 +379,21 @@ class Scheduler:
     # ------------------------------------------------------------------ egress
 
     def next(
-        self, now: float, eligible: Callable[[str], bool] | None = None
+        self, now: float, eligible: Callable[[str], bool] | None = None,
+        passes: Callable[[QueuedRequest], bool] | None = None,
     ) -> QueuedRequest | None:
         """One dispatch decision: the request to send now, already counted in flight.
 
         ``eligible(tenant)`` restricts the choice (admission headroom: only under-share
-        tenants); the FIFO policies ignore it.
+        tenants); the FIFO policies ignore it. ``passes(request)``: a request of a tenant
+        ``eligible`` holds back that may go anyway, looked for among the tenant's next
+        ``PASS_SCAN`` requests in its order, so a request that fits where its tenant's head
+        does not passes the head (the KV watermark's short requests, decision 0018).
         """
         if not self._queued_index:
             return None
         fifo = not self._fairness.per_tenant
-        request = self._next_fifo() if fifo else self._next_fair(eligible)
+        request = self._next_fifo() if fifo else self._next_fair(eligible, passes)
         if request is None:
             return None
         tenant = self._tenants[request.tenant]
@@ -403,16 +412,25 @@ class Scheduler:
                 return request
         return None  # pragma: no cover - the index said something is queued
 
-    def _next_fair(self, eligible: Callable[[str], bool] | None) -> QueuedRequest | None:
+    def _next_fair(self, eligible: Callable[[str], bool] | None,
+                   passes: Callable[[QueuedRequest], bool] | None) -> QueuedRequest | None:
         tiers = self._tiers
         for tier_name in self._selector.order(lambda name: tiers[name].queued > 0):
             tier = tiers[tier_name]
-            flow = tier.flows.pick(eligible)
+            passing: dict[str, QueuedRequest] = {}
+            pick = eligible
+            if eligible is not None and passes is not None:
+                pick = self._passing(tier_name, eligible, passes, passing)
+            flow = tier.flows.pick(pick)
             if flow is None:
                 continue
             tenant = self._tenants[flow]
             queue = tenant.queues[tier_name]
-            request = queue.pop()
+            request = passing.get(flow)
+            if request is None:
+                request = queue.pop()
+            else:
+                queue.remove(request.id)
             del self._queued_index[request.id]
             self._account_removed(tenant, tier, request, queue)
             turns = self._turns(request, request.cost)
@@ -427,6 +445,33 @@ class Scheduler:
             self._book(request.tier, flow, turns)
             return request
         return None
+
+    def _passing(self, tier: str, eligible: Callable[[str], bool],
+                 passes: Callable[[QueuedRequest], bool],
+                 found: dict[str, QueuedRequest]) -> Callable[[str], bool]:
+        """``eligible``, or a request among the tenant's next ``PASS_SCAN`` that ``passes``
+        (kept in ``found`` for the tenant the policy picks). The policy asks in its own
+        order, and once a held tenant has none that passes no later one may pass either:
+        passing jumps a tenant's own queue, never another tenant whose turn came first (a
+        small request that fits beside another tenant's held large one would keep the room
+        that one waits for, and DRR's token shares drifted to 1.11x)."""
+        tenants = self._tenants
+        stopped = False
+
+        def pick(name: str) -> bool:
+            nonlocal stopped
+            if eligible(name):
+                return True
+            if not stopped:
+                queue = tenants[name].queues.get(tier)
+                for request in queue.first(PASS_SCAN) if queue else ():
+                    if passes(request):
+                        found[name] = request
+                        return True
+                stopped = True
+            return False
+
+        return pick
 
     def requeue(self, request: QueuedRequest) -> None:
         """Undo a dispatch the backend never received (connection refused before any byte):

@@ -120,3 +120,48 @@ def test_named_blocks_count_once_and_the_rest_per_request(ops) -> None:
     for rid in list(model):
         kv.remove(rid)
     assert kv.blocks() == 0 and kv.tenant_blocks("a") == 0 == kv.tenant_blocks("b")
+
+
+def test_a_short_request_fits_beside_long_answers_that_grow_after_it_ends() -> None:
+    kv = KvFootprint(16)
+    for i in range(4):  # four answers 1,000 tokens from their final 3,200-token size
+        kv.add(f"e{i}", "a", 200, 3000)
+        kv.on_tokens(f"e{i}", 2000)
+    assert kv.blocks() == 4 * 200
+    # 13 blocks for 8 steps, while the four hold 2,208 tokens each: 4 * 138 + 13 + 3
+    assert kv.peak_with(200, 8) == 4 * 138 + 13 + 3
+    # One as long as they are is there when they are largest.
+    assert kv.peak_with(200, 1000) == 4 * 200 + 75 + 3
+
+
+LIVES = st.lists(st.tuples(st.integers(0, 900), st.integers(0, 400), st.integers(0, 500),
+                           st.integers(1, 3), st.sampled_from([0, 1, 2])), max_size=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(LIVES, st.integers(0, 900), st.integers(0, 600), st.integers(1, 3),
+       st.sampled_from([8, 16, 32]))
+def test_peak_with_bounds_the_lockstep_footprint_from_above(lives, prompt, output, n,
+                                                            block) -> None:
+    """Every request decoding its sequences' tokens a step to its expected final: the most
+    held at once during the new request's life is at most ``peak_with``, which is within
+    one block a request of it (rounded as a sum) and never above ``blocks()`` plus the new
+    request's largest and that rounding."""
+    kv = KvFootprint(block)
+    rows = []
+    for i, (p, e, g, seqs, variant) in enumerate(lives):
+        named = tuple(variant * 1000 + j for j in range(p // block)) if variant else ()
+        kv.add(f"r{i}", "a", p, e, named, seqs)
+        kv.on_tokens(f"r{i}", g)
+        rows.append((p + g, (max(g, e) - g) // seqs, seqs, len(named)))
+    distinct = len({b for i, (p, *_, v) in enumerate(lives) if v
+                    for b in (v * 1000 + j for j in range(p // block))})
+    steps = -(-output // n)
+    exact = max(
+        distinct + sum(-(-(c + rate * s) // block) - named
+                       for c, left, rate, named in rows if left >= s)
+        + -(-(prompt + n * s) // block)
+        for s in range(steps + 1))
+    peak = kv.peak_with(prompt, output, n)
+    assert exact <= peak <= exact + max(0, len(rows) - 1)
+    assert peak <= kv.blocks() + kv.blocks_of(prompt, n * steps) + max(0, len(rows) - 1)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.sidecar.test_core import arrive, make_config
+from tests.unit.sidecar.test_core import arrive, balanced, make_config
 from weighbridge.sidecar.admission import GateLimits
 from weighbridge.sidecar.core import SchedulingCore
 from weighbridge.sidecar.request import QueuedRequest
@@ -39,6 +39,24 @@ def test_a_flood_alone_stops_at_the_watermark_and_the_reserve_serves_the_others(
     (d,) = core.dispatch_ready(0.2)
     assert d.request.tenant == "a"
     assert core.fleet["b1"].kv.tenant_blocks("a") == 80
+
+
+def test_at_the_watermark_a_short_request_passes_its_tenants_held_long_one() -> None:
+    """Decision 0018, "The held head": the flood's next request, as large as those in flight,
+    waits for room; a short one behind it, bounded by its ``max_tokens``, ends long before
+    they reach their final size and goes; one without ``max_tokens`` has no such bound."""
+    core = SchedulingCore(make_config(backends=ONE, scheduler={"ordering": "fifo"}),
+                          gate_limits=KV)
+    flood(core, 5)
+    assert len(list(core.dispatch_ready(0.0))) == 4
+    arrive(core, "a", 0.0, prompt_tokens=60, max_tokens=None, request_id="open")
+    arrive(core, "a", 0.0, prompt_tokens=60, max_tokens=4, request_id="short")
+    (d,) = core.dispatch_ready(0.1)
+    assert d.request.id == "short" and core.fleet["b1"].kv.blocks() == 84
+    assert core.holds[("b1", "kv_headroom")] == 2
+    queued = [r.id for r in core.scheduler.queued_of("a")]
+    assert "open" in queued and len(queued) == 2
+    balanced(core)
 
 
 def test_streamed_tokens_past_the_estimate_grow_the_footprint() -> None:

@@ -288,6 +288,33 @@ def test_eligibility_skips_over_share_tenants_and_lower_tiers_can_take_the_slot(
     assert s.next(0).id == "int"
 
 
+def test_a_request_that_passes_goes_before_its_held_tenants_head() -> None:
+    s = scheduler()
+    s.enqueue(make_request("a", id="essay", prompt=40), 0)
+    s.enqueue(make_request("a", id="short", prompt=200), 0)
+    s.enqueue(make_request("a", id="also short", prompt=300), 0)
+    nobody = lambda tenant: False  # noqa: E731
+    fits = lambda request: request.id != "essay"  # noqa: E731
+    assert s.next(0, nobody, fits).id == "short"
+    assert s.next(0, nobody, fits).id == "also short"
+    assert s.next(0, nobody, fits) is None  # the head itself never passes
+    assert s.tenant_queued("a") == (1, s.queued_tokens) and s.inflight_requests == 2
+    assert s.next(0).id == "essay"
+
+
+def test_held_tenants_pass_only_in_the_policys_order() -> None:
+    """Once the tenant whose turn it is has nothing that passes, no later tenant's request
+    passes: passing jumps a tenant's own queue, not another tenant's turn."""
+    s = scheduler()
+    s.enqueue(make_request("a", id="a-essay"), 0)
+    s.enqueue(make_request("b", id="b-short"), 0)
+    nobody = lambda tenant: False  # noqa: E731
+    fits = lambda request: request.id == "b-short"  # noqa: E731
+    assert s.next(0, nobody, fits) is None  # a's turn, and none of a's passes
+    assert s.next(0, lambda tenant: tenant == "a", fits).id == "a-essay"
+    assert s.next(0, nobody, fits).id == "b-short"  # b's turn now
+
+
 def test_shares_count_in_flight_against_weighted_share_of_active_tenants() -> None:
     tenants = {"a": TenantSpec("standard", 1.0), "b": TenantSpec("standard", 3.0)}
     s = scheduler(tenants=tenants)
