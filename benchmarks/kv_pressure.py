@@ -218,7 +218,7 @@ class AbortRequeueSimulation(Simulation):
 
     KV_PRESSURE = 0.9
 
-    def _poll(self, now: float) -> None:
+    def _poll(self, now: float, replica: int) -> None:
         scheduler = self.core.scheduler
         for engine in self.engines:
             model = engine.model
@@ -235,7 +235,7 @@ class AbortRequeueSimulation(Simulation):
                 del self._dispatched[flight.client.plan.request_id]
                 flight.engine, flight.seqs, flight.parsed = None, [], None
                 flight.session.unreachable(now)
-        super()._poll(now)
+        super()._poll(now, replica)
 
 
 @dataclass(frozen=True)

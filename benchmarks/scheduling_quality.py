@@ -209,10 +209,10 @@ class LoadSampler(Simulation):
         self.window = (start_s, end_s)
         self.samples: list[list[int]] = []
 
-    def _poll(self, now: float) -> None:
+    def _poll(self, now: float, replica: int) -> None:
         if self.window[0] <= now < self.window[1]:
             self.samples.append([_outstanding(e) for e in self.engines])
-        super()._poll(now)
+        super()._poll(now, replica)
 
 
 class ExactOutput(OutputEstimator):
