@@ -261,18 +261,19 @@ class DispatchCycle:
                     if allowed is None or allowed(tenant))
             return found
 
+        # Where each request asked about fits, judged as ``where`` is.
+        fitting: dict[str, frozenset[str]] = {}
         passes = None
         if fits:
             def passes(request: QueuedRequest) -> bool:
-                return any(fit(request) for fit in fits.values())
+                found = fitting[request.id] = frozenset(
+                    name for name, fit in fits.items() if fit(request))
+                return bool(found)
 
         request = pool.scheduler.next(now, lambda tenant: bool(backends_for(tenant)), passes)
         if request is None:
             return None
-        allowed = backends_for(request.tenant)
-        if not allowed:
-            allowed = frozenset(name for name, fit in fits.items() if fit(request))
-        return request, allowed
+        return request, backends_for(request.tenant) or fitting[request.id]
 
     def _verdicts(self, pool: Pool, names: list[str], rules: tuple[TenantRule, ...],
                   standings: dict[str, Standing], slots: int,

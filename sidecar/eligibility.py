@@ -225,26 +225,29 @@ class KvReserve:
 
 
 def kv_fit(rules: tuple[TenantRule, ...], p: Pass) -> Callable[[QueuedRequest], bool] | None:
-    """At the KV watermark, a request of a tenant KvReserve holds back goes anyway if every
-    other rule lets its tenant in and its ``max_tokens`` keeps it under the watermark for its
-    whole life (``KvFootprint.peak_with``): the watermark's sum counts every answer at its
-    final size at once, so a tenant's short requests waited behind its own long answers
-    there, though they end before those grow (decision 0018, "The held head"). Only a
-    request's own bound counts, not its expected output: an answer of a bimodal tenant
-    expected at the mix's mean runs to its long mode a fifth of the time (admitted on its
-    mean, kv_pressure's runner made the engine preempt 48 times a minute). None: the backend
-    is not at its watermark."""
+    """At the KV watermark, a short request of a tenant KvReserve holds back goes anyway: one
+    whose ``max_tokens`` ends it before the mean of the requests in flight there ends, and
+    keeps our requests under the watermark for its whole life
+    (``KvFootprint.peak_with``), when every other rule lets its tenant in. The watermark's
+    sum counts every answer at its final size at once, so a tenant's short requests waited
+    behind its own long answers there, though they end before those grow (decision 0018,
+    "The held head"). Only a request's own bound counts, not its expected output: a bimodal
+    tenant's answer expected at the mix's mean runs to its long mode a fifth of the time
+    (kv_pressure's runner made the engine preempt 48 times a minute). And only a short one:
+    a flood's requests, each as long as those in flight, filled the cache to the watermark's
+    exact peak for no more output and pushed a victim's TTFT p90 up to 1.5x the ideal.
+    None: the backend is not at its watermark."""
     if not p.standing.kv_tight:
         return None
     others = eligible(tuple(r for r in rules if not isinstance(r, KvReserve)), p)
     kv, watermark = p.kv, p.kv_watermark
 
     def fits(request: QueuedRequest) -> bool:
-        bound = request.max_tokens
+        bound, n = request.max_tokens, request.sequences
         return (bound is not None
+                and bound < kv.mean_steps_left()
                 and (others is None or others(request.tenant))
-                and kv.peak_with(request.prompt_tokens, bound * request.sequences,
-                                 request.sequences) <= watermark)
+                and kv.peak_with(request.prompt_tokens, bound * n, n) <= watermark)
 
     return fits
 

@@ -184,6 +184,13 @@ class KvFootprint:
         steps = -(-max(0, expected_output_tokens) // n)
         return curve.peak_with(prompt, steps, n, self._block)
 
+    def mean_steps_left(self) -> float:
+        """The in-flight requests' mean steps to their expected final output (0: none)."""
+        curve = self._curve
+        if curve is None:
+            curve = self._curve = _Curve(self._entries.values(), len(self._holders))
+        return curve.mean_steps
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -201,7 +208,7 @@ class _Curve:
     prefix sums: the footprint ``s`` steps on is that of the requests with at least ``s`` to
     go, so its maxima over an interval fall where a request ends or the interval does."""
 
-    __slots__ = ("_named", "_neg_steps", "_now", "_own_named", "_rate")
+    __slots__ = ("_named", "_neg_steps", "_now", "_own_named", "_rate", "mean_steps")
 
     def __init__(self, entries: Iterable[_Entry], named: int) -> None:
         rows = sorted(
@@ -212,6 +219,7 @@ class _Curve:
         rows.reverse()
         self._named = named
         self._neg_steps = [-r[0] for r in rows]  # ascending, for bisect
+        self.mean_steps = -sum(self._neg_steps) / len(rows) if rows else 0.0
         self._now: list[int] = [0]  # tokens held now by the first k rows
         self._rate: list[int] = [0]  # tokens a step they add
         self._own_named: list[int] = [0]  # their named blocks (counted in ``_named``)

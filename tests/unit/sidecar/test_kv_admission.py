@@ -4,6 +4,8 @@ all of it; the derived slot headroom is work-conserving."""
 
 from __future__ import annotations
 
+import copy
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -98,7 +100,8 @@ def test_the_engines_cache_is_learned_from_its_metrics() -> None:
 
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("arrive"), st.sampled_from(["a", "b", "i"]), st.integers(0, 900)),
+        st.tuples(st.sampled_from(["arrive", "burst"]), st.sampled_from(["a", "b", "i"]),
+                  st.integers(0, 900)),
         st.tuples(st.just("dispatch"), st.just(""), st.just(0)),
         st.tuples(st.just("stream"), st.just(""), st.integers(0, 300)),
         st.tuples(st.sampled_from(["complete", "gone", "refused"]), st.just(""),
@@ -110,32 +113,48 @@ OPS = st.lists(
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(policy=st.sampled_from(["drr", "rr"]), ops=OPS)
-def test_over_share_dispatches_never_pass_the_watermark(policy, ops) -> None:
-    limits = GateLimits(max_inflight=40, headroom_slots=2, kv_blocks=120, block_size=16,
-                        kv_reserve_blocks=30)
-    core = SchedulingCore(make_config(policy, backends=ONE), gate_limits=limits)
-    watermark = 90
+@given(policy=st.sampled_from(["drr", "rr"]),
+       ordering=st.sampled_from(["fifo", "shortest_prompt_first"]), ops=OPS)
+def test_over_share_dispatches_pass_the_watermark_only_where_they_fit(policy, ordering,
+                                                                     ops) -> None:
+    limits = GateLimits(max_inflight=12, headroom_slots=4, kv_blocks=160, block_size=16,
+                        kv_reserve_blocks=40)
+    core = SchedulingCore(make_config(backends=ONE, scheduler={"policy": policy,
+                                                               "ordering": ordering}),
+                          gate_limits=limits)
+    watermark = 120
     kv = core.fleet["b1"].kv
     inflight: list[QueuedRequest] = []
     now = 0.0
     for kind, who, value in ops:
         now += 0.01
         if kind == "arrive":
-            arrive(core, who, now, prompt_tokens=value, max_tokens=1 + value // 2)
+            # Long answers, short ones and unbounded ones.
+            prompt, bound = (100 + value // 3, 300 + value // 2) if value % 3 else (
+                16 + value % 64, 1 + value % 16)
+            arrive(core, who, now, prompt_tokens=prompt,
+                   max_tokens=None if value % 7 == 0 else bound)
+        elif kind == "burst":  # long answers, then short requests behind them
+            for i in range(8):
+                arrive(core, who, now, prompt_tokens=100 + value // 3,
+                       max_tokens=400 if i < 5 else 1 + (value + i) % 16)
         elif kind == "dispatch":
             while True:
                 before = kv.blocks()
                 share = {t: (kv.tenant_blocks(t), core.scheduler.share_fraction(t))
                          for t in ("a", "b", "i")}
+                footprint = copy.deepcopy(kv)
                 d = core.next_dispatch(now)
                 if d is None:
                     break
                 inflight.append(d.request)
                 held, fraction = share[d.request.tenant]
-                if before >= watermark:
-                    # Above the watermark only tenants under their share of it.
-                    assert held < fraction * watermark
+                if before >= watermark and held >= fraction * watermark:
+                    # Above the watermark only tenants under their share of it, and short
+                    # requests that keep our footprint under it for their whole life.
+                    bound = d.request.max_tokens
+                    assert bound is not None and bound < footprint.mean_steps_left()
+                    assert footprint.peak_with(d.request.prompt_tokens, bound) <= watermark
         elif kind == "stream" and inflight:
             req = inflight[value % len(inflight)]
             core.on_tokens_streamed(req, value % 40, now)
