@@ -215,25 +215,30 @@ def fleet(n: int, options: EmulatorOptions, log_dir: Path) -> Iterator[list[Serv
             engine.stop()
 
 
-def vllm_router(policy: str, worker_urls: Sequence[str], log_dir: Path) -> ServerProcess:
-    """vllm-router in front of ``worker_urls`` with its defaults but the policy; it and its
-    metrics listen on loopback, on free ports (its metrics' default port is fixed)."""
+def vllm_router(policy: str, worker_urls: Sequence[str], log_dir: Path,
+                extra: Sequence[str] = ()) -> ServerProcess:
+    """vllm-router in front of ``worker_urls`` with its defaults but the policy and
+    ``extra`` flags; it and its metrics listen on loopback, on free ports (its metrics'
+    default port is fixed)."""
     port, metrics_port = free_port(), free_port()
     return ServerProcess(
         name=f"vllm-router-{policy}", url=f"http://127.0.0.1:{port}",
         argv=[str(VLLM_ROUTER), "--worker-urls", *worker_urls, "--policy", policy,
               "--host", "127.0.0.1", "--port", str(port),
-              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port)],
+              "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+              *extra],
         health_path="/health", log_path=log_dir / f"vllm-router-{policy}.log",
         startup_timeout_s=60)
 
 
-def weighbridge(worker_urls: Sequence[str], keys: Mapping[str, str],
-                log_dir: Path) -> ServerProcess:
-    """The sidecar with the plain config: tiers, tenants (``keys``) and the engines."""
+def weighbridge(worker_urls: Sequence[str], keys: Mapping[str, str], log_dir: Path,
+                settings: Mapping[str, Any] | None = None) -> ServerProcess:
+    """The sidecar with the plain config: tiers, tenants (``keys``) and the engines, plus
+    ``settings`` (top-level sections of the config, e.g. ``scheduler``)."""
     config = plain_config(worker_urls[0], keys)
     config["backends"] = [{"url": url, "name": f"engine-{i}"}
                           for i, url in enumerate(worker_urls)]
+    config.update(settings or {})
     process = sidecar_process(config, name="peer-weighbridge", config_dir=log_dir)
     process.log_path = log_dir / "weighbridge.log"
     return process
