@@ -34,6 +34,7 @@ OVER_CACHE_LOST = 1.2
 PREFIX_HITS = "vllm:prefix_cache_hits_total"
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"  # sequences evicted for KV and recomputed
 # The emulator's own: how far its steps ran behind its model (a CPU-starved engine lags).
 STEP_LAG = "weighbridge_emulator_step_lag_seconds"
 # The sidecar's prefix index judged by the engines: cached prompt tokens per backend, as it
@@ -54,12 +55,14 @@ class FleetCounters:
     generation_tokens: float = 0.0
     step_lag_s: float = 0.0  # summed over steps
     steps: float = 0.0
+    preemptions: float = 0.0
 
     def __sub__(self, other: FleetCounters) -> FleetCounters:
         return FleetCounters(self.prefix_hits - other.prefix_hits,
                              self.prefix_queries - other.prefix_queries,
                              self.generation_tokens - other.generation_tokens,
-                             self.step_lag_s - other.step_lag_s, self.steps - other.steps)
+                             self.step_lag_s - other.step_lag_s, self.steps - other.steps,
+                             self.preemptions - other.preemptions)
 
     @property
     def hit_rate(self) -> float | None:
@@ -81,7 +84,7 @@ class FleetCounters:
 def fleet_counters(metrics_texts: Iterable[str]) -> FleetCounters:
     """The fleet's counters from each engine's /metrics text."""
     names = (PREFIX_HITS, PREFIX_QUERIES, GENERATION_TOKENS, STEP_LAG + "_sum",
-             STEP_LAG + "_count")
+             STEP_LAG + "_count", PREEMPTIONS)
     totals = [0.0] * len(names)
     for text in metrics_texts:
         samples = _prom.parse(text)

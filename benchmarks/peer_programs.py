@@ -214,7 +214,8 @@ def describe(run: Run) -> str:
     lag = run.fleet.step_lag_ms
     return (f"{run.scenario}, {run.arm}: programs {a.started} (open {a.open_programs()}), "
             f"p50/p90 {per}; engines {run.fleet.generation_tokens:,.0f} output tokens, hit "
-            f"{run.fleet.hit_rate or 0:.3f}, step lag {lag or 0:.1f} ms; failed calls "
+            f"{run.fleet.hit_rate or 0:.3f}, computed {run.fleet.computed_tokens:,.0f}, "
+            f"preemptions {run.fleet.preemptions:,.0f}, step lag {lag or 0:.1f} ms; failed calls "
             f"{run.failed} ({run.took_s:.0f} s)")
 
 
@@ -237,11 +238,12 @@ def result(runs: Sequence[Run], rates: Rates, stretch: float, seed: int,
                          f"{len(a.completion(tenant)):,}", f"{a.open_programs(tenant):,}",
                          _s(a.p(0.5, tenant)), _s(a.p(0.9, tenant)), over,
                          f"{r.fleet.generation_tokens:,.0f}", out,
-                         f"{r.fleet.hit_rate or 0:.3f}", f"{r.fleet.step_lag_ms or 0:.1f}",
+                         f"{r.fleet.hit_rate or 0:.3f}", f"{r.fleet.preemptions:,.0f}",
+                         f"{r.fleet.step_lag_ms or 0:.1f}",
                          f"{r.failed:,}"))
     table = Table(("scenario", "arm", "tenant", "programs", "open at end", "p50 s", "p90 s",
                    f"over {PEER} p50 / p90", "engines' output tokens", f"over {PEER}",
-                   "hit rate", "step lag ms", "failed calls"), rows)
+                   "hit rate", "preemptions", "step lag ms", "failed calls"), rows)
     summary, passed = [], []
     for scenario, target in (("alone", TARGET_ALONE), ("flood", TARGET_FLOOD)):
         peer = by.get((scenario, PEER))

@@ -8,6 +8,7 @@ import json
 import random
 from pathlib import Path
 
+from benchmarks._peer_figures import fleet_counters
 from benchmarks.peer_programs import PEER, Rates, peer_flags, tenants
 from benchmarks.program_ordering import measure
 from weighbridge.emulator.options import EmulatorOptions
@@ -65,3 +66,12 @@ def test_tenants_starting_programs_for_a_while_are_a_valid_tenants_file() -> Non
     for tenant in parsed.tenants:
         times = list(tenant.arrival.times(rng, 0.0, 500.0))
         assert times and max(times) < 60  # none start after the first 60 s
+
+
+def test_the_fleets_preemptions_are_summed_and_a_window_is_their_delta() -> None:
+    def engine(preemptions: float) -> str:
+        return ("# TYPE vllm:num_preemptions counter\n"
+                f'vllm:num_preemptions_total{{engine="0",model_name="m"}} {preemptions}\n')
+    before = fleet_counters([engine(2), engine(3)])
+    after = fleet_counters([engine(7), engine(3)])
+    assert (before.preemptions, (after - before).preemptions) == (5, 5)
