@@ -20,14 +20,21 @@ field it reads by default; a JSON string, the form vLLM takes), ``alpha`` also a
 does, ``beta`` as OpenCode does. vllm-router is tenant-blind: it forwards each tenant's key
 to the engines, which ignore it; the sidecar reads it.
 
+The peer is told each engine's KV capacity in tokens (``token_capacity_per_dp_rank``); arm
+``vllm_router_ledger`` runs it without (its router-ledger accounting), a diagnosis.
+
 Per arm: program completion p50/p90 per tenant (start: the root's first call's scheduled
 send; end: its last call's end; a program unfinished when the run ends counts its wait so
 far, a lower bound, and is counted in the "open" column), the engines' output tokens
-(``vllm:generation_tokens_total``'s delta over the run), their prefix-cache hit rate, and the
-emulated engines' mean step lag (how far a CPU-starved engine fell behind its model).
+(``vllm:generation_tokens_total``'s delta over the run), their prefix-cache hit rate and
+preemptions, and the emulated engines' mean step lag (how far a CPU-starved engine fell
+behind its model). ``--starts-seconds S`` has programs start for the first S seconds only,
+so the rest of the run lets them end. ``--ordering`` runs program_ordering's comparison
+(sidecar orderings, virtual time there) live instead.
 
 ``python -m benchmarks.peer_programs [--scenarios alone,flood] [--arms ...] [--stretch X]
-[--alone-rate R] [--small-rate R] [--flood-rate R] [--seed N] [--record]``
+[--starts-seconds S] [--alone-rate R] [--small-rate R] [--flood-rate R] [--seed N]
+[--record] [--ordering]``
 """
 
 from __future__ import annotations
@@ -220,7 +227,8 @@ def describe(run: Run) -> str:
 
 
 def result(runs: Sequence[Run], rates: Rates, stretch: float, seed: int,
-           starts_s: float | None = None) -> BenchResult:
+           starts_s: float | None = None, version: str | None = None) -> BenchResult:
+    """The figures of ``runs``; ``version``: the code measured, read as the run started."""
     by = {(r.scenario, r.arm): r for r in runs}
     rows: list[tuple[str, ...]] = []
     for r in runs:
@@ -264,7 +272,7 @@ def result(runs: Sequence[Run], rates: Rates, stretch: float, seed: int,
                 f"{'met' if ok else 'MISSED'})")
     return BenchResult(
         summary=summary, tables=[table],
-        setup=[code_version(),
+        setup=[version or code_version(),
                f"engines: {ENGINES} x agent-programs.yaml's (h100-llama3-8b, 64 seqs, "
                "4,096 blocks of 16, prefix cache on), new for each arm",
                f"traffic: {SCENARIO} stretched {stretch:g} (programs start for "
@@ -318,9 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown scenarios or arms: {', '.join(unknown)}")
     rates = Rates(a.alone_rate, a.small_rate, a.flood_rate)
     standalone = _results.StandaloneRun(["python", "-m", "benchmarks.peer_programs", *argv])
+    version = code_version()
     outcome = result(run_all(scenarios, arms, rates, a.stretch, a.seed,
                              starts_s=a.starts_seconds), rates, a.stretch, a.seed,
-                     a.starts_seconds)
+                     a.starts_seconds, version)
     print(standalone.section(BENCHMARK, outcome))
     if a.record:
         standalone.record(BENCHMARK, outcome)
