@@ -36,19 +36,6 @@ one step later) kept the gate closed until enough *completions* came back, which
 requests/s added ~100 ms to the p99 TTFT (benchmarks/sidecar_overhead.py); with it, our first
 tokens reopen the gate at once, while another client's queue still holds it.
 
-Replicas. Several sidecar replicas in front of one engine hold its cap together: the cap
-and the headroom count the other replicas' requests there too (``others``, as last
-exchanged through the shared state, sidecar.replica). Checked against its own requests
-alone, each replica held a cap of its own, only the waiting bound's estimate kept their sum
-near the engine's, and the in-flight shares the replicas judge were of that larger number:
-two replicas on an engine of 8 slots (cap 10) held 12 between them, the 4:1 tenants' light
-one 3 of them where 2 is its share, and the share fell to 3.06:1 in virtual time (issue
-42; benchmarks/RESULTS.md, "epp_replicas"). A replica holding less than its ``part`` of the
-cap (sidecar.cycle's ``replica_part``: its tenants' weight, each spread over the replicas
-it is queued on) may still dispatch at the cap: each replica refills a slot its own
-request frees at once and learns of the others' only at the next exchange, so without the
-part the replicas that filled the cap first kept it.
-
 Why headroom. vLLM preempts running sequences only when KV blocks run out, never to admit a
 waiting request. Once one tenant's flood fills every running slot, a well-behaved tenant's
 request waits for a slot turnover however fair the upstream queue is. Keeping
@@ -392,16 +379,12 @@ class AdmissionGate:
         since = sample.waiting + self._dispatched_since - self._finished_since - free
         return max(0.0, min(since, self._foreign_waiting + self._awaiting_first_token))
 
-    def verdict(self, now: float, others: int = 0, part: float | None = None) -> GateVerdict:
-        """``others``: requests other replicas hold on this backend (at their last exchange),
-        counted with ours against the cap and the headroom; ``part``: the fraction of the
-        cap this replica may hold whatever the others do (module doc, "Replicas")."""
+    def verdict(self, now: float) -> GateVerdict:
         limits = self.limits
         fresh = self.fresh(now)
         cap = (limits.max_running or limits.max_inflight) if fresh else limits.max_inflight
         slots = cap - limits.headroom_slots
-        held = self._inflight + others
-        if held >= cap and (part is None or self._inflight >= cap * part):
+        if self._inflight >= cap:
             return GateVerdict("closed", "inflight_cap" if fresh else "fallback_cap", slots)
         if fresh and self._inflight > 0:
             waiting = self.estimated_waiting(now)
@@ -410,7 +393,7 @@ class AdmissionGate:
             speed = self._decode_per_seq
             if speed is not None and speed < limits.min_decode_tokens_per_s:
                 return GateVerdict("closed", "decode_slow", slots)
-        if limits.headroom_slots and held >= slots:
+        if limits.headroom_slots and self._inflight >= slots:
             return GateVerdict("headroom", "headroom", slots)
         return GateVerdict("open", "", slots)
 

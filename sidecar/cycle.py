@@ -52,7 +52,6 @@ if TYPE_CHECKING:
     from weighbridge.sidecar.routing import Route
 
 __all__ = ["LIGHT_MEMORY_S", "Decision", "DispatchCycle", "Pool", "light_tenants",
-           "replica_part",
            "share_slots"]
 
 # How long a light tenant keeps the derived headroom reserved after its last dispatch: it
@@ -74,12 +73,9 @@ class Pool:
     # it empty; dropped when it dispatches with more queued (backlogged upstream). For
     # the derived, work-conserving headroom (GateLimits.headroom_always).
     light: dict[str, float]
-    # Other replicas' load on these backends, by tenant: (in flight, the replicas it is
-    # backlogged on), set by sidecar.replica; empty when this process runs alone.
-    foreign: dict[str, tuple[int, int]] = field(default_factory=dict)
-    # Other replicas' requests in flight on each backend; the gates count them with ours
-    # (AdmissionGate.verdict, replica_part).
-    foreign_backends: dict[str, int] = field(default_factory=dict)
+    # Other replicas' load on these backends, by tenant: (in flight, backlogged somewhere),
+    # set by sidecar.replica; empty when this process runs alone.
+    foreign: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,16 +89,11 @@ class Decision:
 
 
 def light_tenants(pool: Pool, now: float) -> set[str]:
-    """Tenants not backlogged upstream lately: the well-behaved the headroom is for. A
-    tenant backlogged on another replica is not, however short its queue here: taken for
-    light where its requests arrived to an empty queue, it was let into the headroom over its
-    share (three replicas, a tenant spread over all of them: 0.57 of an engine it should
-    halve, in virtual time; issue 42)."""
+    """Tenants not backlogged upstream lately: the well-behaved the headroom is for."""
     light = pool.light
     for tenant in [t for t, at in light.items() if now - at > LIGHT_MEMORY_S]:
         del light[tenant]
-    foreign = pool.foreign
-    return {t for t in light if not foreign.get(t, (0, 0))[1]}
+    return set(light)
 
 
 def share_slots(fleet: Fleet, now: float, backends: frozenset[str] | None) -> int:
@@ -178,7 +169,6 @@ class DispatchCycle:
         """Every healthy backend of the pool, its gate's verdict refined by the backend
         rules."""
         tenant_aware = pool.scheduler.uses_headroom
-        part = replica_part(pool, self.tenants)
         standings: dict[str, Standing] = {}
         for b in self.fleet:
             if b.name not in pool.backends or not b.takes_work:
@@ -186,8 +176,7 @@ class DispatchCycle:
             gate, footprint = b.gate, b.kv
             footprint.set_block_size(gate.limits.block_size)
             state = BackendState(gate, b.prefill_tokens, footprint, tenant_aware)
-            others = pool.foreign_backends.get(b.name, 0)
-            standings[b.name] = refine(gate.verdict(now, others, part), b.name, state)
+            standings[b.name] = refine(gate.verdict(now), b.name, state)
         return standings
 
     def _next_open(self, pool: Pool, standings: dict[str, Standing], slots: int,
@@ -216,7 +205,7 @@ class DispatchCycle:
                                           fair, now)
                 allowed = allowed | {name for name, let_in in verdicts.items()
                                      if let_in is None or let_in(request.tenant)}
-            backend = self._affine(pool, request, backend, allowed, standings, fair, now)
+            backend = self._affine(request, backend, allowed, standings, fair, now)
         return Decision(pool, request, backend, slots)
 
     def _next_in_headroom(self, pool: Pool, standings: dict[str, Standing], slots: int,
@@ -234,7 +223,7 @@ class DispatchCycle:
         request, allowed = chosen
         backend = self._pick(request, allowed)
         if self.route.affine(request):
-            backend = self._affine(pool, request, backend, allowed, standings, fair, now)
+            backend = self._affine(request, backend, allowed, standings, fair, now)
         return Decision(pool, request, backend, slots)
 
     def _next_at(self, pool: Pool, names: list[str], rules: tuple[TenantRule, ...],
@@ -309,7 +298,7 @@ class DispatchCycle:
         candidates = [b for b in fleet if b.takes_work and b.name in allowed]
         return self.route.pick(request, candidates, fleet).name
 
-    def _affine(self, pool: Pool, request: QueuedRequest, chosen: str, allowed: frozenset[str],
+    def _affine(self, request: QueuedRequest, chosen: str, allowed: frozenset[str],
                 standings: dict[str, Standing], fair: Callable[[str], bool] | None,
                 now: float) -> str:
         """The backend the route's affinity prefers, among those whose rules let the
@@ -324,15 +313,14 @@ class DispatchCycle:
             if name in allowed:
                 continue
             holds = route.held(request, fleet[name])
-            if holds[0] > best_open and self._prefill_paid(pool, request, name, standing, fair,
+            if holds[0] > best_open and self._prefill_paid(request, name, standing, fair,
                                                            holds[0], best_open, now):
                 held[name] = holds
         backend, reason = route.weigh(request, chosen, held, fleet)
         self.routing_decisions[(backend, reason)] += 1
         return backend
 
-    def _prefill_paid(self, pool: Pool, request: QueuedRequest, backend: str,
-                      standing: Standing,
+    def _prefill_paid(self, request: QueuedRequest, backend: str, standing: Standing,
                       fair: Callable[[str], bool] | None, held: int, best_open: int,
                       now: float) -> bool:
         """Whether ``backend``, which holds ``held`` tokens of the prompt (more than the
@@ -345,9 +333,7 @@ class DispatchCycle:
         computed, saved = request.prompt_tokens - held, held - best_open
         if verdict.reason == "prefill_backlog":
             # The backlog alone: the gate itself is open (slots, step budget, metrics).
-            gate = record.gate.verdict(now, pool.foreign_backends.get(backend, 0),
-                                       replica_part(pool, self.tenants))
-            if gate.mode != "open" or not cache_pays_prefill(
+            if record.gate.verdict(now).mode != "open" or not cache_pays_prefill(
                     record.prefill_tokens, limits.max_backend_prefill_tokens,
                     computed, saved):
                 return False
@@ -396,24 +382,6 @@ class DispatchCycle:
             return tenants[name].tier not in starved or inflight.get(name, 0) < share(name)
 
         return fair
-
-
-def replica_part(pool: Pool, tenants: Mapping[str, Tenant]) -> float | None:
-    """With other replicas backlogged on the pool, the part of each backend's cap this one
-    may hold whatever the others hold (AdmissionGate.verdict): each backlogged tenant's
-    weight, spread evenly over the replicas it is queued on, and of that what falls here.
-    None: no other replica is backlogged, or nothing is queued here."""
-    foreign = pool.foreign
-    here = total = 0.0
-    queued_here = {name for name, (_, queued) in pool.scheduler.active_load().items()
-                   if queued and name in tenants}
-    for name in queued_here | {n for n, (_, b) in foreign.items() if b and n in tenants}:
-        weight, mine = tenants[name].weight, int(name in queued_here)
-        total += weight
-        here += weight * mine / (mine + foreign.get(name, (0, 0))[1])
-    if not here or here == total:
-        return None
-    return here / total
 
 
 def _global_load(pool: Pool, tenants: Mapping[str, Tenant]) -> tuple[dict[str, int], set[str]]:

@@ -4,9 +4,8 @@ what it takes from them (docs/sidecar.md, "Several replicas").
 :class:`Replica` wraps a ``SchedulingCore`` for ``sidecar.shared``, which carries what it
 gives and takes through Redis; the core's own surface stays about scheduling. The wrapper
 reaches the core only through :class:`ReplicatedCore`: its limits and estimator, its pools
-(each pool's backends, queues and the others' load on it), its fleet (each backend's requests
-in flight), the record the core keeps for replicas, and its prefix indexes'
-``learn_sent_prefix`` and ``learn_sent_tokens``.
+(each pool's backends, queues and the others' load on it), the record the core keeps for
+replicas, and its prefix indexes' ``learn_sent_prefix`` and ``learn_sent_tokens``.
 Everything here is pure: no clock, no I/O.
 
 Pools are named across replicas by their backends (``pool_id``): replicas configured alike
@@ -20,7 +19,6 @@ from typing import Protocol
 
 from weighbridge.sidecar.core import ReplicaRecord
 from weighbridge.sidecar.estimator import Observation, OutputEstimator
-from weighbridge.sidecar.fleet import Fleet
 from weighbridge.sidecar.ratelimit import (
     BucketSettings,
     BucketSpec,
@@ -32,17 +30,13 @@ from weighbridge.sidecar.ratelimit import (
 from weighbridge.sidecar.request import QueuedRequest
 from weighbridge.sidecar.scheduler import Scheduler
 
-__all__ = ["BACKEND", "SERVICE_SYNC_S", "Replica", "ReplicaPool", "ReplicatedCore", "pool_id"]
+__all__ = ["SERVICE_SYNC_S", "Replica", "ReplicaPool", "ReplicatedCore", "pool_id"]
 
 # How often service, estimates and settlements are exchanged (load: every sync_ms).
 SERVICE_SYNC_S = 0.03
 
-# (pool, tenant) -> (requests in flight, backlogged: 1 or 0, or the replicas it is backlogged
-# on): one replica's load, or the others' summed. A key (pool, BACKEND + backend) holds the
-# requests in flight on that backend (and 0).
-Load = dict[tuple[str, str], tuple[int, int]]
-# Marks a backend's entry in a Load: no tenant's name starts with it (sidecar.config's names).
-BACKEND = "@"
+# (pool, tenant) -> (requests in flight, backlogged): one replica's load, or the others' summed.
+Load = dict[tuple[str, str], tuple[int, bool]]
 
 
 class ReplicaPool(Protocol):
@@ -50,11 +44,8 @@ class ReplicaPool(Protocol):
 
     backends: frozenset[str]
     scheduler: Scheduler
-    # Other replicas' load on the pool's backends, by tenant: (in flight, the replicas it is
-    # backlogged on).
-    foreign: dict[str, tuple[int, int]]
-    # Other replicas' requests in flight on each backend.
-    foreign_backends: dict[str, int]
+    # Other replicas' load on the pool's backends, by tenant: (in flight, backlogged).
+    foreign: dict[str, tuple[int, bool]]
 
 
 class ReplicatedCore(Protocol):
@@ -63,7 +54,6 @@ class ReplicatedCore(Protocol):
     limit_table: LimitTable
     rate_limiter: TenantRateLimiter
     estimator: OutputEstimator
-    fleet: Fleet  # each backend's requests in flight, which the others count (local_load)
 
     def request_model(self, model: str | None) -> str | None: ...
 
@@ -160,35 +150,23 @@ class Replica:
                 candidate.scheduler.charge_foreign(tier, tenant, turns)
 
     def local_load(self) -> Load:
-        """(pool, tenant) -> (requests in flight, any queued) here, and (pool, BACKEND +
-        backend) -> (requests in flight there, 0) for each backend holding some: what the
-        others need for their ``set_foreign_load``."""
+        """(pool, tenant) -> (requests in flight, any queued) here: what the others need
+        for their ``set_foreign_load``."""
         out: Load = {}
-        core = self._core
-        for pool in core.pools():
+        for pool in self._core.pools():
             pid = pool_id(pool.backends)
             for name, (inflight, queued) in pool.scheduler.active_load().items():
-                out[(pid, name)] = (inflight, int(queued > 0))
-            for backend in sorted(pool.backends):
-                if held := core.fleet[backend].inflight:
-                    out[(pid, BACKEND + backend)] = (held, 0)
+                out[(pid, name)] = (inflight, queued > 0)
         return out
 
     def set_foreign_load(self, load: Load) -> None:
         """Every other replica's load, summed: (pool, tenant) -> (in flight, backlogged on
-        how many of them), and the same per backend. Replaces the previous; the core's
-        dispatch judges global shares and the backends' caps by it."""
-        by_pool: dict[str, dict[str, tuple[int, int]]] = {}
-        backends: dict[str, dict[str, int]] = {}
-        for (pid, name), (inflight, backlogged) in load.items():
-            if name.startswith(BACKEND):
-                backends.setdefault(pid, {})[name.removeprefix(BACKEND)] = inflight
-            else:
-                by_pool.setdefault(pid, {})[name] = (inflight, backlogged)
+        any of them). Replaces the previous; the core's dispatch judges global shares by it."""
+        by_pool: dict[str, dict[str, tuple[int, bool]]] = {}
+        for (pid, tenant), value in load.items():
+            by_pool.setdefault(pid, {})[tenant] = value
         for pool in self._core.pools():
-            pid = pool_id(pool.backends)
-            pool.foreign = by_pool.get(pid, {})
-            pool.foreign_backends = backends.get(pid, {})
+            pool.foreign = by_pool.get(pool_id(pool.backends), {})
 
     # ------------------------------------------------------------------ estimates
 

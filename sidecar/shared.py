@@ -585,7 +585,7 @@ class SharedState:
 
     def _adopt_load(self, foreign: list[str]) -> None:
         self.replica.set_foreign_load({
-            (pool, tenant): (int(foreign[i + 1]), int(foreign[i + 2]))
+            (pool, tenant): (int(foreign[i + 1]), int(foreign[i + 2]) > 0)
             for i in range(0, len(foreign), 3)
             for pool, tenant in [_unfield(foreign[i])]})
 

@@ -39,23 +39,6 @@ def test_missing_metrics_fall_back_to_the_inflight_cap_with_headroom() -> None:
     assert gate.verdict(0.0).mode == "headroom"
 
 
-def test_other_replicas_requests_count_against_the_cap_but_not_past_a_replica_s_part() -> None:
-    """Replicas in front of one engine hold its cap together (``others``, at their last
-    exchange); one holding less than its ``part`` of the cap still dispatches, so the
-    replicas that refill first cannot keep it (module doc, "Replicas")."""
-    gate = AdmissionGate(LIMITS)  # stale metrics: the cap is 8, headroom from 6
-    fill(gate, 2)
-    assert gate.verdict(0.0).mode == "open"
-    assert gate.verdict(0.0, others=4).mode == "headroom"  # 6 held together
-    assert gate.verdict(0.0, others=6).reason == "fallback_cap"  # 8 held together
-    # Its part is a third of 8 (2.67): at 2 it may take one more, at 3 not.
-    assert gate.verdict(0.0, others=6, part=1 / 3).mode == "headroom"
-    fill(gate, 1)
-    assert gate.verdict(0.0, others=6, part=1 / 3).reason == "fallback_cap"
-    # Alone (no others, no part) the gate is what it always was.
-    assert gate.verdict(0.0) == gate.verdict(0.0, 0, None)
-
-
 def test_fresh_metrics_use_the_running_target() -> None:
     gate = AdmissionGate(LIMITS)
     gate.observe(sample(0.0, running=0))

@@ -52,9 +52,7 @@ def test_local_load_and_booked_turns_are_what_others_need() -> None:
     arrive(core, "a", prompt_tokens=400)
     assert isinstance(req, QueuedRequest)
     (first, _) = core.dispatch_ready(0.0)
-    # The tenant's load, and each backend's requests in flight (routed one to each).
-    assert replica.local_load() == {(POOL, "a"): (2, False), (POOL, "@b1"): (1, 0),
-                                    (POOL, "@b2"): (1, 0)}
+    assert replica.local_load() == {(POOL, "a"): (2, False)}
     booked = replica.take_booked()
     assert booked == {(POOL, "standard", "a"): 1.0}  # 2 x (400 + 100 estimated) / 1000
     core.on_completed(first.request, 400, 300, 0.0)  # 200 more than estimated
@@ -95,26 +93,3 @@ def test_the_global_share_binds_in_headroom_as_well() -> None:
     # b no longer waits anywhere: a takes the rest of the headroom, up to the cap of 8.
     replica.set_foreign_load({(POOL, "b"): (10, False)})
     assert len(list(core.dispatch_ready(0.1))) == 2
-
-
-def test_the_others_requests_on_a_backend_count_against_its_cap() -> None:
-    """Replicas in front of the same engines hold each engine's cap together; a replica
-    keeps its part of it (the weight queued here over the weight backlogged anywhere), so
-    the others' refilling first does not keep it out (sidecar.admission, "Replicas")."""
-    core, replica = core_with(max_inflight=4)  # 8 slots over two backends
-    for _ in range(10):
-        arrive(core, "a")
-    # Another replica holds both backends full and has nothing queued: nothing goes.
-    replica.set_foreign_load({(POOL, "b"): (8, 0), (POOL, "@b1"): (4, 0),
-                              (POOL, "@b2"): (4, 0)})
-    assert list(core.dispatch_ready(0.0)) == []
-    assert core.holds[("b1", "fallback_cap")] >= 1
-    # Now b (weight 2) waits there too: a's part is 1/3 of each backend's 4 slots (1.33),
-    # so two each.
-    replica.set_foreign_load({(POOL, "b"): (8, 1), (POOL, "@b1"): (4, 0),
-                              (POOL, "@b2"): (4, 0)})
-    sent = list(core.dispatch_ready(0.1))
-    assert sorted(d.backend for d in sent) == ["b1", "b1", "b2", "b2"]
-    # The others' requests end: the cap is this replica's again.
-    replica.set_foreign_load({})
-    assert len(list(core.dispatch_ready(0.2))) == 4

@@ -46,7 +46,7 @@ class OnlyTheInterface:
 
 
 def test_the_interface_is_small() -> None:
-    assert interface() == {"limit_table", "rate_limiter", "estimator", "fleet", "request_model",
+    assert interface() == {"limit_table", "rate_limiter", "estimator", "request_model",
                            "record_for_replicas", "pools", "learn_sent_prefix",
                            "learn_sent_tokens", "learn_session"}
 
@@ -60,8 +60,7 @@ def test_every_call_of_the_wrapper_stays_inside_the_interface() -> None:
     assert replica.queued_flows() == [(POOL, "standard", "a"), (POOL, "standard", "b")]
     sent = list(core.dispatch_ready(0.0))
     assert len(sent) == 2
-    assert replica.local_load() == {(POOL, "a"): (1, False), (POOL, "b"): (1, False),
-                                    (POOL, "@b1"): (1, 0), (POOL, "@b2"): (1, 0)}
+    assert replica.local_load() == {(POOL, "a"): (1, False), (POOL, "b"): (1, False)}
     assert replica.take_booked() == {(POOL, "standard", "a"): 0.5,
                                      (POOL, "standard", "b"): 0.5}
     core.on_completed(request, 400, 300, 0.0)

@@ -35,7 +35,7 @@ class ReplicaExchange:
         # Load exchanges per service sync, as SharedState's loop counts them.
         self._every = max(1, round(SERVICE_SYNC_S / sync_s))
         self._tick = 0
-        self._loads: list[dict[LoadKey, tuple[int, int]]] = [{} for _ in self.replicas]
+        self._loads: list[dict[LoadKey, tuple[int, bool]]] = [{} for _ in self.replicas]
         self._served: dict[Flow, float] = {}  # the shared totals (Redis's served hash)
         # Per replica: flow -> (its service sync's number, the total it read then).
         self._seen: list[dict[Flow, tuple[int, float]]] = [{} for _ in self.replicas]
@@ -51,13 +51,13 @@ class ReplicaExchange:
             if service:
                 self._service(i, replica)
             self._loads[i] = replica.local_load()
-            foreign: dict[LoadKey, tuple[int, int]] = {}
+            foreign: dict[LoadKey, tuple[int, bool]] = {}
             for j, load in enumerate(self._loads):
                 if j == i:
                     continue
                 for key, (inflight, backlogged) in load.items():
-                    was = foreign.get(key, (0, 0))
-                    foreign[key] = (was[0] + inflight, was[1] + backlogged)
+                    was = foreign.get(key, (0, False))
+                    foreign[key] = (was[0] + inflight, was[1] or backlogged)
             replica.set_foreign_load(foreign)
 
     def _service(self, i: int, replica: Replica) -> None:

@@ -191,7 +191,7 @@ class Simulation:
     def __init__(self, config: Config, engines: list[SimEngine], clients: Clients, *,
                  run_id: str, scenario: str, until_s: float, drain: bool = False,
                  coast: bool = True, utilisation_every_s: float | None = None,
-                 replicas: int = 1, pinned: Mapping[str, int] | None = None) -> None:
+                 replicas: int = 1) -> None:
         """``drain``: end as soon as every request has ended (a trace replay), not at
         ``until_s`` (a scenario runs to its end, as a live run does). ``coast``: take runs
         of plain decode steps at once (``_step_end``); False: every step is an event of its
@@ -199,8 +199,7 @@ class Simulation:
         rho and the backlog this often, at a poll (``SimulationResult.utilisation``);
         None: never. ``replicas``: sidecar replicas in front of the engines, each its own
         core, sharing their state as through Redis (``ReplicaExchange``), every request
-        sent to the next one in turn (a front's round robin), but a tenant ``pinned`` to one
-        (its index) always to that one (a front routing by tenant)."""
+        sent to the next one in turn (a front's round robin)."""
         names = [b.name for b in config.backends]
         if names != [e.name for e in engines]:
             raise ValueError(f"engines {[e.name for e in engines]} do not match the config's "
@@ -215,9 +214,6 @@ class Simulation:
         self.ingresses = [Ingress(config, core) for core in self.cores]
         self.ingress = self.ingresses[0]
         self._next_replica = 0  # who takes the next request
-        self._pinned = dict(pinned or {})
-        if any(not 0 <= i < replicas for i in self._pinned.values()):
-            raise ValueError(f"pinned names a replica outside 0..{replicas - 1}")
         # The others' load and service, exchanged every sync_ms (None: one replica).
         self.exchange = None if replicas == 1 else ReplicaExchange(
             [Replica(core) for core in self.cores], config.state.sync_ms / 1000)
@@ -342,10 +338,8 @@ class Simulation:
         plan = client.plan
         meter = StreamMeter(plan, self.run_id, self.scenario)
         meter.sent(now)
-        replica = self._pinned.get(plan.tenant, -1)
-        if replica < 0:
-            replica = self._next_replica
-            self._next_replica = (replica + 1) % len(self.cores)
+        replica = self._next_replica
+        self._next_replica = (replica + 1) % len(self.cores)
         ingress = self.ingresses[replica]
         headers = {k.lower(): v for k, v in client.headers.items()}
         if client.api_key is not None:
