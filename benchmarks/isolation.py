@@ -39,7 +39,8 @@ shapes, none of which the defaults were tuned on: 16 sequences, a 512-token budg
 16 or for 40 of the flood's sequences; the ideal flood is re-sized to each.
 
 ``python -m benchmarks.isolation [--engine emulator|real] [--repeats 3] [--cpus shared|split]
-[--shape issue14|h100|seqs16|budget512|kv16|kv40] [--ideal-streams N] [--record]``
+[--shape issue14|h100|seqs16|budget512|kv16|kv40] [--ideal-streams N] [--tell-slots]
+[--record]``
 """
 
 from __future__ import annotations
@@ -755,8 +756,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true",
                         help="with --shape h100 on the emulator: run the CPUs shared, then "
                              "split, and write RESULTS.md's isolation_h100 section")
+    parser.add_argument("--tell-slots", action="store_true",
+                        help="diagnosis: the sidecar is told the engine's max_num_seqs "
+                             "(admission.max_running_per_backend) instead of learning it")
     a = parser.parse_args(argv)
     setup = SHAPES[a.shape]
+    if a.tell_slots:
+        slots = setup.engine.get("max_num_seqs", ENGINE["max_num_seqs"])
+        setup = replace(setup, overlay={**setup.overlay,
+                                        "admission": {"max_running_per_backend": slots}})
     if a.ideal_streams is not None:
         setup = replace(setup, flood=replace(setup.flood, ideal_streams=a.ideal_streams))
     if a.record:
