@@ -149,8 +149,9 @@ class Pacing:
 @register("tenant_rule", "global_share")
 class GlobalShare:
     """With replicas sharing the backends, a tenant at its weighted share of the slots
-    across every replica waits while a tenant of its tier, backlogged on another replica,
-    holds less than its own (Replica.set_foreign_load, sidecar.replica)."""
+    across every replica waits while a tenant of its tier, backlogged on another replica or
+    queued on this one, holds less than its own (Replica.set_foreign_load,
+    sidecar.replica)."""
 
     def __call__(self, p: Pass) -> Eligible | None:
         return p.globally_fair
